@@ -1,0 +1,67 @@
+"""Harvest's errors::
+
+    HarvestError
+    ├── TranscriptFormatError   a file matches no supported transcript format
+    ├── ModelError              the harvest model could not give an answer
+    │   ├── TransientModelError     rate limit, timeout, connection, 5xx: worth retrying
+    │   ├── PermanentModelError     auth, bad request, content policy: retrying cannot help
+    │   ├── ContextWindowExceeded   the prompt is too long: chunk smaller
+    │   └── UnparseableAnswer       the answer held no usable JSON, even on the second try
+"""
+
+from __future__ import annotations
+
+
+class HarvestError(Exception):
+    """Raised for any failure harvest reports on purpose; ``reason`` is machine-readable."""
+
+    reason = "harvest_error"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TranscriptFormatError(HarvestError):
+    """Raised when a file (or one conversation in it) is not a transcript Gleaner can read."""
+
+    reason = "bad_transcript"
+
+
+class ModelError(HarvestError):
+    """Raised when the harvest model fails to answer usefully."""
+
+    reason = "model_error"
+
+
+class TransientModelError(ModelError):
+    """Raised for failures a later attempt may not see (429, timeout, 5xx, connection)."""
+
+    reason = "model_transient"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentModelError(ModelError):
+    """Raised for failures no retry can fix (auth, bad request, content policy)."""
+
+    reason = "model_permanent"
+
+
+class ContextWindowExceeded(ModelError):
+    """Raised when the prompt does not fit the model's context: the caller chunks smaller."""
+
+    reason = "context_window"
+
+
+class UnparseableAnswer(ModelError):
+    """Raised when the model's answer held no parseable notes JSON, twice."""
+
+    reason = "unparseable_answer"

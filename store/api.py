@@ -1,0 +1,159 @@
+"""``Store``: the public entry point. Each call is one transaction on its own session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from store import index, links, mem, notes, search
+from store.db import make_engine, migrate
+from store.errors import NotFound, StorageFailure, StoreError
+from store.schemas import LinkResult, Note, NoteWithLinks, SaveResult, Scope, SearchHit, WriteResult
+from store.settings import Settings, load_settings
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Store:
+    """The note store on one database (PostgreSQL or SQLite).
+
+    ``Store()`` opens the database named by the settings; nothing connects until the first
+    call. Call ``migrate()`` once (``gleaner db upgrade``) before use.
+    """
+
+    def __init__(self, database_url: str | None = None, settings: Settings | None = None) -> None:
+        self.settings = settings or load_settings()
+        self.database_url = database_url or self.settings.database_url
+        self.engine: Engine = make_engine(self.database_url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest Alembic revision."""
+        with self._failures():
+            migrate(self.engine)
+
+    def dispose(self) -> None:
+        """Close the pooled connections (call in each forked worker child)."""
+        self.engine.dispose()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A session inside one transaction: committed on success, rolled back on any error."""
+        with self._failures(), self._sessions() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _failures(self) -> Iterator[None]:
+        try:
+            yield
+        except StoreError:
+            raise
+        except (DBAPIError, SQLAlchemyError) as exc:
+            raise _storage_failure(exc) from exc
+
+    def _run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        with self.transaction() as session:
+            return fn(session, *args, **kwargs)
+
+    def write(
+        self,
+        scope: Scope | tuple[str, str],
+        attrs: Mapping[str, object],
+        *,
+        conversation_id: str | None = None,
+        provenance: str | None = None,
+        allow_pin_untrusted: bool = False,
+    ) -> WriteResult:
+        """Validate and write a note; see the rules in README ("The store")."""
+        return self._run(
+            notes.write,
+            self.settings,
+            scope,
+            attrs,
+            conversation_id=conversation_id,
+            provenance=provenance,
+            allow_pin_untrusted=allow_pin_untrusted,
+        )
+
+    def get(self, scope: Scope | tuple[str, str], slug: str) -> Note | None:
+        """The note with ``slug`` in the scope, or None."""
+        return self._run(notes.get, scope, slug)
+
+    def read(self, scope: Scope | tuple[str, str], slug: str) -> NoteWithLinks:
+        """The note with links, backlinks and superseder; NotFound when there is none."""
+        return self._run(links.read, scope, slug)
+
+    def link(
+        self, scope: Scope | tuple[str, str], from_slug: str, to_slug: str, rel: str
+    ) -> LinkResult:
+        """Add a ``related``/``derived_from``/``supersedes`` edge (idempotent)."""
+        return self._run(links.link, scope, from_slug, to_slug, rel)
+
+    def search(
+        self, scope: Scope | tuple[str, str], query: str, limit: int = 10
+    ) -> list[SearchHit]:
+        """Ranked lexical search over the scope's live notes."""
+        return self._run(search.search, self.settings, scope, query, limit)
+
+    def fingerprint(self, scope: Scope | tuple[str, str]) -> tuple[int, int]:
+        """``(live note count, max updated_seq)`` of the scope."""
+        return self._run(notes.fingerprint, scope)
+
+    def index_text(self, scope: Scope | tuple[str, str]) -> str:
+        """The compact memory index for a system prompt (see ``store.index``)."""
+        return self._run(
+            index.index_text,
+            scope,
+            token_budget=self.settings.index_token_budget,
+            pinned_body_bytes=self.settings.pinned_body_bytes,
+        )
+
+    def mem_save(
+        self,
+        user_id: str,
+        content: str,
+        *,
+        type: str,
+        title: str,
+        topic_key: str | None = None,
+    ) -> SaveResult:
+        """Save an observation. ValueError for bad input, RuntimeError for storage failure."""
+        return self._run(
+            mem.mem_save,
+            self.settings,
+            user_id,
+            content,
+            type=type,
+            title=title,
+            topic_key=topic_key,
+        )
+
+    def mem_session_summary(
+        self, user_id: str, content: str, *, title: str = "Session summary"
+    ) -> SaveResult:
+        """Save the active session's summary and end the session."""
+        return self._run(mem.mem_session_summary, self.settings, user_id, content, title=title)
+
+
+def _storage_failure(exc: SQLAlchemyError) -> StorageFailure:
+    """Say what went wrong in one line, and what to do when the schema is simply missing."""
+    detail = str(exc.orig if isinstance(exc, DBAPIError) else exc).strip().splitlines()[0]
+    if "no such table" in detail or ("does not exist" in detail and "relation" in detail):
+        return StorageFailure(
+            f"the database has no Gleaner schema ({detail}): run `gleaner db upgrade`",
+            reason="not_migrated",
+        )
+    return StorageFailure(f"database error: {detail}")
+
+
+__all__ = ["NotFound", "Store"]

@@ -1,0 +1,71 @@
+"""Engines and migrations: the only place that knows how each database is opened."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+    """Create an engine for a ``sqlite:///`` or ``postgresql+psycopg://`` URL.
+
+    SQLite gets WAL, a busy timeout, foreign keys and ``BEGIN IMMEDIATE`` transactions, so
+    writers queue for the lock instead of failing mid-transaction and read-then-write steps
+    (the next ``updated_seq``, the next free slug) cannot interleave.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return create_engine(
+            parsed, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+        )
+    engine = create_engine(parsed, connect_args={"timeout": 30})
+    memory = parsed.database in (None, "", ":memory:")
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Hand transaction control to SQLAlchemy (pysqlite's own BEGIN is deferred).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA busy_timeout = 30000")
+        if not memory:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    return config
+
+
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to ``revision`` (Alembic upgrade), in one transaction."""
+    config = alembic_config(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()

@@ -1,0 +1,66 @@
+"""The store's errors.
+
+Every error the store raises on purpose derives from :class:`StoreError` and carries a
+stable, machine-readable ``reason`` beside a human message::
+
+    StoreError
+    ├── ConfigError         a setting is invalid (also ValueError)
+    ├── InvalidInput        the caller's input broke a rule; nothing was changed (also ValueError)
+    │   └── LinkRefused     a link would break the supersedes rules (cycle, second superseder)
+    ├── NotFound            the scope holds no note with that slug (also LookupError)
+    └── StorageFailure      the database failed; the transaction was rolled back (also RuntimeError)
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Raised for any failure the store reports on purpose."""
+
+    reason: str = "store_error"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(StoreError, ValueError):
+    """Raised when a setting (a ``GLEANER_*`` variable) holds a bad value."""
+
+    reason = "bad_config"
+
+
+class InvalidInput(StoreError, ValueError):
+    """Raised when input breaks a rule; the store is unchanged and still usable."""
+
+    reason = "invalid_input"
+
+
+class LinkRefused(InvalidInput):
+    """Raised when a ``supersedes`` link would form a cycle or give a note a second superseder."""
+
+    reason = "link_refused"
+
+
+class NotFound(StoreError, LookupError):
+    """Raised when a slug names no note in the scope."""
+
+    reason = "not_found"
+
+
+class StorageFailure(StoreError, RuntimeError):
+    """Raised when the database fails; the unit of work was rolled back."""
+
+    reason = "storage_failure"
+
+
+def format_error(error: BaseException) -> str:
+    """Render any error as one line: ``reason: message`` for the store's own errors."""
+    if isinstance(error, StoreError):
+        return f"{error.reason}: {error.message}"
+    return f"internal_error: {type(error).__name__}: {error}"

@@ -1,0 +1,159 @@
+"""Typed SQLAlchemy models of the store's tables.
+
+The search index (PostgreSQL's generated ``search_vector`` column, SQLite's ``memories_fts``
+table and its triggers) is dialect-specific and lives only in the migrations.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid FTS5 keys on).
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+LIVE = "live"
+SUPERSEDED = "superseded"
+ARCHIVED = "archived"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class Memory(Base):
+    """One durable note (the ``memories`` table of the first seed)."""
+
+    __tablename__ = "memories"
+    __table_args__ = (
+        UniqueConstraint("scope_kind", "scope_id", "slug", name="uq_memories_scope_slug"),
+        # mem_save: same topic_key + same user upserts in place.
+        Index(
+            "uq_memories_scope_topic_key",
+            "scope_kind",
+            "scope_id",
+            "topic_key",
+            unique=True,
+            sqlite_where=text("topic_key IS NOT NULL"),
+            postgresql_where=text("topic_key IS NOT NULL"),
+        ),
+        # mem_save: identical content in one session is saved once.
+        Index(
+            "uq_memories_session_hash",
+            "scope_kind",
+            "scope_id",
+            "session_id",
+            "content_hash",
+            unique=True,
+            sqlite_where=text("session_id IS NOT NULL AND topic_key IS NULL"),
+            postgresql_where=text("session_id IS NOT NULL AND topic_key IS NULL"),
+        ),
+        Index("ix_memories_scope_seq", "scope_kind", "scope_id", "updated_seq"),
+        Index("ix_memories_updated_seq", "updated_seq"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    scope_kind: Mapped[str] = mapped_column(String(16))
+    scope_id: Mapped[str] = mapped_column(String(255))
+    slug: Mapped[str] = mapped_column(String(120))
+    title: Mapped[str] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(Text)
+    type: Mapped[str | None] = mapped_column(String(32))
+    topics: Mapped[str] = mapped_column(Text, default="", server_default="")
+    topic_key: Mapped[str | None] = mapped_column(String(255))
+    session_id: Mapped[str | None] = mapped_column(String(64))
+    provenance: Mapped[str] = mapped_column(String(16))
+    source: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    confidence: Mapped[float | None] = mapped_column(Float)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    status: Mapped[str] = mapped_column(String(16), default=LIVE, server_default=LIVE)
+    superseded_by_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("memories.id", ondelete="SET NULL")
+    )
+    conversation_id: Mapped[str | None] = mapped_column(String(255))
+    content_hash: Mapped[str] = mapped_column(String(64))
+    # When the conversation of origin happened, apart from when the note was written.
+    occurred_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_seq: Mapped[int] = mapped_column(BigInteger)
+    # Recency-decayed weight kept current by housekeeping (1.0 when fresh).
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default=text("1.0"))
+
+
+class MemoryTerm(Base):
+    """Inverted index of a note's title and topic words: candidates for Jaccard similarity."""
+
+    __tablename__ = "memory_terms"
+    __table_args__ = (Index("ix_memory_terms_lookup", "scope_kind", "scope_id", "term"),)
+
+    memory_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("memories.id", ondelete="CASCADE"), primary_key=True
+    )
+    term: Mapped[str] = mapped_column(String(120), primary_key=True)
+    scope_kind: Mapped[str] = mapped_column(String(16))
+    scope_id: Mapped[str] = mapped_column(String(255))
+
+
+class Link(Base):
+    """A ``related``, ``derived_from`` or ``supersedes`` edge between two notes."""
+
+    __tablename__ = "memory_links"
+    __table_args__ = (
+        UniqueConstraint("from_id", "to_id", "rel", name="uq_memory_links_edge"),
+        Index("ix_memory_links_to", "to_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    from_id: Mapped[int] = mapped_column(BigId, ForeignKey("memories.id", ondelete="CASCADE"))
+    to_id: Mapped[int] = mapped_column(BigId, ForeignKey("memories.id", ondelete="CASCADE"))
+    rel: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class MemSession(Base):
+    """A mem_save session: at most one active (not ended) per user."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (
+        Index(
+            "uq_sessions_active_user",
+            "user_id",
+            unique=True,
+            sqlite_where=text("ended_at IS NULL"),
+            postgresql_where=text("ended_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_active_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    saves: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    summary_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("memories.id", ondelete="SET NULL")
+    )

@@ -1,0 +1,175 @@
+"""What the store hands back: frozen, detached values (never live ORM rows)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from store.errors import InvalidInput
+from store.models import Memory
+
+Provenance = Literal["user", "agent", "web", "compaction", "import"]
+Rel = Literal["related", "derived_from", "supersedes"]
+RELS: tuple[str, ...] = ("related", "derived_from", "supersedes")
+SCOPE_KINDS = ("owner", "global")
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Scope(Frozen):
+    """Where a note lives: ``("owner", principal)`` or the global scope ``("global", "")``."""
+
+    kind: str
+    id: str
+
+    GLOBAL_KIND: ClassVar[str] = "global"
+
+    @classmethod
+    def owner(cls, principal: str) -> Scope:
+        return cls.of(("owner", principal))
+
+    @classmethod
+    def global_(cls) -> Scope:
+        return cls.of(("global", ""))
+
+    @classmethod
+    def of(cls, value: Scope | tuple[str, str] | object) -> Scope:
+        """Accept a Scope or a ``(kind, id)`` pair; anything else is InvalidInput."""
+        if isinstance(value, Scope):
+            return value
+        if not (isinstance(value, tuple | list) and len(value) == 2):
+            raise InvalidInput(f"a scope is (kind, id), got {value!r}", reason="bad_scope")
+        kind, ident = value
+        if kind not in SCOPE_KINDS:
+            raise InvalidInput(
+                f"unknown scope kind {kind!r}: expected 'owner' or 'global'", reason="bad_scope"
+            )
+        if not isinstance(ident, str):
+            raise InvalidInput(f"scope id must be a string, got {ident!r}", reason="bad_scope")
+        if kind == "owner" and not ident.strip():
+            raise InvalidInput("an owner scope needs a non-empty principal", reason="bad_scope")
+        if kind == "global" and ident:
+            raise InvalidInput("the global scope's id is ''", reason="bad_scope")
+        if len(ident) > 255 or "\x00" in ident:
+            raise InvalidInput("scope id is too long or holds NUL", reason="bad_scope")
+        return cls(kind=kind, id=ident)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.id}" if self.id else self.kind
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; everything stored is UTC.
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+class Note(Frozen):
+    """One note as stored."""
+
+    id: int
+    scope: Scope
+    slug: str
+    title: str
+    body: str
+    type: str | None
+    topics: list[str]
+    topic_key: str | None
+    session_id: str | None
+    provenance: str
+    source: dict[str, Any] | None
+    confidence: float | None
+    pinned: bool
+    status: str
+    conversation_id: str | None
+    content_hash: str
+    occurred_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    updated_seq: int
+    weight: float
+
+    @field_validator("occurred_at", "created_at", "updated_at")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return _aware(value)
+
+    @classmethod
+    def from_row(cls, row: Memory) -> Note:
+        return cls(
+            id=row.id,
+            scope=Scope(kind=row.scope_kind, id=row.scope_id),
+            slug=row.slug,
+            title=row.title,
+            body=row.body,
+            type=row.type,
+            topics=row.topics.split(),
+            topic_key=row.topic_key,
+            session_id=row.session_id,
+            provenance=row.provenance,
+            source=row.source,
+            confidence=row.confidence,
+            pinned=row.pinned,
+            status=row.status,
+            conversation_id=row.conversation_id,
+            content_hash=row.content_hash,
+            occurred_at=row.occurred_at,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            updated_seq=row.updated_seq,
+            weight=row.weight,
+        )
+
+
+class Similar(Frozen):
+    slug: str
+    title: str
+    score: float
+
+
+class WriteResult(Frozen):
+    memory: Note
+    created: bool
+    similar: list[Similar]
+
+
+class LinkedNote(Frozen):
+    rel: str
+    note: Note
+
+
+class NoteWithLinks(Frozen):
+    memory: Note
+    links: list[LinkedNote]
+    backlinks: list[LinkedNote]
+    superseded_by: str | None
+
+
+class LinkResult(Frozen):
+    from_: Note
+    to: Note
+    rel: str
+    created: bool
+
+
+class SearchHit(Frozen):
+    memory: Note
+    score: float
+    lexical: float
+    recency: float
+    snippet: str
+    backend: str
+
+
+class SaveResult(Frozen):
+    """What mem_save did: ``created``, ``updated`` (topic key) or ``deduped`` (same content)."""
+
+    id: int
+    outcome: Literal["created", "updated", "deduped"]
+    session_id: str
+    topic_key: str | None

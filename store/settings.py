@@ -1,0 +1,104 @@
+"""Gleaner's settings: one object, read once from ``GLEANER_*`` environment variables."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from store.errors import ConfigError
+
+DEFAULT_OBSERVATION_TYPES = ("profile", "preference", "decision", "discovery", "pattern")
+ENV_PREFIX = "GLEANER_"
+
+
+class Settings(BaseSettings):
+    """Every knob Gleaner has. Built by :func:`load_settings`; tests pass their own."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    database_url: str = Field(
+        default="sqlite:///gleaner.db",
+        description="SQLAlchemy URL of the store; the default is a SQLite file in the working dir.",
+    )
+    broker_url: str | None = Field(
+        default=None, description="Redis URL of the Celery broker; unset runs tasks in process."
+    )
+    max_body_bytes: int = Field(default=32_000, gt=0, description="Largest body, in UTF-8 bytes.")
+    index_token_budget: int = Field(
+        default=1_000, gt=0, description="Token budget of index_text (1 token ~ 4 bytes)."
+    )
+    pinned_body_bytes: int = Field(
+        default=2_000, gt=0, description="Bytes of each pinned body that index_text includes."
+    )
+    half_life_days: float = Field(
+        default=30.0, gt=0, description="Days after which a note's recency factor halves."
+    )
+    recency_weight: float = Field(
+        default=0.25, ge=0, le=1, description="Share of the search score given to recency."
+    )
+    pinned_bonus: float = Field(
+        default=0.2, ge=0, description="Added to the search score of pinned notes."
+    )
+    duplicate_threshold: float = Field(
+        default=0.8, gt=0, le=1, description="Jaccard score at which two notes are duplicates."
+    )
+    similar_threshold: float = Field(
+        default=0.3, gt=0, le=1, description="Lowest Jaccard score listed in write's `similar`."
+    )
+    search: Literal["fts", "like"] = Field(
+        default="fts",
+        description="Search backend: fts (PostgreSQL full text / SQLite FTS5) or like.",
+    )
+    harvest_model: str | None = Field(
+        default=None, description="litellm model string; unset uses the offline harvester."
+    )
+    harvest_max_facts: int = Field(
+        default=5, gt=0, le=50, description="Most notes one transcript may yield."
+    )
+    harvest_llm: str = Field(
+        default="litellm",
+        description="Callable that talks to the model: 'litellm' or 'module:function'.",
+    )
+    harvest_api_base: str | None = Field(
+        default=None, description="Base URL of an OpenAI-compatible server."
+    )
+    harvest_api_key: SecretStr | None = Field(default=None, description="API key for the model.")
+    observation_types: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=DEFAULT_OBSERVATION_TYPES,
+        description="Allowed mem_save types, comma-separated in the environment.",
+    )
+
+    @field_validator("observation_types", mode="before")
+    @classmethod
+    def _split_types(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | tuple):
+            if not value:
+                raise ValueError("must name at least one type")
+            if "summary" in value:
+                raise ValueError("'summary' is reserved for mem_session_summary")
+            return tuple(value)
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if not value.startswith(("sqlite", "postgresql")):
+            raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
+        return value
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build the settings from the environment; a bad value raises ConfigError naming it."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            value = error.get("input")
+            problems.append(f"{ENV_PREFIX}{field.upper()}: {error['msg']} (got {value!r})")
+        raise ConfigError("; ".join(problems), reason="bad_config") from None

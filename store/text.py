@@ -1,0 +1,172 @@
+"""Pure text rules of the store: slugs, topics, the privacy strip, hashes, similarity, snippets."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+
+from store.errors import InvalidInput
+
+SLUG_MAX_CHARS = 64
+MAX_TOPICS = 8
+MAX_TOPIC_CHARS = 40
+REDACTED = "[REDACTED]"
+
+_SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+_ASCII_WORD = re.compile(r"[a-z0-9]+")
+_WORD = re.compile(r"\w+", re.UNICODE)
+# A closed <private ...>...</private> span, across lines, any case.
+_PRIVATE_CLOSED = re.compile(r"<private(?:\s[^>]*)?>.*?</private\s*>", re.IGNORECASE | re.DOTALL)
+# An opening tag that is never closed (or cut off mid-tag): everything after it is private.
+_PRIVATE_OPEN = re.compile(r"<private(?:[\s>].*)?\Z", re.IGNORECASE | re.DOTALL)
+
+
+def slugify(title: str) -> str:
+    """Derive a slug: the title's ASCII words joined by ``-``, or a short hash without any.
+
+    Accents are folded first (``Café`` -> ``cafe``); the slug is cut to 64 characters at a
+    word boundary.
+    """
+    folded = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode("ascii")
+    words: list[str] = _ASCII_WORD.findall(folded.lower())
+    if not words:
+        digest = hashlib.sha256(title.encode("utf-8", "surrogatepass")).hexdigest()
+        return f"note-{digest[:10]}"
+    slug = words[0][:SLUG_MAX_CHARS]
+    for word in words[1:]:
+        if len(slug) + 1 + len(word) > SLUG_MAX_CHARS:
+            break
+        slug = f"{slug}-{word}"
+    return slug
+
+
+def is_slug(value: str) -> bool:
+    """True when ``value`` has the shape slugify produces (lowercase ASCII words and ``-``)."""
+    return len(value) <= 100 and _SLUG_RE.match(value) is not None
+
+
+def _normalize_topic(raw: str) -> str:
+    topic = re.sub(r"[^\w.\-]", "-", raw.strip().lower())[:MAX_TOPIC_CHARS]
+    # A topic of only punctuation says nothing: drop it.
+    return topic if any(ch.isalnum() for ch in topic) else ""
+
+
+def normalize_topics(raw: str | Sequence[str] | None) -> str:
+    """Normalize topics to a space-separated string of lowercase words.
+
+    Characters outside letters, digits, ``.``, ``_`` and ``-`` become ``-``; at most 8
+    distinct topics of at most 40 characters; a topic with no letter or digit is dropped.
+    A string is split on whitespace and commas; a list gives one topic per item.
+    """
+    if raw is None:
+        return ""
+    items: Iterable[str] = re.split(r"[\s,]+", raw) if isinstance(raw, str) else raw
+    seen: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise InvalidInput(f"topics must be strings, got {item!r}", reason="bad_topics")
+        topic = _normalize_topic(item)
+        if topic and topic not in seen:
+            seen.append(topic)
+        if len(seen) == MAX_TOPICS:
+            break
+    return " ".join(seen)
+
+
+def topics(normalized: str) -> list[str]:
+    """The topics of a note (its normalized topic string) as a list."""
+    return normalized.split()
+
+
+def strip_private(text: str) -> str:
+    """Replace every ``<private>...</private>`` span with ``[REDACTED]``.
+
+    Case-insensitive and across lines; an opening tag that is never closed redacts to the end
+    of the text, so a cut-off transcript fails closed.
+    """
+    previous = None
+    while previous != text:
+        previous = text
+        text = _PRIVATE_CLOSED.sub(REDACTED, text)
+        text = _PRIVATE_OPEN.sub(REDACTED, text)
+    return text
+
+
+def content_hash(text: str) -> str:
+    """sha256 hex of the text lowercased with whitespace collapsed (used for dedup)."""
+    canonical = " ".join(text.lower().split())
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def words(text: str) -> list[str]:
+    """Lowercase word tokens (letters, digits, ``_``) of a text."""
+    return _WORD.findall(text.lower())
+
+
+def similarity_terms(title: str, topic_string: str) -> frozenset[str]:
+    """The word set Jaccard similarity compares: title words plus topic words."""
+    return frozenset(words(title)) | frozenset(words(topic_string.replace("-", " ")))
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    """Size of the intersection over size of the union; 0.0 for two empty sets."""
+    union = len(a | b)
+    return len(a & b) / union if union else 0.0
+
+
+def snippet(body: str, query_words: Sequence[str], width: int = 160) -> str:
+    """A window of about ``width`` characters of body around the first query word found.
+
+    Query words are tried in order; when none occurs the window is the start of the body.
+    Whitespace is collapsed; ``…`` marks a cut on either side.
+    """
+    if width < 1:
+        raise InvalidInput("snippet width must be positive", reason="bad_width")
+    text = " ".join(body.split())
+    if len(text) <= width:
+        return text
+    lowered = text.lower()
+    position = -1
+    for word in query_words:
+        if word and (position := lowered.find(word.lower())) >= 0:
+            break
+    start = 0 if position < 0 else max(0, min(position - width // 4, len(text) - width))
+    end = start + width
+    return ("…" if start > 0 else "") + text[start:end] + ("…" if end < len(text) else "")
+
+
+def check_text(value: object, field: str, *, max_bytes: int | None = None) -> str:
+    """Return ``value`` as str if it is valid UTF-8 without NUL (and within ``max_bytes``).
+
+    Bytes are accepted when they decode as UTF-8; a str holding lone surrogates (undecodable
+    bytes smuggled in) is rejected. Nothing is trimmed or normalized: text is kept byte for byte.
+    """
+    if isinstance(value, bytes | bytearray):
+        try:
+            value = bytes(value).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(
+                f"{field} is not valid UTF-8 (byte {exc.start})", reason="invalid_utf8"
+            ) from None
+    if not isinstance(value, str):
+        raise InvalidInput(
+            f"{field} must be a string, got {type(value).__name__}", reason="bad_type"
+        )
+    try:
+        encoded = value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(
+            f"{field} is not valid UTF-8 (lone surrogate at character {exc.start})",
+            reason="invalid_utf8",
+        ) from None
+    if "\x00" in value:
+        raise InvalidInput(f"{field} contains a NUL character", reason="nul_character")
+    if max_bytes is not None and len(encoded) > max_bytes:
+        raise InvalidInput(
+            f"{field} is {len(encoded)} bytes, over the limit of {max_bytes} "
+            "(GLEANER_MAX_BODY_BYTES)",
+            reason="body_too_large",
+        )
+    return value

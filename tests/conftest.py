@@ -1,0 +1,114 @@
+"""Shared fixtures: a migrated store on real PostgreSQL and on SQLite, clean for every test.
+
+PostgreSQL comes from GLEANER_TEST_PG_URL (default: the local trust-auth server); the suite
+creates its own database there (one per xdist worker) and migrates it with Alembic once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from store import Settings, Store
+
+PG_BASE_URL = os.environ.get(
+    "GLEANER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+TABLES = ("memory_terms", "memory_links", "sessions", "memories")
+
+
+def pg_url_for(name: str) -> str:
+    return make_url(PG_BASE_URL).set(database=name).render_as_string(hide_password=False)
+
+
+def recreate_pg_database(name: str) -> str:
+    admin = create_engine(PG_BASE_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return pg_url_for(name)
+
+
+def test_settings(**overrides: object) -> Settings:
+    """Settings for tests: defaults, never the caller's GLEANER_* environment."""
+    return Settings(_env_prefix="GLEANER_TEST_UNUSED_", **overrides)  # type: ignore[call-arg]
+
+
+test_settings.__test__ = False  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def pg_url(worker_id: str) -> str:
+    url = recreate_pg_database(f"gleaner_test_{worker_id}")
+    store = Store(url, settings=test_settings())
+    store.migrate()
+    store.dispose()
+    return url
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "template.db"
+    store = Store(f"sqlite:///{path}", settings=test_settings())
+    store.migrate()
+    store.dispose()
+    return path
+
+
+@pytest.fixture(scope="session")
+def worker_id() -> str:
+    # pytest-xdist sets this; a plain run is one worker.
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def _clean_pg(url: str) -> None:
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+    engine.dispose()
+
+
+@pytest.fixture
+def make_store(
+    request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path
+) -> Iterator[object]:
+    """Factory: ``make_store(backend, **settings)`` -> a clean, migrated Store."""
+    opened: list[Store] = []
+
+    def factory(backend: str, **overrides: object) -> Store:
+        if backend == "postgresql":
+            url = request.getfixturevalue("pg_url")
+            if not opened:
+                _clean_pg(url)
+        else:
+            path = tmp_path / "store.db"
+            if not path.exists():
+                shutil.copy(sqlite_template, path)
+            url = f"sqlite:///{path}"
+        store = Store(url, settings=test_settings(**overrides))
+        opened.append(store)
+        return store
+
+    yield factory
+    for store in opened:
+        store.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store(make_store, backend: str) -> Store:  # type: ignore[no-untyped-def]
+    """A clean, migrated store on each backend."""
+    return make_store(backend)  # type: ignore[no-any-return]

@@ -1,0 +1,161 @@
+"""Links, reads, similarity (rules 6 and 7), fingerprint and index text, on both backends."""
+
+from __future__ import annotations
+
+import pytest
+
+from store import InvalidInput, LinkRefused, NotFound, Scope, Store, format_error
+
+ALICE = Scope.owner("alice")
+
+
+def put(store: Store, title: str, topics: list[str] | None = None, **extra: object) -> str:
+    attrs = {"title": title, "body": f"body of {title}", "topics": topics or [], **extra}
+    return store.write(ALICE, attrs).memory.slug
+
+
+# Rule 6 -----------------------------------------------------------------------------------
+
+
+def test_similar_lists_live_notes_by_jaccard_of_title_and_topics(store: Store) -> None:
+    put(store, "Use PostgreSQL for production", ["db"])
+    put(store, "Frontend uses React", ["ui"])
+    result = store.write(
+        ALICE, {"title": "Use PostgreSQL in production", "body": "x", "topics": ["db"]}
+    )
+    # {use, postgresql, in, production, db} vs {use, postgresql, for, production, db}: 4/6
+    assert [(s.slug, s.score) for s in result.similar] == [
+        ("use-postgresql-for-production", round(4 / 6, 4))
+    ]
+
+
+def test_similar_ignores_superseded_notes_and_other_scopes(store: Store) -> None:
+    old = put(store, "Deploy with Docker compose")
+    new = put(store, "Deploy with Docker swarm")
+    store.write(Scope.owner("bob"), {"title": "Deploy with Docker compose", "body": "b"})
+    store.link(ALICE, new, old, "supersedes")
+    probe = store.write(ALICE, {"title": "Deploy with Docker compose", "body": "again"})
+    assert [s.slug for s in probe.similar] == [new]
+
+
+def test_similar_does_not_depend_on_the_search_backend(make_store, backend: str) -> None:
+    scores = []
+    for search in ("fts", "like"):
+        store = make_store(backend, search=search)
+        scope = Scope.owner(f"user-{search}")
+        store.write(scope, {"title": "Cache warmup job", "body": "b", "topics": ["ops"]})
+        result = store.write(scope, {"title": "Cache warmup task", "body": "c", "topics": ["ops"]})
+        scores.append([s.score for s in result.similar])
+    assert scores[0] == scores[1] == [round(3 / 5, 4)]
+
+
+# Rule 7 -----------------------------------------------------------------------------------
+
+
+def test_supersedes_marks_the_target_and_read_shows_both_sides(store: Store) -> None:
+    old, new = put(store, "Old plan"), put(store, "New plan")
+    before = store.get(ALICE, old)
+    result = store.link(ALICE, new, old, "supersedes")
+    assert result.created and result.to.status == "superseded"
+    target = store.read(ALICE, old)
+    assert target.superseded_by == new
+    assert target.memory.status == "superseded"
+    assert target.memory.updated_seq > before.updated_seq  # type: ignore[union-attr]
+    assert [(b.rel, b.note.slug) for b in target.backlinks] == [("supersedes", new)]
+    assert [(lk.rel, lk.note.slug) for lk in store.read(ALICE, new).links] == [("supersedes", old)]
+    assert [h.memory.slug for h in store.search(ALICE, "plan")] == [new]
+
+
+def test_supersedes_refuses_cycles(store: Store) -> None:
+    a, b, c = put(store, "Alpha"), put(store, "Beta"), put(store, "Gamma")
+    store.link(ALICE, b, a, "supersedes")
+    store.link(ALICE, c, b, "supersedes")
+    fingerprint = store.fingerprint(ALICE)
+    for source, target in ((a, b), (a, c), (b, c)):
+        with pytest.raises(LinkRefused) as caught:
+            store.link(ALICE, source, target, "supersedes")
+        assert caught.value.reason in {"cycle", "already_superseded"}
+    with pytest.raises(LinkRefused) as caught:
+        store.link(ALICE, a, c, "supersedes")
+    assert caught.value.reason == "cycle"
+    with pytest.raises(LinkRefused) as caught:
+        store.link(ALICE, a, a, "supersedes")
+    assert caught.value.reason == "self_link"
+    assert store.fingerprint(ALICE) == fingerprint
+
+
+def test_supersedes_refuses_a_second_superseder(store: Store) -> None:
+    old, one, two = put(store, "Old"), put(store, "One"), put(store, "Two")
+    store.link(ALICE, one, old, "supersedes")
+    with pytest.raises(LinkRefused) as caught:
+        store.link(ALICE, two, old, "supersedes")
+    assert caught.value.reason == "already_superseded"
+    assert "'one'" in format_error(caught.value)
+    assert store.read(ALICE, old).superseded_by == one
+
+
+def test_adding_an_existing_edge_changes_nothing(store: Store) -> None:
+    a, b = put(store, "First"), put(store, "Second")
+    assert store.link(ALICE, a, b, "related").created
+    store.link(ALICE, b, a, "supersedes")
+    fingerprint = store.fingerprint(ALICE)
+    assert not store.link(ALICE, a, b, "related").created
+    assert not store.link(ALICE, b, a, "supersedes").created
+    assert store.fingerprint(ALICE) == fingerprint
+    assert len(store.read(ALICE, a).links) == 1
+
+
+def test_link_rejects_bad_rel_and_missing_slugs(store: Store) -> None:
+    a = put(store, "Present")
+    with pytest.raises(InvalidInput) as caught:
+        store.link(ALICE, a, a, "replaces")
+    assert caught.value.reason == "bad_rel"
+    with pytest.raises(NotFound) as missing:
+        store.link(ALICE, a, "absent", "related")
+    assert "absent" in str(missing.value)
+    with pytest.raises(NotFound):
+        store.link(Scope.owner("bob"), a, a + "-x", "derived_from")
+    assert store.read(ALICE, a).links == []
+
+
+def test_read_of_a_missing_slug_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFound) as caught:
+        store.read(ALICE, "nothing-here")
+    assert caught.value.reason == "not_found"
+    assert isinstance(caught.value, LookupError)
+    assert store.get(ALICE, "nothing-here") is None
+
+
+# Fingerprint and index text ----------------------------------------------------------------
+
+
+def test_fingerprint_changes_on_every_write_and_link(store: Store) -> None:
+    assert store.fingerprint(ALICE) == (0, 0)
+    a = put(store, "One")
+    first = store.fingerprint(ALICE)
+    b = put(store, "Two")
+    second = store.fingerprint(ALICE)
+    store.link(ALICE, b, a, "supersedes")
+    third = store.fingerprint(ALICE)
+    assert first[0] == 1 and second[0] == 2 and third[0] == 1
+    assert first[1] < second[1] < third[1]
+    assert store.fingerprint(Scope.owner("bob")) == (0, 0)
+
+
+def test_index_text_puts_pinned_bodies_first_within_budgets(make_store, backend: str) -> None:
+    store = make_store(backend, index_token_budget=120, pinned_body_bytes=40)
+    assert store.index_text(ALICE) == ""
+    store.write(
+        ALICE,
+        {"title": "Always answer in British English", "body": "B" * 200, "pinned": True},
+        provenance="user",
+    )
+    for i in range(30):
+        put(store, f"Ordinary note number {i}")
+    text = store.index_text(ALICE)
+    assert text.startswith("<gleaner-memory-index") and text.endswith("</gleaner-memory-index>")
+    assert "Always answer in British English" in text.splitlines()[1]
+    assert "B" * 40 in text and "B" * 41 not in text
+    assert "Ordinary note number 29" in text  # newest titles first
+    assert "Ordinary note number 0 " not in text  # the budget cut the oldest
+    assert len(text.encode()) <= 120 * 4

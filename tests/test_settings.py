@@ -1,0 +1,80 @@
+"""Settings: every key of the design with its default, and start-up errors naming the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from store import ConfigError, load_settings
+from store.settings import DEFAULT_OBSERVATION_TYPES
+
+SEED_KEYS = [
+    "max_body_bytes",
+    "index_token_budget",
+    "pinned_body_bytes",
+    "half_life_days",
+    "recency_weight",
+    "pinned_bonus",
+    "duplicate_threshold",
+    "search",
+    "harvest_model",
+    "harvest_max_facts",
+    "harvest_llm",
+    "database_url",
+    "broker_url",
+    "observation_types",
+    "harvest_api_base",
+    "harvest_api_key",
+]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("GLEANER_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults() -> None:
+    settings = load_settings()
+    for key in SEED_KEYS:
+        assert hasattr(settings, key), key
+    assert settings.max_body_bytes == 32_000
+    assert settings.database_url == "sqlite:///gleaner.db"
+    assert settings.broker_url is None and settings.harvest_model is None
+    assert settings.observation_types == DEFAULT_OBSERVATION_TYPES
+
+
+def test_environment_is_read_with_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLEANER_DUPLICATE_THRESHOLD", "0.9")
+    monkeypatch.setenv("GLEANER_HARVEST_MAX_FACTS", "3")
+    monkeypatch.setenv("GLEANER_OBSERVATION_TYPES", "bugfix, decision")
+    monkeypatch.setenv("GLEANER_HARVEST_API_KEY", "sk-test")
+    settings = load_settings()
+    assert settings.duplicate_threshold == 0.9 and settings.harvest_max_facts == 3
+    assert settings.observation_types == ("bugfix", "decision")
+    assert "sk-test" not in repr(settings)  # the key is a secret
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("GLEANER_HALF_LIFE_DAYS", "-1"),
+        ("GLEANER_MAX_BODY_BYTES", "lots"),
+        ("GLEANER_RECENCY_WEIGHT", "1.5"),
+        ("GLEANER_DUPLICATE_THRESHOLD", "0"),
+        ("GLEANER_SEARCH", "elastic"),
+        ("GLEANER_DATABASE_URL", "mysql://x"),
+        ("GLEANER_OBSERVATION_TYPES", "summary,decision"),
+        ("GLEANER_HARVEST_MAX_FACTS", "0"),
+    ],
+)
+def test_a_bad_value_is_a_clear_error_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert name in str(caught.value)
+    assert repr(value) in str(caught.value)
