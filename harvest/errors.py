@@ -1,12 +1,12 @@
 """Harvest's errors::
 
-    HarvestError
-    ├── TranscriptFormatError   a file matches no supported transcript format
-    ├── ModelError              the harvest model could not give an answer
-    │   ├── TransientModelError     rate limit, timeout, connection, 5xx: worth retrying
-    │   ├── PermanentModelError     auth, bad request, content policy: retrying cannot help
-    │   ├── ContextWindowExceeded   the prompt is too long: chunk smaller
-    │   └── UnparseableAnswer       the answer held no usable JSON, even on the second try
+HarvestError
+├── TranscriptFormatError   a file matches no supported transcript format
+├── ModelError              the harvest model could not give an answer
+│   ├── TransientModelError     rate limit, timeout, connection, 5xx: worth retrying
+│   ├── PermanentModelError     auth, bad request, content policy: retrying cannot help
+│   ├── ContextWindowExceeded   the prompt is too long: chunk smaller
+│   └── UnparseableAnswer       the answer held no usable JSON, even on the second try
 """
 
 from __future__ import annotations

@@ -60,7 +60,11 @@ class StorageFailure(StoreError, RuntimeError):
 
 
 def format_error(error: BaseException) -> str:
-    """Render any error as one line: ``reason: message`` for the store's own errors."""
-    if isinstance(error, StoreError):
-        return f"{error.reason}: {error.message}"
+    """Render any error as one line: ``reason: message`` for errors that carry a reason.
+
+    Harvest's errors carry ``reason`` too, so one renderer serves every package.
+    """
+    reason = getattr(error, "reason", None)
+    if isinstance(reason, str):
+        return f"{reason}: {error}"
     return f"internal_error: {type(error).__name__}: {error}"

@@ -157,3 +157,40 @@ class MemSession(Base):
     summary_id: Mapped[int | None] = mapped_column(
         BigId, ForeignKey("memories.id", ondelete="SET NULL")
     )
+
+
+class HarvestLedger(Base):
+    """One harvested transcript per (scope, redacted-transcript hash, harvester version).
+
+    Written in the same transaction as the notes it produced, so a transcript that arrives
+    again (redelivered, retried, re-imported) is recognised and costs no model call.
+    """
+
+    __tablename__ = "harvest_ledger"
+    __table_args__ = (
+        UniqueConstraint(
+            "scope_kind",
+            "scope_id",
+            "transcript_hash",
+            "harvester_version",
+            name="uq_harvest_ledger_transcript",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    scope_kind: Mapped[str] = mapped_column(String(16))
+    scope_id: Mapped[str] = mapped_column(String(255))
+    transcript_hash: Mapped[str] = mapped_column(String(64))
+    harvester_version: Mapped[str] = mapped_column(String(255))
+    conversation_id: Mapped[str | None] = mapped_column(String(255))
+    provenance: Mapped[str] = mapped_column(String(16))
+    occurred_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    notes_written: Mapped[int] = mapped_column(Integer, default=0)
+    notes_updated: Mapped[int] = mapped_column(Integer, default=0)
+    notes_skipped: Mapped[int] = mapped_column(Integer, default=0)
+    items_dropped: Mapped[int] = mapped_column(Integer, default=0)
+    model: Mapped[str] = mapped_column(String(255))
+    model_calls: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

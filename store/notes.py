@@ -385,9 +385,14 @@ def write(
     provenance: str | None = None,
     allow_pin_untrusted: bool = False,
     note_type: str | None = None,
+    topic_key: str | None = None,
     occurred_at: datetime | None = None,
 ) -> WriteResult:
-    """Validate and write one note (see ``Store.write``); the caller owns the transaction."""
+    """Validate and write one note (see ``Store.write``); the caller owns the transaction.
+
+    ``note_type``, ``topic_key`` (upserts like an explicit slug) and ``occurred_at`` are for
+    code that writes typed notes, such as harvest.
+    """
     scope = Scope.of(scope)
     draft = validate_attrs(attrs, settings)
     resolved = resolve_provenance(provenance, draft.source)
@@ -402,6 +407,7 @@ def write(
         provenance=resolved,
         conversation_id=conversation_id,
         note_type=note_type,
+        topic_key=topic_key,
         occurred_at=occurred_at,
     )
     similar = similar_notes(

@@ -65,6 +65,18 @@ class Settings(BaseSettings):
         default=None, description="Base URL of an OpenAI-compatible server."
     )
     harvest_api_key: SecretStr | None = Field(default=None, description="API key for the model.")
+    harvest_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="Timeout of one model call, in seconds."
+    )
+    harvest_max_attempts: int = Field(
+        default=4, ge=1, le=20, description="Most attempts of one model call (transient errors)."
+    )
+    harvest_max_retry_seconds: float = Field(
+        default=30.0, ge=0, description="No retry of a model call starts later than this."
+    )
+    harvest_context_tokens: int = Field(
+        default=6_000, ge=200, description="Transcript tokens per model call; longer is chunked."
+    )
     observation_types: Annotated[tuple[str, ...], NoDecode] = Field(
         default=DEFAULT_OBSERVATION_TYPES,
         description="Allowed mem_save types, comma-separated in the environment.",

@@ -22,7 +22,17 @@ from store import Settings, Store
 PG_BASE_URL = os.environ.get(
     "GLEANER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
-TABLES = ("memory_terms", "memory_links", "sessions", "memories")
+TABLES = ("memory_terms", "memory_links", "sessions", "harvest_ledger", "memories")
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    from store.db import MIGRATIONS
+
+    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    assert head is not None
+    return head
 
 
 def pg_url_for(name: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import recreate_pg_database
+from tests.conftest import head_revision, recreate_pg_database
 
 
 def gleaner(*args: str, url: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -36,7 +36,7 @@ def fresh_url(request: pytest.FixtureRequest, tmp_path: Path, worker_id: str) ->
 def test_upgrade_then_search_and_show(fresh_url: str, tmp_path: Path) -> None:
     upgraded = gleaner("db", "upgrade", url=fresh_url, cwd=tmp_path)
     assert upgraded.returncode == 0, upgraded.stderr
-    assert "revision 0001" in upgraded.stdout
+    assert f"revision {head_revision()}" in upgraded.stdout
 
     empty = gleaner("search", "--owner", "alice", "anything", "--json", url=fresh_url, cwd=tmp_path)
     assert empty.returncode == 0, empty.stderr

@@ -13,10 +13,16 @@ from sqlalchemy import inspect
 from store import Store
 from store.db import alembic_config, current_revision
 from store.models import Base
-from tests.conftest import recreate_pg_database, test_settings
+from tests.conftest import head_revision, recreate_pg_database, test_settings
 
 # Dialect-specific search structures live only in the migrations.
-MIGRATION_ONLY = {"memories_fts", "search_vector", "ix_memories_search", "alembic_version"}
+MIGRATION_ONLY = {
+    "memories_updated_seq_seq",
+    "memories_fts",
+    "search_vector",
+    "ix_memories_search",
+    "alembic_version",
+}
 
 
 def _include(
@@ -36,7 +42,7 @@ def fresh_store(request: pytest.FixtureRequest, tmp_path: Path, worker_id: str) 
 
 def test_head_matches_the_models(fresh_store: Store) -> None:
     fresh_store.migrate()
-    assert current_revision(fresh_store.engine) == "0001"
+    assert current_revision(fresh_store.engine) == head_revision()
     with fresh_store.engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"include_object": _include})
         diff = compare_metadata(context, Base.metadata)

@@ -100,6 +100,74 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _progress_bar(total_hint: str) -> tuple[Any, Callable[[int, int], None]]:
+    """A rich progress bar on stderr (shown only on a terminal), and its update callback."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    progress = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
+    task = progress.add_task(total_hint, total=None)
+
+    def update(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    return progress, update
+
+
+def print_summary(summary: Any, as_json: bool) -> None:
+    data = {k: v for k, v in vars(summary).items() if k != "reports"}
+    if as_json:
+        data["conversations"] = summary.reports
+        print(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+        return
+    print(
+        f"transcripts {summary.transcripts} (harvested {summary.harvested}, "
+        f"already done {summary.skipped}, failed {summary.failed})"
+    )
+    print(
+        f"notes written {summary.notes_written}, updated {summary.notes_updated}, "
+        f"skipped {summary.notes_skipped}, invalid items dropped {summary.items_dropped}"
+    )
+    print(
+        f"model calls {summary.model_calls}, tokens {summary.prompt_tokens} prompt + "
+        f"{summary.completion_tokens} completion"
+    )
+    for report in summary.reports:
+        if report["slugs"]:
+            print(
+                f"  {report['owner']} / {report['conversation_id']}: {', '.join(report['slugs'])}"
+            )
+    for failure in summary.failures:
+        print(f"  FAILED {failure['conversation']}: {failure['error']}", file=sys.stderr)
+
+
+def cmd_harvest(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from harvest.batch import harvest_paths
+
+    paths = [Path(p) for p in args.paths]
+    for path in paths:
+        if not path.exists():
+            raise UsageError(f"no such file or folder: {path}")
+    store = _store()
+    progress, update = _progress_bar("harvesting")
+    with progress:
+        summary = harvest_paths(
+            store, paths, owner=args.owner, provenance=args.provenance, on_progress=update
+        )
+    print_summary(summary, args.json)
+    return EXIT_FAILED if summary.failed else EXIT_OK
+
+
 def _add_scope_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--owner", metavar="NAME", help="the owner whose notes to use")
@@ -131,6 +199,33 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--json", action="store_true", help="print one JSON list of hits")
     search.set_defaults(func=cmd_search)
 
+    harvest = sub.add_parser(
+        "harvest",
+        help="harvest transcript files or folders in process (no broker needed)",
+        description=(
+            "Read every conversation in the given files and folders (native JSON, JSON Lines, "
+            "OpenAI messages, ChatGPT or Claude exports and their .zip), extract at most "
+            "GLEANER_HARVEST_MAX_FACTS notes from each and write them to the owner's scope. "
+            "A conversation harvested before is skipped at no cost. With no "
+            "GLEANER_HARVEST_MODEL set, the offline extractor runs (no key, no network)."
+        ),
+    )
+    harvest.add_argument("paths", nargs="+", metavar="PATH", help="transcript files or folders")
+    harvest.add_argument(
+        "--owner",
+        metavar="NAME",
+        help="whose notes these are; defaults to each transcript's own owner, required for "
+        "exports (ChatGPT, Claude) which carry none",
+    )
+    harvest.add_argument(
+        "--provenance",
+        choices=("compaction", "import"),
+        default="compaction",
+        help="compaction for just-ended conversations (default), import for old ones",
+    )
+    harvest.add_argument("--json", action="store_true", help="print the summary as JSON")
+    harvest.set_defaults(func=cmd_harvest)
+
     show = sub.add_parser("show", help="show one note with its links")
     show.add_argument("slug")
     _add_scope_flags(show)
@@ -143,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from store.errors import ConfigError, InvalidInput, StoreError, format_error
+
+    usage_reasons = {"no_owner", "bad_provenance", "bad_config"}
 
     func: Callable[[argparse.Namespace], int] = args.func
     try:
@@ -157,6 +254,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreError as exc:
         print(f"gleaner: {format_error(exc)}", file=sys.stderr)
         return EXIT_FAILED
+    except Exception as exc:
+        # Harvest's errors carry a reason too; a missing owner is a usage error.
+        if getattr(exc, "reason", None) is None:
+            raise
+        print(f"gleaner: {format_error(exc)}", file=sys.stderr)
+        return EXIT_USAGE if exc.reason in usage_reasons else EXIT_FAILED  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

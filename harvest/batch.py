@@ -1,0 +1,115 @@
+"""Harvesting files and folders in process: read every conversation, harvest each, sum up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harvest.errors import HarvestError
+from harvest.job import TranscriptReport, harvest_transcript
+from harvest.model import HarvestLLM
+from harvest.readers import iter_paths, read_path
+from harvest.transcript import Transcript
+from store import Store, StoreError, format_error
+
+
+@dataclass
+class Summary:
+    """Totals of one harvest run; ``failed`` counts conversations and files that failed."""
+
+    transcripts: int = 0
+    harvested: int = 0
+    skipped: int = 0
+    failed: int = 0
+    notes_written: int = 0
+    notes_updated: int = 0
+    notes_skipped: int = 0
+    items_dropped: int = 0
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failures: list[dict[str, str]] = field(default_factory=list)
+    reports: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, report: TranscriptReport) -> None:
+        self.transcripts += 1
+        if report.status == "harvested":
+            self.harvested += 1
+        elif report.status == "skipped":
+            self.skipped += 1
+        else:
+            self.failed += 1
+            self.failures.append(
+                {"conversation": report.conversation_id, "error": report.error or "?"}
+            )
+        self.notes_written += report.notes_written
+        self.notes_updated += report.notes_updated
+        self.notes_skipped += report.notes_skipped
+        self.items_dropped += report.items_dropped
+        self.model_calls += report.model_calls
+        self.prompt_tokens += report.prompt_tokens
+        self.completion_tokens += report.completion_tokens
+        self.reports.append(asdict(report))
+
+    def fail(self, label: str, error: str) -> None:
+        self.failed += 1
+        self.failures.append({"conversation": label, "error": error})
+
+
+def read_all(paths: Iterable[Path], summary: Summary) -> list[Transcript]:
+    """Every conversation under ``paths``; unreadable files and conversations go to failures."""
+    found: list[Transcript] = []
+    for path in iter_paths(paths):
+        try:
+            result = read_path(path)
+        except HarvestError as exc:
+            summary.fail(str(path), f"{exc.reason}: {exc}")
+            continue
+        found.extend(result.transcripts)
+        for label, reason in result.errors:
+            summary.fail(label, reason)
+    return found
+
+
+def check_owners(transcripts: Iterable[Transcript], owner: str | None) -> None:
+    """Raise HarvestError(reason="no_owner") before any work if a conversation has no owner."""
+    if owner:
+        return
+    missing = [t for t in transcripts if not t.owner]
+    if missing:
+        where = missing[0].source_path or missing[0].conversation_id
+        raise HarvestError(
+            f"{len(missing)} conversation(s) carry no owner (e.g. {where}): pass --owner NAME",
+            reason="no_owner",
+        )
+
+
+def harvest_paths(
+    store: Store,
+    paths: Iterable[Path],
+    *,
+    owner: str | None = None,
+    provenance: str = "compaction",
+    llm: HarvestLLM | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> Summary:
+    """Harvest every conversation in ``paths`` in process; one bad conversation never stops
+    the rest. ``on_progress(done, total)`` is called after each conversation."""
+    summary = Summary()
+    transcripts = read_all(paths, summary)
+    check_owners(transcripts, owner)
+    for done, transcript in enumerate(transcripts, start=1):
+        try:
+            report = harvest_transcript(
+                store, transcript, owner=owner, provenance=provenance, llm=llm
+            )
+        except (HarvestError, StoreError) as exc:
+            summary.transcripts += 1
+            summary.fail(transcript.conversation_id, format_error(exc))
+        else:
+            summary.add(report)
+        if on_progress is not None:
+            on_progress(done, len(transcripts))
+    return summary

@@ -1,0 +1,767 @@
+"""The harvest model: one litellm call, one retry layer, answer parsing, chunking and merging.
+
+litellm is imported lazily (inside the functions that call it) because importing it takes
+seconds, and most imports of ``harvest`` never talk to a model. litellm's own retries are
+switched off: tenacity in :func:`call_with_retries` is the only retry layer.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import functools
+import hashlib
+import importlib
+import importlib.util
+import itertools
+import json
+import logging
+import math
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base, wait_random_exponential
+
+from harvest.candidate import NOTE_TYPES, NoteCandidate
+from harvest.errors import (
+    ContextWindowExceeded,
+    ModelError,
+    PermanentModelError,
+    TransientModelError,
+    UnparseableAnswer,
+)
+from harvest.prompt import build_messages, render_message, response_schema
+from harvest.transcript import Transcript
+
+if TYPE_CHECKING:
+    import tiktoken
+
+    from store.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Messages = list[dict[str, str]]
+
+# Halving a chunk after a context-window error stops here: below this the model is too small
+# for the prompt itself, and smaller pieces would only multiply failing calls.
+MIN_CHUNK_TOKENS = 200
+MAX_HALVINGS = 4
+
+
+# --- options -----------------------------------------------------------------------------
+
+
+class ModelOptions(BaseModel):
+    """Everything one harvest call needs to know; built from the settings by :meth:`from_settings`.
+
+    ``max_retry_seconds`` bounds the retry window: no new attempt starts once it would begin
+    later than that after the first one, so a call returns within about
+    ``max_retry_seconds + timeout_seconds``. ``context_tokens`` is the transcript budget of
+    one call (cl100k tokens); longer transcripts are chunked.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str = Field(min_length=1, description="litellm model string")
+    llm: str = Field(default="litellm", description="'litellm' or 'module:function'")
+    api_base: str | None = None
+    api_key: SecretStr | None = None
+    max_facts: int = Field(default=5, gt=0, le=50)
+    types: tuple[str, ...] = Field(default=NOTE_TYPES, min_length=1)
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    max_attempts: int = Field(default=4, ge=1, le=20)
+    max_retry_seconds: float = Field(default=30.0, ge=0)
+    backoff_seconds: float = Field(default=1.0, gt=0, description="first backoff window")
+    backoff_max_seconds: float = Field(default=10.0, gt=0, description="largest backoff window")
+    context_tokens: int = Field(default=6_000, ge=MIN_CHUNK_TOKENS)
+    max_answer_tokens: int = Field(default=2_048, gt=0)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ModelOptions:
+        """Options from the Gleaner settings; keys the settings lack keep their defaults.
+
+        Raises ConfigError (naming the ``GLEANER_*`` variable) when no model is configured
+        or a value is out of range.
+        """
+        from store.errors import ConfigError  # lazy: store's package import is not free
+
+        if not settings.harvest_model:
+            raise ConfigError(
+                "GLEANER_HARVEST_MODEL is not set: no harvest model to call", reason="bad_config"
+            )
+        values: dict[str, Any] = {
+            "model": settings.harvest_model,
+            "llm": settings.harvest_llm,
+            "api_base": settings.harvest_api_base,
+            "api_key": settings.harvest_api_key,
+            "max_facts": settings.harvest_max_facts,
+            "types": tuple(settings.observation_types),
+        }
+        # Read by name, so a Settings without these keys still works (defaults apply).
+        for field, setting in _OPTIONAL_SETTINGS.items():
+            value = getattr(settings, setting, None)
+            if value is not None:
+                values[field] = value
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            problems = []
+            for error in exc.errors():
+                field = str(error["loc"][0]) if error["loc"] else "?"
+                name = _SETTING_NAMES.get(field, f"harvest_{field}").upper()
+                problems.append(f"GLEANER_{name}: {error['msg']} (got {error.get('input')!r})")
+            raise ConfigError("; ".join(problems), reason="bad_config") from None
+
+
+_OPTIONAL_SETTINGS = {
+    "timeout_seconds": "harvest_timeout_seconds",
+    "max_attempts": "harvest_max_attempts",
+    "max_retry_seconds": "harvest_max_retry_seconds",
+    "context_tokens": "harvest_context_tokens",
+}
+_SETTING_NAMES = {
+    "model": "harvest_model",
+    "llm": "harvest_llm",
+    "api_base": "harvest_api_base",
+    "api_key": "harvest_api_key",
+    "max_facts": "harvest_max_facts",
+    "types": "observation_types",
+    **_OPTIONAL_SETTINGS,
+}
+
+
+# --- the callable that talks to the model ------------------------------------------------
+
+
+class LLMAnswer(BaseModel):
+    """What one model call returned: the text and its usage."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model: str = ""
+
+
+class HarvestLLM(Protocol):
+    """A callable that makes ONE model call (``harvest_llm``).
+
+    It must not retry: it raises :class:`TransientModelError` (with ``retry_after`` when
+    known), :class:`PermanentModelError` or :class:`ContextWindowExceeded`, and
+    :func:`call_with_retries` decides. It should honour ``options.timeout_seconds``.
+    """
+
+    def __call__(self, messages: Messages, *, options: ModelOptions) -> LLMAnswer: ...
+
+
+def _litellm() -> Any:
+    """Import litellm on first use, offline-safe and quiet."""
+    # Without this, importing litellm fetches the model cost map from the network.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    # The "Give Feedback / Get Help" banner it prints on every exception is noise in a worker.
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+def litellm_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
+    """One chat completion through litellm, with a timeout and without litellm's retries.
+
+    Asks for structured output where litellm says the model supports it (a JSON schema,
+    else JSON mode, else nothing) and maps litellm's exceptions onto harvest's.
+    """
+    litellm = _litellm()
+    kwargs: dict[str, Any] = {
+        "model": options.model,
+        "messages": messages,
+        "timeout": options.timeout_seconds,
+        # Both off: the openai client's retries (max_retries) and litellm's wrapper retries
+        # (num_retries); tenacity in call_with_retries is the one retry layer.
+        "num_retries": 0,
+        "max_retries": 0,
+        "temperature": 0,
+        "max_tokens": options.max_answer_tokens,
+        # Models that refuse a parameter (temperature on reasoning models) get it dropped
+        # instead of failing the call.
+        "drop_params": True,
+    }
+    if options.api_base:
+        kwargs["api_base"] = options.api_base
+    if options.api_key is not None:
+        kwargs["api_key"] = options.api_key.get_secret_value()
+    response_format = _response_format(options.model, options.types, options.max_facts)
+    if response_format is not None:
+        kwargs["response_format"] = response_format
+    try:
+        response = litellm.completion(**kwargs)
+    except Exception as exc:  # everything litellm raises is classified, nothing escapes raw
+        raise map_litellm_error(exc) from exc
+    return _answer_from(response, options.model)
+
+
+def _answer_from(response: Any, default_model: str) -> LLMAnswer:
+    try:
+        text = response.choices[0].message.content or ""
+    except (AttributeError, IndexError, TypeError):
+        text = ""  # an empty answer is unparseable and is retried like one
+    usage = getattr(response, "usage", None)
+    return LLMAnswer(
+        text=str(text),
+        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        model=str(getattr(response, "model", None) or default_model),
+    )
+
+
+FormatMode = Literal["json_schema", "json_object", "none"]
+
+
+@functools.lru_cache(maxsize=64)
+def _format_mode(model: str) -> FormatMode:
+    litellm = _litellm()
+    try:
+        if litellm.supports_response_schema(model=model):
+            return "json_schema"
+        supported = litellm.get_supported_openai_params(model=model) or []
+    except Exception:  # noqa: BLE001 - an unknown model only loses structured output
+        return "none"
+    return "json_object" if "response_format" in supported else "none"
+
+
+def _response_format(model: str, types: tuple[str, ...], max_facts: int) -> dict[str, Any] | None:
+    mode = _format_mode(model)
+    if mode == "json_schema":
+        return {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "harvest_notes",
+                "schema": response_schema(types=types, max_facts=max_facts),
+                "strict": True,
+            },
+        }
+    if mode == "json_object":
+        return {"type": "json_object"}
+    return None
+
+
+def map_litellm_error(exc: BaseException) -> ModelError:
+    """The harvest error for an exception litellm raised.
+
+    Order matters: ContextWindowExceededError and ContentPolicyViolationError subclass
+    BadRequestError, so they are told apart before it. Anything unrecognised is permanent
+    unless its status code says otherwise: retrying the unknown is how a job loops.
+    """
+    litellm = _litellm()
+    errors = litellm.exceptions
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, errors.ContextWindowExceededError):
+        return ContextWindowExceeded(message)
+    transient = (
+        errors.RateLimitError,
+        errors.Timeout,
+        errors.APIConnectionError,
+        errors.ServiceUnavailableError,
+        errors.InternalServerError,
+        errors.BadGatewayError,
+    )
+    if isinstance(exc, transient):
+        return TransientModelError(message, retry_after=retry_after_seconds(exc))
+    permanent = (
+        errors.ContentPolicyViolationError,
+        errors.AuthenticationError,
+        errors.PermissionDeniedError,
+        errors.NotFoundError,
+        errors.BadRequestError,
+        errors.UnprocessableEntityError,
+    )
+    if isinstance(exc, permanent):
+        return PermanentModelError(message)
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and (status >= 500 or status in (408, 409, 429)):
+        return TransientModelError(message, retry_after=retry_after_seconds(exc))
+    return PermanentModelError(message)
+
+
+def retry_after_seconds(exc: BaseException, *, now: float | None = None) -> float | None:
+    """Seconds the server asked us to wait (``retry-after-ms`` or ``Retry-After``), or None.
+
+    ``Retry-After`` may be seconds or an HTTP date; a negative or unreadable value is None.
+    """
+    headers = _error_headers(exc)
+    if "retry-after-ms" in headers:
+        try:
+            return max(0.0, float(headers["retry-after-ms"]) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _error_headers(exc: BaseException) -> dict[str, str]:
+    # litellm keeps the provider's headers on the error's response (and, for some providers,
+    # in litellm_response_headers or headers); any of them may be absent.
+    response = getattr(exc, "response", None)
+    for source in (
+        getattr(exc, "litellm_response_headers", None),
+        getattr(response, "headers", None),
+        getattr(exc, "headers", None),
+    ):
+        if isinstance(source, Mapping) and source:
+            return {str(k).lower(): str(v) for k, v in source.items()}
+    return {}
+
+
+# --- the one retry layer -----------------------------------------------------------------
+
+
+class _Backoff:
+    """Plans each sleep once: jittered exponential backoff, at least the server's Retry-After.
+
+    The stop and the wait must agree on the coming sleep (the stop refuses a sleep that
+    would end past the retry window), so the plan is computed once per attempt and shared.
+    """
+
+    def __init__(self, options: ModelOptions) -> None:
+        self._jitter = wait_random_exponential(
+            multiplier=options.backoff_seconds, max=options.backoff_max_seconds
+        )
+        self.window = options.max_retry_seconds
+        self._plans: dict[int, float] = {}
+
+    def sleep_for(self, state: RetryCallState) -> float:
+        if state.attempt_number not in self._plans:
+            delay = self._jitter(state)
+            outcome = state.outcome
+            error = outcome.exception() if outcome is not None and outcome.failed else None
+            retry_after = getattr(error, "retry_after", None)
+            if isinstance(retry_after, int | float) and retry_after > 0:
+                delay = max(delay, float(retry_after))
+            self._plans[state.attempt_number] = min(delay, self.window)
+        return self._plans[state.attempt_number]
+
+
+class _Wait(wait_base):
+    def __init__(self, backoff: _Backoff) -> None:
+        self.backoff = backoff
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        return self.backoff.sleep_for(retry_state)
+
+
+class _StopBeforeWindowEnds(stop_base):
+    """Stops when the planned sleep would end past the retry window (never sleeps past it)."""
+
+    def __init__(self, backoff: _Backoff) -> None:
+        self.backoff = backoff
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        elapsed = retry_state.seconds_since_start or 0.0
+        return elapsed + self.backoff.sleep_for(retry_state) > self.backoff.window
+
+
+def _log_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome is not None else None
+    sleep = state.next_action.sleep if state.next_action is not None else 0.0
+    log.warning(
+        "harvest model call %d failed (%s); retrying in %.2fs", state.attempt_number, error, sleep
+    )
+
+
+def call_with_retries(
+    llm: HarvestLLM,
+    messages: Messages,
+    options: ModelOptions,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> LLMAnswer:
+    """Call ``llm`` once, retrying only TransientModelError; the last error is re-raised.
+
+    Bounded by ``options.max_attempts`` attempts and the ``max_retry_seconds`` window;
+    each sleep is jittered exponential backoff but never shorter than Retry-After.
+    """
+    backoff = _Backoff(options)
+    retrying = Retrying(
+        retry=retry_if_exception_type(TransientModelError),
+        stop=stop_after_attempt(options.max_attempts) | _StopBeforeWindowEnds(backoff),
+        wait=_Wait(backoff),
+        sleep=sleep,
+        before_sleep=_log_retry,
+        reraise=True,
+    )
+    return retrying(llm, messages, options=options)
+
+
+def resolve_llm(options: ModelOptions) -> HarvestLLM:
+    """The callable ``harvest_llm`` names: ``litellm`` or an importable ``module:function``.
+
+    Raises ConfigError naming GLEANER_HARVEST_LLM when it cannot be imported or called.
+    """
+    spec = options.llm.strip()
+    if spec == "litellm":
+        return litellm_call
+    from store.errors import ConfigError  # lazy: store's package import is not free
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(
+            f"GLEANER_HARVEST_LLM: expected 'litellm' or 'module:function' (got {spec!r})",
+            reason="bad_config",
+        )
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"GLEANER_HARVEST_LLM: cannot import {spec!r}: {exc}", reason="bad_config"
+        ) from exc
+    if not callable(target):
+        raise ConfigError(f"GLEANER_HARVEST_LLM: {spec!r} is not callable", reason="bad_config")
+    return cast(HarvestLLM, target)
+
+
+# --- parsing the answer ------------------------------------------------------------------
+
+
+class ParsedNotes(BaseModel):
+    """The valid notes of one answer and how many items were dropped as invalid."""
+
+    model_config = ConfigDict(frozen=True)
+
+    notes: list[NoteCandidate]
+    dropped: int = 0
+
+
+_FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n?(.*?)```", re.DOTALL)
+# Scanning prose for JSON tries each '{' or '[' in turn; an answer is small, but this
+# keeps a pathological one from costing quadratic time.
+_MAX_SCAN_STARTS = 200
+
+
+def parse_answer(text: str, types: Sequence[str]) -> ParsedNotes:
+    """The notes in a model answer: raw JSON, JSON in a ```json fence, or JSON inside prose.
+
+    The top level must be ``{"notes": [...]}`` or a bare list; each item is validated as a
+    :class:`NoteCandidate` whose type is one of ``types``, and invalid ones are dropped and
+    counted. Raises UnparseableAnswer when no JSON of that shape is found.
+    """
+    items = _find_items(text)
+    if items is None:
+        raise UnparseableAnswer(
+            f"the model's answer ({len(text)} characters) held no notes JSON",
+        )
+    allowed = set(types)
+    notes: list[NoteCandidate] = []
+    dropped = 0
+    for item in items:
+        note = _validate_item(item, allowed)
+        if note is None:
+            dropped += 1
+        else:
+            notes.append(note)
+    return ParsedNotes(notes=notes, dropped=dropped)
+
+
+def _validate_item(item: object, allowed: set[str]) -> NoteCandidate | None:
+    if not isinstance(item, dict):
+        return None
+    try:
+        note = NoteCandidate.model_validate(item)
+    except ValidationError:
+        return None
+    if note.type not in allowed or not note.title.strip() or not note.body.strip():
+        return None
+    return note
+
+
+def _find_items(text: str) -> list[Any] | None:
+    stripped = text.strip()
+    whole = _loads(stripped)
+    if whole is not _NOT_JSON:
+        # The whole answer is JSON: its shape decides, nothing else is looked for.
+        return _items_of(whole, strict=False)
+    for match in _FENCE.finditer(text):
+        fenced = _loads(match.group(1).strip())
+        if fenced is not _NOT_JSON:
+            items = _items_of(fenced, strict=False)
+            if items is not None:
+                return items
+    return _scan_prose(text)
+
+
+def _scan_prose(text: str) -> list[Any] | None:
+    # Outermost first: the first '{' or '[' from which a whole JSON value decodes and has the
+    # right shape. A lone list found this way must hold objects, so a note's "topics" list
+    # inside a truncated answer is not mistaken for the notes.
+    decoder = json.JSONDecoder()
+    starts = itertools.islice(re.finditer(r"[{\[]", text), _MAX_SCAN_STARTS)
+    for start in (m.start() for m in starts):
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        items = _items_of(value, strict=True)
+        if items is not None:
+            return items
+    return None
+
+
+def _items_of(value: object, *, strict: bool) -> list[Any] | None:
+    if isinstance(value, dict):
+        notes = value.get("notes")
+        return notes if isinstance(notes, list) else None
+    if isinstance(value, list):
+        if strict and (not value or not all(isinstance(v, dict) for v in value)):
+            return None
+        return value
+    return None
+
+
+_NOT_JSON = object()
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return _NOT_JSON
+
+
+# --- token counting and chunking ---------------------------------------------------------
+
+_CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+
+
+@functools.cache
+def _encoding() -> tiktoken.Encoding | None:
+    """cl100k_base if its file is on disk, else None (and counts fall back to an estimate).
+
+    tiktoken downloads a missing file with no timeout, which could hang an offline worker,
+    so it is only asked when the cached copy exists: the one litellm bundles, unless
+    TIKTOKEN_CACHE_DIR points elsewhere.
+    """
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    key = hashlib.sha1(_CL100K_URL.encode(), usedforsecurity=False).hexdigest()
+    cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR")
+    if cache_dir is None:
+        bundled = _litellm_tokenizer_dir()
+        if bundled is not None and (bundled / key).exists():
+            # The same default litellm sets when it is imported.
+            os.environ["TIKTOKEN_CACHE_DIR"] = cache_dir = str(bundled)
+    if not cache_dir or not (Path(cache_dir) / key).exists():
+        return None
+    try:
+        return tiktoken.get_encoding("cl100k_base")
+    except (OSError, ValueError):
+        return None
+
+
+def _litellm_tokenizer_dir() -> Path | None:
+    spec = importlib.util.find_spec("litellm")  # finds the package without importing it
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"
+
+
+def count_tokens(text: str) -> int:
+    """cl100k_base tokens in ``text``; without the tokenizer, UTF-8 bytes / 3 (an overcount
+    for English, about right for CJK — erring toward smaller chunks)."""
+    encoding = _encoding()
+    if encoding is None:
+        return math.ceil(len(text.encode("utf-8", "surrogatepass")) / 3)
+    return len(encoding.encode(text, disallowed_special=()))
+
+
+def _slice_text(text: str, budget: int) -> list[str]:
+    """Cut one over-long block into pieces of at most ``budget`` tokens, at token bounds."""
+    encoding = _encoding()
+    if encoding is not None:
+        tokens = encoding.encode(text, disallowed_special=())
+        try:
+            decoded, offsets = encoding.decode_with_offsets(tokens)
+        except UnicodeDecodeError:  # lone surrogates do not round-trip; cut by bytes instead
+            decoded, offsets = "", []
+        if decoded == text:
+            cuts = [offsets[i] for i in range(0, len(tokens), budget)] + [len(text)]
+            return [text[a:b] for a, b in itertools.pairwise(cuts) if text[a:b]]
+    pieces, start, used = [], 0, 0
+    for index, char in enumerate(text):
+        size = len(char.encode("utf-8", "surrogatepass"))
+        if used + size > budget * 3 and index > start:
+            pieces.append(text[start:index])
+            start, used = index, 0
+        used += size
+    pieces.append(text[start:])
+    return [p for p in pieces if p]
+
+
+def pack_chunks(blocks: Iterable[str], budget: int) -> list[str]:
+    """Join blocks with newlines into chunks of at most ``budget`` tokens, in order.
+
+    A block over the budget on its own is cut at token boundaries.
+    """
+    chunks: list[str] = []
+    current: list[str] = []
+    used = 0
+    for block in blocks:
+        cost = count_tokens(block) + 1  # +1 for the joining newline
+        if cost > budget:
+            if current:
+                chunks.append("\n".join(current))
+                current, used = [], 0
+            chunks.extend(_slice_text(block, budget))
+            continue
+        if current and used + cost > budget:
+            chunks.append("\n".join(current))
+            current, used = [], 0
+        current.append(block)
+        used += cost
+    if current:
+        chunks.append("\n".join(current))
+    return chunks
+
+
+# --- extraction --------------------------------------------------------------------------
+
+
+class ModelResult(BaseModel):
+    """The merged notes of one transcript and what it cost.
+
+    ``calls`` counts every attempt made (retried and unparseable ones included); the token
+    counts sum the usage of every answer received.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    notes: list[NoteCandidate]
+    dropped: int = 0
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model: str = ""
+    chunks: int = 0
+
+
+class _Meter:
+    """Wraps the llm so every attempt and every answer's usage is counted."""
+
+    def __init__(self, llm: HarvestLLM, options: ModelOptions) -> None:
+        self.llm = llm
+        self.options = options
+        self.calls = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.model = ""
+
+    def _attempt(self, messages: Messages, *, options: ModelOptions) -> LLMAnswer:
+        self.calls += 1
+        answer = self.llm(messages, options=options)
+        self.prompt_tokens += answer.prompt_tokens
+        self.completion_tokens += answer.completion_tokens
+        self.model = answer.model or self.model
+        return answer
+
+    def ask(self, messages: Messages) -> LLMAnswer:
+        return call_with_retries(self._attempt, messages, self.options)
+
+
+def extract(
+    transcript: Transcript, options: ModelOptions, llm: HarvestLLM | None = None
+) -> ModelResult:
+    """Ask the harvest model for the notes of one (already redacted) transcript.
+
+    The transcript is rendered and cut into chunks of ``options.context_tokens``; each chunk
+    is one call (retried on transient errors). An unparseable answer is asked again once,
+    then UnparseableAnswer is raised; a context-window error halves the chunks (a bounded
+    number of times). The notes of all chunks are merged: deduplicated by title, highest
+    confidence first, at most ``options.max_facts``.
+    """
+    meter = _Meter(llm or resolve_llm(options), options)
+    blocks = [render_message(m) for m in transcript.messages if m.content.strip()]
+    budget = options.context_tokens
+    pending = deque(pack_chunks(blocks, budget))
+    collected: list[NoteCandidate] = []
+    dropped = done = halvings = 0
+    while pending:
+        chunk = pending.popleft()
+        part = (done + 1, done + 1 + len(pending))
+        try:
+            parsed = _ask_chunk(meter, chunk, part, options)
+        except ContextWindowExceeded:
+            halvings += 1
+            budget = min(budget, count_tokens(chunk)) // 2
+            if halvings > MAX_HALVINGS or budget < MIN_CHUNK_TOKENS:
+                raise
+            log.warning("context window exceeded; re-chunking at %d tokens", budget)
+            # The rest is re-cut too: chunks of the old size would overflow the same way.
+            lines = [line for piece in (chunk, *pending) for line in piece.split("\n")]
+            pending = deque(pack_chunks(lines, budget))
+            continue
+        done += 1
+        collected.extend(parsed.notes)
+        dropped += parsed.dropped
+    return ModelResult(
+        notes=merge_notes(collected, options.max_facts),
+        dropped=dropped,
+        calls=meter.calls,
+        prompt_tokens=meter.prompt_tokens,
+        completion_tokens=meter.completion_tokens,
+        model=meter.model or options.model,
+        chunks=done,
+    )
+
+
+def _ask_chunk(
+    meter: _Meter, chunk: str, part: tuple[int, int], options: ModelOptions
+) -> ParsedNotes:
+    messages = build_messages(chunk, max_facts=options.max_facts, types=options.types, part=part)
+    answer = meter.ask(messages)
+    try:
+        return parse_answer(answer.text, options.types)
+    except UnparseableAnswer:
+        log.warning(
+            "harvest answer unparseable (%d characters); asking once more", len(answer.text)
+        )
+    # The second answer is final: parse_answer raises UnparseableAnswer if it fails too.
+    return parse_answer(meter.ask(messages).text, options.types)
+
+
+def _title_key(title: str) -> str:
+    return " ".join(re.findall(r"\w+", title.casefold()))
+
+
+def merge_notes(notes: Iterable[NoteCandidate], max_facts: int) -> list[NoteCandidate]:
+    """Deduplicate by normalized title (keeping the most confident), sort by confidence
+    (highest first, ties in order of appearance) and keep at most ``max_facts``."""
+    best: dict[str, NoteCandidate] = {}
+    for note in notes:
+        key = _title_key(note.title) or note.title
+        if key not in best or note.confidence > best[key].confidence:
+            best[key] = note
+    ranked = sorted(best.values(), key=lambda n: -n.confidence)
+    return ranked[:max_facts]

@@ -1,0 +1,128 @@
+"""What every reader shares: timestamps, message text, roles, and building a checked Transcript."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from harvest.errors import TranscriptFormatError
+from harvest.transcript import Message, Role, Transcript
+
+# Roles as the formats spell them -> the transcript's four. OpenAI's "developer" is its new
+# name for a system prompt; "function" is the old name for a tool result.
+ROLES: dict[str, Role] = {
+    "user": "user",
+    "assistant": "assistant",
+    "system": "system",
+    "developer": "system",
+    "tool": "tool",
+    "function": "tool",
+}
+# Text part types of OpenAI chat content and of the Responses API.
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+
+
+def bad(message: str) -> TranscriptFormatError:
+    """A TranscriptFormatError for one conversation (the caller adds which one)."""
+    return TranscriptFormatError(message)
+
+
+def parse_time(value: object, field: str) -> datetime | None:
+    """A timestamp from an ISO 8601 string or unix seconds; None when absent.
+
+    A naive ISO time is taken as UTC, so every datetime a reader returns is aware.
+    """
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise bad(f"{field} is not a timestamp: {value!r}")
+    if isinstance(value, int | float):
+        try:
+            return datetime.fromtimestamp(value, UTC)
+        except (OverflowError, OSError, ValueError):
+            raise bad(f"{field} is not a timestamp: {value!r}") from None
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise bad(f"{field} is not an ISO 8601 timestamp: {value!r}") from None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    raise bad(f"{field} is not a timestamp: {value!r}")
+
+
+def text_of(content: object, field: str) -> str:
+    """The text of a message's content: a string, or the text parts of a list of parts.
+
+    Parts that are not text (images, files, tool calls) are skipped; None is no text.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Mapping):
+        content = [content]
+    if isinstance(content, list):
+        texts: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, Mapping) and part.get("type", "text") in TEXT_PART_TYPES:
+                text = part.get("text")
+                if isinstance(text, str):
+                    texts.append(text)
+        return "\n".join(texts)
+    raise bad(f"{field} must be text or a list of parts, got {type(content).__name__}")
+
+
+def optional_str(value: object, field: str) -> str | None:
+    """A string field that may be missing or empty (then None)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise bad(f"{field} must be a string, got {type(value).__name__}")
+    return value
+
+
+def identifier(value: object, field: str) -> str | None:
+    """An id that some exports write as a number: a non-empty string, or None when absent."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return optional_str(value, field)
+
+
+def build(
+    *,
+    conversation_id: str,
+    owner: str | None,
+    messages: Iterable[Message],
+    source_format: str,
+    path: Path,
+    title: str | None = None,
+    started_at: datetime | None = None,
+    ended_at: datetime | None = None,
+) -> Transcript:
+    """A Transcript, refused when it holds no user or assistant text.
+
+    Blank messages are dropped here so every reader treats them alike.
+    """
+    kept = [m for m in messages if m.content.strip()]
+    if not any(m.role in ("user", "assistant") for m in kept):
+        raise bad("empty conversation: no user or assistant text")
+    try:
+        return Transcript(
+            conversation_id=conversation_id,
+            owner=owner,
+            title=title,
+            started_at=started_at,
+            ended_at=ended_at,
+            messages=kept,
+            source_format=source_format,
+            source_path=str(path),
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise bad(f"{where}: {first['msg']}") from None

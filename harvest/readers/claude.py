@@ -1,0 +1,67 @@
+"""Reader for one conversation of a Claude data export (``conversations.json``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from harvest.readers._common import bad, build, identifier, optional_str, parse_time
+from harvest.transcript import Message, Role, Transcript
+
+_SENDERS: dict[str, Role] = {"human": "user", "assistant": "assistant"}
+
+
+def _text(item: Mapping[str, Any]) -> str:
+    """A chat message's text: its text blocks, else its flat ``text``.
+
+    When ``content`` blocks are present they are the message; ``text`` then also renders tool
+    use and attachments as placeholders, which are not what was said.
+    """
+    blocks = item.get("content")
+    if isinstance(blocks, list) and blocks:
+        return "\n".join(
+            block["text"]
+            for block in blocks
+            if isinstance(block, Mapping)
+            and block.get("type") == "text"
+            and isinstance(block.get("text"), str)
+        )
+    text = item.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def read_claude(
+    obj: Mapping[str, Any], *, path: Path, default_owner: str | None, source_format: str
+) -> Transcript:
+    """One Claude conversation: its ``chat_messages`` from human and assistant, text only."""
+    conversation_id = identifier(obj.get("uuid"), "uuid")
+    if conversation_id is None:
+        raise bad("conversation has no uuid")
+    chat = obj.get("chat_messages")
+    if not isinstance(chat, list):
+        raise bad("chat_messages must be a list")
+    messages: list[Message] = []
+    for number, item in enumerate(chat, 1):
+        if not isinstance(item, Mapping):
+            raise bad(f"chat message {number} must be an object")
+        role = _SENDERS.get(str(item.get("sender")))
+        if role is None:
+            continue
+        messages.append(
+            Message(
+                role=role,
+                content=_text(item),
+                at=parse_time(item.get("created_at"), f"chat message {number} created_at"),
+            )
+        )
+    return build(
+        conversation_id=conversation_id,
+        owner=default_owner,
+        title=optional_str(obj.get("name"), "name"),
+        started_at=parse_time(obj.get("created_at"), "created_at"),
+        ended_at=parse_time(obj.get("updated_at"), "updated_at"),
+        messages=messages,
+        source_format=source_format,
+        path=path,
+    )

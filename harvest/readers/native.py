@@ -1,0 +1,110 @@
+"""Readers for Gleaner's own JSON format and for OpenAI-style ``{"messages": [...]}`` files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from harvest.readers._common import (
+    ROLES,
+    bad,
+    build,
+    identifier,
+    optional_str,
+    parse_time,
+    text_of,
+)
+from harvest.transcript import Message, Transcript
+
+
+def _owner(obj: Mapping[str, Any], default_owner: str | None) -> str | None:
+    owner = obj.get("owner")
+    scope = obj.get("scope")
+    if isinstance(scope, Mapping):
+        kind = scope.get("kind")
+        if kind != "owner":
+            # The transcript belongs to one principal; a global scope is not a conversation's.
+            raise bad(f"scope kind must be 'owner', got {kind!r}")
+        scope = scope.get("id")
+    if scope is not None and not (isinstance(scope, str) and scope):
+        raise bad(f"scope must be an owner name or {{'kind': 'owner', 'id': ...}}, got {scope!r}")
+    if owner is not None and not (isinstance(owner, str) and owner):
+        raise bad(f"owner must be a non-empty string, got {owner!r}")
+    if owner and scope and owner != scope:
+        raise bad(f"owner {owner!r} and scope {scope!r} disagree")
+    return owner or scope or default_owner
+
+
+def _messages(raw: object, *, strict_roles: bool) -> list[Message]:
+    if not isinstance(raw, list):
+        raise bad("messages must be a list")
+    messages: list[Message] = []
+    for number, item in enumerate(raw, 1):
+        if not isinstance(item, Mapping):
+            raise bad(f"message {number} must be an object")
+        role = ROLES.get(str(item.get("role")))
+        if role is None:
+            if strict_roles:
+                raise bad(
+                    f"message {number}: role {item.get('role')!r} is not one of "
+                    "user, assistant, system, tool"
+                )
+            continue
+        messages.append(
+            Message(
+                role=role,
+                content=text_of(item.get("content"), f"message {number} content"),
+                at=parse_time(item.get("at"), f"message {number} at"),
+            )
+        )
+    return messages
+
+
+def read_native(
+    obj: Mapping[str, Any], *, path: Path, default_owner: str | None, source_format: str
+) -> Transcript:
+    """One native conversation: ``{conversation_id, owner | scope, ended_at?, messages}``."""
+    conversation_id = identifier(obj.get("conversation_id"), "conversation_id")
+    if conversation_id is None:
+        raise bad("conversation_id is missing")
+    return build(
+        conversation_id=conversation_id,
+        owner=_owner(obj, default_owner),
+        title=optional_str(obj.get("title"), "title"),
+        started_at=parse_time(obj.get("started_at"), "started_at"),
+        ended_at=parse_time(obj.get("ended_at"), "ended_at"),
+        messages=_messages(obj.get("messages"), strict_roles=True),
+        source_format=source_format,
+        path=path,
+    )
+
+
+def openai_id(obj: object, path: Path) -> str:
+    """A stable id for a conversation that has none: a hash of its file and its content."""
+    canonical = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    digest = hashlib.sha256(f"{path.resolve()}\n{canonical}".encode()).hexdigest()
+    return f"openai-{digest[:24]}"
+
+
+def read_openai(
+    obj: Mapping[str, Any] | list[Any],
+    *,
+    path: Path,
+    default_owner: str | None,
+    source_format: str,
+) -> Transcript:
+    """One OpenAI-style conversation: ``{"messages": [...]}`` or a bare list of messages.
+
+    Messages with roles this format has but a transcript does not are skipped.
+    """
+    raw = obj if isinstance(obj, list) else obj.get("messages")
+    return build(
+        conversation_id=openai_id(obj, path),
+        owner=default_owner,
+        messages=_messages(raw, strict_roles=False),
+        source_format=source_format,
+        path=path,
+    )

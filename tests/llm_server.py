@@ -1,0 +1,377 @@
+"""A scripted, OpenAI-compatible chat-completions server on 127.0.0.1 for harvest tests.
+
+Each request takes the next :class:`Behaviour` from the script (or, once the script is empty,
+the server's ``default``); every request body is logged with the time it arrived. Everything is
+bounded: replies sleep at most ``MAX_DELAY`` seconds, sockets time out, and :meth:`close`
+wakes sleeping handlers, so a test can never hang on the server.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+MAX_DELAY = 10.0
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+
+CONTEXT_LENGTH_MESSAGE = (
+    "This model's maximum context length is 8192 tokens. However, your messages resulted in "
+    "9000 tokens. Please reduce the length of the messages."
+)
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How the server answers one request.
+
+    ``status`` 200 sends an OpenAI chat completion whose message content is ``content``;
+    any other status sends ``error`` as an OpenAI error body. ``raw_body`` overrides both.
+    """
+
+    status: int = 200
+    content: str = '{"notes": []}'
+    error: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    raw_body: bytes | None = None
+    prompt_tokens: int = 100
+    completion_tokens: int = 20
+    finish_reason: str = "stop"
+
+
+# A responder decides from the request body; used where the answer depends on what is sent.
+Responder = Callable[[dict[str, Any]], Behaviour]
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request the server saw: when (time.monotonic()), where, and its JSON body."""
+
+    at: float
+    path: str
+    body: dict[str, Any]
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The chat messages of the request."""
+        return list(self.body.get("messages", []))
+
+    @property
+    def user_text(self) -> str:
+        """The content of the last user message (where the transcript goes)."""
+        users = [m for m in self.messages if m.get("role") == "user"]
+        return str(users[-1]["content"]) if users else ""
+
+
+# --- behaviours --------------------------------------------------------------------------
+
+
+def note(
+    title: str,
+    *,
+    type: str = "preference",
+    body: str | None = None,
+    confidence: float = 0.8,
+    topics: Sequence[str] = ("testing",),
+    topic_key: str | None = None,
+) -> dict[str, Any]:
+    """One note item as the model would send it."""
+    return {
+        "type": type,
+        "title": title,
+        "body": body if body is not None else f"The user said: {title}.",
+        "topics": list(topics),
+        "confidence": confidence,
+        "topic_key": topic_key,
+    }
+
+
+def answer(notes: Sequence[dict[str, Any]] = (), **kwargs: Any) -> Behaviour:
+    """A normal answer: ``{"notes": [...]}`` as the message content."""
+    return Behaviour(content=json.dumps({"notes": list(notes)}), **kwargs)
+
+
+def text_answer(content: str, **kwargs: Any) -> Behaviour:
+    """An answer whose message content is exactly ``content`` (prose, fences, garbage)."""
+    return Behaviour(content=content, **kwargs)
+
+
+def prose_wrapped(notes: Sequence[dict[str, Any]]) -> Behaviour:
+    """Valid notes JSON with chatty prose around it."""
+    payload = json.dumps({"notes": list(notes)}, indent=2)
+    return text_answer(f"Sure! Here are the notes:\n\n{payload}\n\nAsk me for {{more}}.")
+
+
+def truncated(notes: Sequence[dict[str, Any]] = (), cut: int = 40) -> Behaviour:
+    """A notes JSON cut off mid-way, as when the model hits its token limit."""
+    payload = json.dumps({"notes": list(notes) or [note("Truncated answer")]})
+    return text_answer(payload[: min(cut, len(payload) - 1)], finish_reason="length")
+
+
+def wrong_shape() -> Behaviour:
+    """Valid JSON whose top level is not a notes object or list."""
+    return text_answer(json.dumps({"facts": ["the user likes tea"], "count": 1}))
+
+
+def slow(seconds: float, notes: Sequence[dict[str, Any]] = ()) -> Behaviour:
+    """A normal answer sent after ``seconds`` (capped at MAX_DELAY)."""
+    return answer(notes, delay=seconds)
+
+
+def _error(message: str, type_: str, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+def rate_limited(retry_after: float | None = 1.0) -> Behaviour:
+    """429 with a Retry-After header (in seconds) unless ``retry_after`` is None."""
+    headers = {"Retry-After": _format_seconds(retry_after)} if retry_after is not None else {}
+    return Behaviour(
+        status=429,
+        error=_error("Rate limit reached for requests", "requests", "rate_limit_exceeded"),
+        headers=headers,
+    )
+
+
+def server_error(status: int = 500) -> Behaviour:
+    """A 5xx error (500 by default; 502, 503 also make sense)."""
+    return Behaviour(status=status, error=_error("The server had an error", "server_error"))
+
+
+def unavailable() -> Behaviour:
+    """503 Service Unavailable."""
+    return server_error(503)
+
+
+def bad_request(message: str = "Invalid value for 'messages'.") -> Behaviour:
+    """400 Bad Request (not a context-length error)."""
+    return Behaviour(status=400, error=_error(message, "invalid_request_error"))
+
+
+def unauthorized() -> Behaviour:
+    """401 with OpenAI's invalid-key error."""
+    return Behaviour(
+        status=401,
+        error=_error(
+            "Incorrect API key provided: test.", "invalid_request_error", "invalid_api_key"
+        ),
+    )
+
+
+def context_exceeded() -> Behaviour:
+    """400 with OpenAI's ``context_length_exceeded`` code, which litellm maps to its own class."""
+    return Behaviour(
+        status=400,
+        error=_error(CONTEXT_LENGTH_MESSAGE, "invalid_request_error", "context_length_exceeded"),
+    )
+
+
+def _format_seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+# --- server ------------------------------------------------------------------------------
+
+
+class LLMServer:
+    """A scripted OpenAI-compatible server; use as a context manager.
+
+    ``script(*behaviours)`` queues what the next requests get; a behaviour may also be a
+    callable taking the request body. When the script runs out the server answers with
+    ``default`` — by default a 400 ``unscripted request``, so an unexpected extra call fails
+    fast instead of looking like success.
+    """
+
+    def __init__(self, default: Behaviour | Responder | None = None) -> None:
+        self.default: Behaviour | Responder = default or bad_request("unscripted request")
+        self.requests: list[RecordedRequest] = []
+        self._script: deque[Behaviour | Responder] = deque()
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._started = False
+
+    # lifecycle
+
+    def start(self) -> LLMServer:
+        """Start serving in a background thread."""
+        if not self._started:
+            self._thread.start()
+            self._started = True
+        return self
+
+    def close(self) -> None:
+        """Stop serving; wake any handler still sleeping on a slow behaviour."""
+        self._closing.set()
+        if self._started:
+            self._httpd.shutdown()
+            self._thread.join(timeout=5)
+        self._httpd.server_close()
+
+    def __enter__(self) -> LLMServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # scripting and inspection
+
+    @property
+    def port(self) -> int:
+        """The ephemeral port the server listens on."""
+        return int(self._httpd.server_address[1])
+
+    @property
+    def api_base(self) -> str:
+        """The base URL to give litellm (``.../v1``)."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def script(self, *behaviours: Behaviour | Responder) -> LLMServer:
+        """Queue behaviours for the next requests, in order."""
+        with self._lock:
+            self._script.extend(behaviours)
+        return self
+
+    @property
+    def calls(self) -> int:
+        """How many chat-completion requests arrived."""
+        with self._lock:
+            return len(self.requests)
+
+    @property
+    def request_times(self) -> list[float]:
+        """Arrival times (time.monotonic()) of the requests, in order."""
+        with self._lock:
+            return [r.at for r in self.requests]
+
+    # request handling
+
+    def _next(self, body: dict[str, Any]) -> Behaviour:
+        with self._lock:
+            item = self._script.popleft() if self._script else self.default
+        return item if isinstance(item, Behaviour) else item(body)
+
+    def _record(self, path: str, body: dict[str, Any]) -> None:
+        with self._lock:
+            self.requests.append(RecordedRequest(at=time.monotonic(), path=path, body=body))
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            # A stuck client cannot hold a handler thread for longer than this.
+            timeout = 15
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Keep test output quiet."""
+
+            def do_POST(self) -> None:
+                path = self.path.split("?", 1)[0]
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                if path not in CHAT_PATHS:
+                    self._send(404, _error(f"no route {path}", "not_found"), {})
+                    return
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError:
+                    body = {"_unparseable": raw.decode("utf-8", "replace")}
+                server._record(path, body)
+                behaviour = server._next(body)
+                if behaviour.delay:
+                    # Event.wait, not sleep: close() must be able to cut a slow reply short.
+                    server._closing.wait(min(behaviour.delay, MAX_DELAY))
+                if behaviour.raw_body is not None:
+                    self._send_bytes(behaviour.status, behaviour.raw_body, behaviour.headers)
+                elif behaviour.status == 200:
+                    self._send(200, _completion(body, behaviour), behaviour.headers)
+                else:
+                    error = behaviour.error or _error("error", "server_error")
+                    self._send(behaviour.status, error, behaviour.headers)
+
+            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
+                self._send_bytes(status, json.dumps(payload).encode(), headers)
+
+            def _send_bytes(self, status: int, data: bytes, headers: dict[str, str]) -> None:
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    # The client gave up (its timeout fired); nothing left to tell it.
+                    self.close_connection = True
+
+        return Handler
+
+
+def _completion(request: dict[str, Any], behaviour: Behaviour) -> dict[str, Any]:
+    with _counter_lock:
+        _counter[0] += 1
+        number = _counter[0]
+    return {
+        "id": f"chatcmpl-test{number}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": str(request.get("model", "test-model")),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": behaviour.content},
+                "finish_reason": behaviour.finish_reason,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": behaviour.prompt_tokens,
+            "completion_tokens": behaviour.completion_tokens,
+            "total_tokens": behaviour.prompt_tokens + behaviour.completion_tokens,
+        },
+    }
+
+
+_counter = [0]
+_counter_lock = threading.Lock()
+
+
+@contextmanager
+def llm_server(default: Behaviour | Responder | None = None) -> Iterator[LLMServer]:
+    """Run an :class:`LLMServer` for the ``with`` block (the body of a pytest fixture)."""
+    server = LLMServer(default)
+    with server:
+        yield server
+
+
+@contextmanager
+def refused_port() -> Iterator[int]:
+    """A localhost port where a connection is refused.
+
+    The socket stays bound but never listens, so nothing else can take the port while the
+    block runs and every connect() gets ECONNREFUSED at once.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+    finally:
+        sock.close()

@@ -1,0 +1,207 @@
+"""The privacy strip on transcripts and the content hash that identifies a conversation."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harvest.readers import read_path
+from harvest.redact import redact_text, redact_transcript, transcript_hash
+from harvest.transcript import Message, Transcript
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+INDEX_BLOCK = (
+    '<gleaner-memory-index scope="owner:alice" notes="2" seq="7">\n'
+    "## Prefers tabs [prefers-tabs]\nIndented with tabs.\n"
+    "- Decided to use uv [decided-to-use-uv]\n"
+    "</gleaner-memory-index>"
+)
+SAID = [
+    ("user", "I prefer tabs over spaces."),
+    ("assistant", "Noted, tabs it is."),
+    ("user", "We decided to use uv for the lockfiles."),
+    ("assistant", "Done."),
+]
+
+
+def transcript(*messages: tuple[str, str], **fields: object) -> Transcript:
+    return Transcript.model_validate(
+        {
+            "conversation_id": "c1",
+            "messages": [{"role": r, "content": c} for r, c in messages],
+            **fields,
+        }
+    )
+
+
+def test_private_spans_are_redacted_in_messages_and_title() -> None:
+    t = transcript(
+        ("user", "My token is <private>sk-live-123</private> and I prefer tabs."),
+        ("assistant", "Use <PRIVATE>\nmulti\nline</Private> carefully."),
+        ("user", "cut off <private>never closed secret"),
+        title="Deploy <private>project-x</private>",
+    )
+    r = redact_transcript(t)
+    joined = "\n".join(m.content for m in r.messages) + (r.title or "")
+    for secret in ("sk-live-123", "multi", "never closed secret", "project-x"):
+        assert secret not in joined
+    assert r.messages[0].content == "My token is [REDACTED] and I prefer tabs."
+    assert r.title == "Deploy [REDACTED]"
+    assert t.messages[0].content.startswith("My token is <private>")  # the input is unchanged
+
+
+def test_injected_memory_index_is_removed_and_an_emptied_turn_dropped() -> None:
+    t = transcript(
+        ("system", f"You are helpful.\n{INDEX_BLOCK}"),
+        ("user", INDEX_BLOCK),
+        ("user", f"{INDEX_BLOCK}\nI prefer tabs."),
+        ("assistant", "Sure <gleaner-memory-index scope='x'>\n- cut off mid-prompt"),
+    )
+    r = redact_transcript(t)
+    assert [m.role for m in r.messages] == ["system", "user", "assistant"]
+    assert all("gleaner-memory-index" not in m.content for m in r.messages)
+    assert all("Decided to use uv" not in m.content for m in r.messages)
+    assert r.messages[0].content == "You are helpful.\n"
+    assert r.messages[1].content == "\nI prefer tabs."
+    assert r.messages[2].content == "Sure "
+
+
+def test_redaction_keeps_timestamps_ids_and_owner_and_is_idempotent() -> None:
+    at = datetime(2024, 5, 1, tzinfo=UTC)
+    t = Transcript(
+        conversation_id="c9",
+        owner="alice",
+        ended_at=at,
+        messages=[Message(role="user", content="hi <private>x</private>", at=at)],
+        source_format="chatgpt",
+    )
+    r = redact_transcript(t)
+    assert (r.conversation_id, r.owner, r.ended_at, r.source_format) == (
+        "c9",
+        "alice",
+        at,
+        "chatgpt",
+    )
+    assert r.messages[0].at == at
+    assert redact_transcript(r) == r
+
+
+def test_private_tag_inside_an_index_block_leaves_no_trace() -> None:
+    text = "<gleaner-memory-index>- <private>pin 1234</private></gleaner-memory-index>ok"
+    assert redact_text(text) == "ok"
+
+
+def test_hash_ignores_ids_titles_times_owner_and_source() -> None:
+    a = transcript(*SAID)
+    b = transcript(
+        *SAID,
+        conversation_id="other",
+        owner="bob",
+        title="A title",
+        ended_at="2024-01-01T00:00:00Z",
+        source_format="claude",
+    )
+    assert transcript_hash(a) == transcript_hash(b)
+    assert len(transcript_hash(a)) == 64
+    int(transcript_hash(a), 16)
+
+
+def test_hash_changes_with_what_was_said_and_who_said_it() -> None:
+    base = transcript_hash(transcript(*SAID))
+    reworded = [*SAID[:-1], ("assistant", "Done!")]
+    swapped = [("assistant", SAID[0][1]), *SAID[1:]]
+    reordered = [SAID[2], SAID[3], SAID[0], SAID[1]]
+    hashes = {transcript_hash(transcript(*m)) for m in (reworded, swapped, reordered)}
+    assert base not in hashes
+    assert len(hashes) == 3
+
+
+def test_hash_is_of_redacted_text() -> None:
+    one = transcript(("user", "key <private>AAA</private>"), ("assistant", "ok"))
+    two = transcript(("user", "key <private>BBB</private>"), ("assistant", "ok"))
+    injected = transcript(("user", f"{INDEX_BLOCK}key [REDACTED]"), ("assistant", "ok"))
+    assert transcript_hash(one) == transcript_hash(two) == transcript_hash(injected)
+
+
+def _same_conversation_in_every_format(tmp_path: Path) -> list[Transcript]:
+    """One conversation (with a private span) written as each supported format."""
+    said = [
+        ("user", "I prefer tabs. My key is <private>sk-1</private>."),
+        ("assistant", "Tabs it is."),
+    ]
+    native = {
+        "conversation_id": "n1",
+        "owner": "alice",
+        "ended_at": "2024-05-01T10:00:00Z",
+        "messages": [{"role": r, "content": c, "at": "2024-05-01T09:00:00Z"} for r, c in said],
+    }
+    openai = {"messages": [{"role": r, "content": [{"type": "text", "text": c}]} for r, c in said]}
+    mapping: dict[str, dict[str, Any]] = {
+        "root": {"id": "root", "message": None, "parent": None, "children": ["m0"]}
+    }
+    for i, (role, content) in enumerate(said):
+        mapping[f"m{i}"] = {
+            "id": f"m{i}",
+            "parent": "root" if i == 0 else f"m{i - 1}",
+            "children": [f"m{i + 1}"] if i + 1 < len(said) else [],
+            "message": {
+                "author": {"role": role},
+                "create_time": 1714550000.0 + i,
+                "content": {"content_type": "text", "parts": [content]},
+                "metadata": {},
+            },
+        }
+    chatgpt = [{"id": "g1", "title": "Tabs", "mapping": mapping, "current_node": "m1"}]
+    claude = [
+        {
+            "uuid": "k1",
+            "name": "Tabs",
+            "created_at": "2024-06-01T00:00:00Z",
+            "chat_messages": [
+                {
+                    "sender": "human" if r == "user" else "assistant",
+                    "text": c,
+                    "content": [{"type": "text", "text": c}],
+                }
+                for r, c in said
+            ],
+        }
+    ]
+    files = {
+        "native.json": json.dumps(native),
+        "lines.jsonl": json.dumps(native) + "\n",
+        "openai.json": json.dumps(openai),
+        "chatgpt/conversations.json": json.dumps(chatgpt),
+        "claude/conversations.json": json.dumps(claude),
+    }
+    transcripts = []
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        transcripts.extend(read_path(path).transcripts)
+    return transcripts
+
+
+def test_hash_is_the_same_for_one_conversation_in_every_format(tmp_path: Path) -> None:
+    transcripts = _same_conversation_in_every_format(tmp_path)
+    assert sorted(t.source_format for t in transcripts) == [
+        "chatgpt",
+        "claude",
+        "jsonl",
+        "native",
+        "openai",
+    ]
+    assert len({transcript_hash(t) for t in transcripts}) == 1
+    assert len({transcript_hash(redact_transcript(t)) for t in transcripts}) == 1
+    assert all("sk-1" not in m.content for t in transcripts for m in redact_transcript(t).messages)
+
+
+def test_native_example_private_span_is_stripped() -> None:
+    (t,) = read_path(EXAMPLES / "native.json").transcripts
+    assert any("hunter2" in m.content for m in t.messages)  # the reader keeps text as is
+    redacted = redact_transcript(t)
+    assert all("hunter2" not in m.content for m in redacted.messages)
+    assert any("[REDACTED]" in m.content for m in redacted.messages)
