@@ -6,6 +6,7 @@ creates its own database there (one per xdist worker) and migrates it with Alemb
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -76,8 +77,10 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def worker_id() -> str:
-    # pytest-xdist sets this; a plain run is one worker.
-    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+    """Names this run's databases: the xdist worker plus the checkout, so two checkouts (or
+    workers) testing against one server never share a database."""
+    checkout = hashlib.sha256(str(Path(__file__).resolve()).encode()).hexdigest()[:6]
+    return f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_{checkout}"
 
 
 def _clean_pg(url: str) -> None:
