@@ -237,6 +237,7 @@ def write_candidates(
                 note_type=candidate.type,
                 topic_key=candidate.topic_key,
                 occurred_at=transcript.happened_at,
+                with_similar=False,
             )
         except InvalidInput:
             report.items_dropped += 1  # e.g. a body over max_body_bytes: drop, keep the rest

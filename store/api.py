@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from store import index, links, mem, notes, search
+from store import forget, housekeeping, index, links, mem, notes, search
 from store.db import make_engine, migrate
 from store.errors import NotFound, StorageFailure, StoreError
 from store.schemas import LinkResult, Note, NoteWithLinks, SaveResult, Scope, SearchHit, WriteResult
@@ -30,7 +30,7 @@ class Store:
     def __init__(self, database_url: str | None = None, settings: Settings | None = None) -> None:
         self.settings = settings or load_settings()
         self.database_url = database_url or self.settings.database_url
-        self.engine: Engine = make_engine(self.database_url)
+        self.engine: Engine = make_engine(self.database_url, pool_size=self.settings.db_pool_size)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @property
@@ -144,13 +144,29 @@ class Store:
         """Save the active session's summary and end the session."""
         return self._run(mem.mem_session_summary, self.settings, user_id, content, title=title)
 
+    def forget_owner(self, principal: str) -> dict[str, int]:
+        """Delete everything stored for an owner (notes, sessions, ledger, jobs)."""
+        return self._run(forget.forget_owner, principal)
+
+    def decay(self, *, dry_run: bool = False) -> housekeeping.DecayResult:
+        """Bring every note's recency weight up to date, in short batches (archiving if set)."""
+        return housekeeping.decay(self.transaction, self.settings, dry_run=dry_run)
+
+    def dedupe(self, *, dry_run: bool = False) -> housekeeping.DedupeResult:
+        """Supersede near-duplicate notes changed since the last run; ``locked`` if one runs."""
+        return self._run(housekeeping.dedupe, self.settings, dry_run=dry_run)
+
+
+_SCHEMA_MISSING = ("no such table", "no such column", "does not exist")
+
 
 def _storage_failure(exc: SQLAlchemyError) -> StorageFailure:
-    """Say what went wrong in one line, and what to do when the schema is simply missing."""
+    """Say what went wrong in one line, and what to do when the schema is missing or old."""
     detail = str(exc.orig if isinstance(exc, DBAPIError) else exc).strip().splitlines()[0]
-    if "no such table" in detail or ("does not exist" in detail and "relation" in detail):
+    if any(marker in detail for marker in _SCHEMA_MISSING):
         return StorageFailure(
-            f"the database has no Gleaner schema ({detail}): run `gleaner db upgrade`",
+            f"the database schema is missing or older than this Gleaner ({detail}): "
+            "run `gleaner db upgrade`",
             reason="not_migrated",
         )
     return StorageFailure(f"database error: {detail}")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -50,6 +51,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
 
 
 def alembic_config(engine: Engine) -> Config:
+    # Alembic is imported only here: commands that never migrate skip its import cost.
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
@@ -58,6 +62,8 @@ def alembic_config(engine: Engine) -> Config:
 
 def migrate(engine: Engine, revision: str = "head") -> None:
     """Bring the schema to ``revision`` (Alembic upgrade), in one transaction."""
+    from alembic import command
+
     config = alembic_config(engine)
     with engine.begin() as connection:
         config.attributes["connection"] = connection

@@ -52,7 +52,7 @@ def index_text(
     rows = session.execute(
         select(Memory.pinned, Memory.slug, Memory.title, Memory.body)
         .where(Memory.scope_kind == scope.kind, Memory.scope_id == scope.id, Memory.status == LIVE)
-        .order_by(Memory.pinned.desc(), Memory.weight.desc(), Memory.updated_seq.desc())
+        .order_by(Memory.pinned.desc(), Memory.updated_seq.desc())
     )
     for pinned, slug, title, body in rows:
         if pinned:

@@ -102,6 +102,8 @@ class Memory(Base):
     updated_seq: Mapped[int] = mapped_column(BigInteger)
     # Recency-decayed weight kept current by housekeeping (1.0 when fresh).
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default=text("1.0"))
+    # Size of the note's similarity term set (rows in memory_terms): Jaccard in SQL.
+    term_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
 
 
 class MemoryTerm(Base):
@@ -194,3 +196,63 @@ class HarvestLedger(Base):
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+JOB_STATES = (PENDING, RUNNING, DONE, FAILED)
+
+
+class ImportBatch(Base):
+    """One bulk import (an export file fanned out into one job per conversation)."""
+
+    __tablename__ = "imports"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    source: Mapped[str] = mapped_column(Text)
+    owner: Mapped[str] = mapped_column(String(255))
+    provenance: Mapped[str] = mapped_column(String(16))
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    unreadable: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Job(Base):
+    """One transcript to harvest: the database, not the queue, is the record of every job.
+
+    The transcript is stored already redacted; the queue message carries only the job id.
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_state_enqueued", "state", "enqueued_at"),
+        Index("ix_jobs_import_state", "import_id", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16), default=PENDING)
+    owner: Mapped[str] = mapped_column(String(255))
+    provenance: Mapped[str] = mapped_column(String(16))
+    conversation_id: Mapped[str] = mapped_column(String(255))
+    transcript: Mapped[dict[str, Any]] = mapped_column(JSON)
+    import_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("imports.id", ondelete="CASCADE")
+    )
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    enqueued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class HousekeepingState(Base):
+    """Where each housekeeping task got to (its ``updated_seq`` watermark) and when."""
+
+    __tablename__ = "housekeeping_state"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    watermark: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_result: Mapped[dict[str, Any] | None] = mapped_column(JSON)

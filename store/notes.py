@@ -17,14 +17,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput, StorageFailure
-from store.models import LIVE, Memory, MemoryTerm, utcnow
+from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
 from store.schemas import Note, Scope, Similar, WriteResult
 from store.settings import Settings
 from store.text import (
     check_text,
     content_hash,
     is_slug,
-    jaccard,
     normalize_topics,
     similarity_terms,
     slugify,
@@ -272,6 +271,8 @@ def save_note(
                 existing.session_id = session_id
             if occurred_at is not None:
                 existing.occurred_at = occurred_at
+            if existing.status == ARCHIVED:
+                existing.status = LIVE  # rewritten: fresh again (a superseded note stays so)
             existing.updated_seq = next_seq(session)
             session.flush()
             _index_terms(session, existing)
@@ -313,21 +314,22 @@ def save_note(
 
 def _index_terms(session: Session, row: Memory) -> None:
     """Replace the note's rows in the term index (same transaction as the write)."""
+    terms = sorted(similarity_terms(row.title, row.topics))
     session.execute(delete(MemoryTerm).where(MemoryTerm.memory_id == row.id))
-    terms = sorted(t for t in similarity_terms(row.title, row.topics) if len(t) <= 120)
     if terms:
         session.execute(
             insert(MemoryTerm),
             [
                 {
                     "memory_id": row.id,
-                    "term": t,
+                    "term": term,
                     "scope_kind": row.scope_kind,
                     "scope_id": row.scope_id,
                 }
-                for t in terms
+                for term in terms
             ],
         )
+    row.term_count = len(terms)
 
 
 def similar_notes(
@@ -340,39 +342,38 @@ def similar_notes(
     exclude_id: int | None = None,
     limit: int = SIMILAR_LIMIT,
 ) -> list[Similar]:
-    """Live notes of the scope whose title+topic Jaccard score reaches ``threshold``.
+    """Live notes of the scope whose title+topic Jaccard score reaches ``threshold``, best first.
 
-    Candidates come from the term index: a note scoring ``t`` with a set ``A`` shares at least
-    ``ceil(t * |A|)`` terms with it, so only those are fetched; the score itself is exact.
+    The term index does the work in SQL: a note sharing ``s`` of this note's ``a`` terms and
+    having ``b`` of its own scores ``s / (a + b - s)``; one with a score of ``t`` or more shares
+    at least ``ceil(t * a)`` terms, which bounds the groups kept.
     """
     mine = similarity_terms(title, topic_string)
     if not mine:
         return []
-    need = max(1, math.ceil(threshold * len(mine) - 1e-9))
-    shared = (
-        select(MemoryTerm.memory_id)
+    a = len(mine)
+    shared = func.count().label("shared")
+    rows = session.execute(
+        select(Memory.slug, Memory.title, shared, Memory.term_count)
+        .join(MemoryTerm, MemoryTerm.memory_id == Memory.id)
         .where(
             MemoryTerm.scope_kind == scope.kind,
             MemoryTerm.scope_id == scope.id,
             MemoryTerm.term.in_(sorted(mine)),
+            Memory.status == LIVE,
+            Memory.id != (exclude_id if exclude_id is not None else -1),
         )
-        .group_by(MemoryTerm.memory_id)
-        .having(func.count() >= need)
-    )
-    rows = session.execute(
-        select(Memory.id, Memory.slug, Memory.title, Memory.topics).where(
-            Memory.id.in_(shared), Memory.status == LIVE
-        )
+        .group_by(Memory.id, Memory.slug, Memory.title, Memory.term_count)
+        .having(func.count() >= max(1, math.ceil(threshold * a - 1e-9)))
+        .order_by((shared * 1.0 / (a + Memory.term_count - shared)).desc(), Memory.slug)
+        .limit(limit)
     ).all()
     found = []
-    for row_id, slug, other_title, other_topics in rows:
-        if row_id == exclude_id:
-            continue
-        score = jaccard(mine, similarity_terms(other_title, other_topics))
-        if score >= threshold:
+    for slug, other_title, common, size in rows:
+        score = common / (a + size - common)
+        if score >= threshold - 1e-9:
             found.append(Similar(slug=slug, title=other_title, score=round(score, 4)))
-    found.sort(key=lambda s: (-s.score, s.slug))
-    return found[:limit]
+    return found
 
 
 def write(
@@ -387,11 +388,13 @@ def write(
     note_type: str | None = None,
     topic_key: str | None = None,
     occurred_at: datetime | None = None,
+    with_similar: bool = True,
 ) -> WriteResult:
     """Validate and write one note (see ``Store.write``); the caller owns the transaction.
 
     ``note_type``, ``topic_key`` (upserts like an explicit slug) and ``occurred_at`` are for
-    code that writes typed notes, such as harvest.
+    code that writes typed notes, such as harvest; a batch writer that does not show
+    ``similar`` to anyone passes ``with_similar=False`` to skip that query.
     """
     scope = Scope.of(scope)
     draft = validate_attrs(attrs, settings)
@@ -410,6 +413,8 @@ def write(
         topic_key=topic_key,
         occurred_at=occurred_at,
     )
+    if not with_similar:
+        return WriteResult(memory=Note.from_row(row), created=outcome == "created", similar=[])
     similar = similar_notes(
         session,
         scope,

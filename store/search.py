@@ -47,7 +47,8 @@ _PG_FTS = text(
     FROM (
         SELECT m.id, m.pinned,
                ts_rank_cd(m.search_vector, q, 32) AS lexical,
-               power(0.5, extract(epoch FROM (now() - m.updated_at)) / 86400.0 / :half) AS recency
+               power(0.5, least(extract(epoch FROM (now() - m.updated_at)) / 86400.0 / :half, 1000))
+                   AS recency
         FROM memories m, websearch_to_tsquery('english', :q) q
         WHERE m.scope_kind = :kind AND m.scope_id = :sid AND m.status = :live
           AND m.search_vector @@ q
@@ -87,7 +88,10 @@ def _like_rows(
 ) -> list[Row[Any]]:
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
-        recency = "power(0.5, extract(epoch FROM (now() - updated_at)) / 86400.0 / :half)"
+        # Capped at 1000 half-lives: PostgreSQL's power() raises on underflow.
+        recency = (
+            "power(0.5, least(extract(epoch FROM (now() - updated_at)) / 86400.0 / :half, 1000))"
+        )
     else:
         recency = f"exp(-{LN2} * (julianday('now') - julianday(updated_at)) / :half)"
     params = _params(settings, scope, limit)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from store.errors import ConfigError
@@ -77,6 +77,35 @@ class Settings(BaseSettings):
     harvest_context_tokens: int = Field(
         default=6_000, ge=200, description="Transcript tokens per model call; longer is chunked."
     )
+    archive_below_weight: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Decay archives unpinned notes whose weight falls below this; unset: never.",
+    )
+    housekeeping_batch_size: int = Field(
+        default=5_000, gt=0, description="Rows per transaction in decay (short locks)."
+    )
+    db_pool_size: int = Field(
+        default=5, gt=0, le=100, description="Connections each process keeps per database."
+    )
+    task_soft_time_limit: int = Field(
+        default=900, gt=0, description="Seconds before a task is asked to stop (SoftTimeLimit)."
+    )
+    task_time_limit: int = Field(
+        default=960, gt=0, description="Seconds before a task's worker child is killed."
+    )
+    broker_visibility_timeout: int = Field(
+        default=3_600,
+        gt=0,
+        description="Seconds before Redis redelivers an unacknowledged task; above the limits.",
+    )
+    worker_max_tasks_per_child: int = Field(
+        default=500, gt=0, description="Tasks before a worker child is replaced (bounds leaks)."
+    )
+    requeue_after_seconds: int = Field(
+        default=900, gt=0, description="A job pending this long is sent to its queue again."
+    )
     observation_types: Annotated[tuple[str, ...], NoDecode] = Field(
         default=DEFAULT_OBSERVATION_TYPES,
         description="Allowed mem_save types, comma-separated in the environment.",
@@ -95,6 +124,18 @@ class Settings(BaseSettings):
             return tuple(value)
         return value
 
+    @model_validator(mode="after")
+    def _check_limits(self) -> Settings:
+        # A task must be stopped before Redis hands its message to another worker.
+        if not self.task_soft_time_limit < self.task_time_limit < self.broker_visibility_timeout:
+            raise ValueError(
+                "GLEANER_TASK_SOFT_TIME_LIMIT < GLEANER_TASK_TIME_LIMIT < "
+                "GLEANER_BROKER_VISIBILITY_TIMEOUT must hold, got "
+                f"{self.task_soft_time_limit}, {self.task_time_limit}, "
+                f"{self.broker_visibility_timeout}"
+            )
+        return self
+
     @field_validator("database_url")
     @classmethod
     def _check_url(cls, value: str) -> str:
@@ -110,7 +151,10 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            field = str(error["loc"][0]) if error["loc"] else "?"
+            if not error["loc"]:  # a rule across settings names its variables itself
+                problems.append(str(error["msg"]))
+                continue
+            field = str(error["loc"][0])
             value = error.get("input")
             problems.append(f"{ENV_PREFIX}{field.upper()}: {error['msg']} (got {value!r})")
         raise ConfigError("; ".join(problems), reason="bad_config") from None

@@ -105,9 +105,17 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+MAX_TERM_CHARS = 64
+
+
 def similarity_terms(title: str, topic_string: str) -> frozenset[str]:
-    """The word set Jaccard similarity compares: title words plus topic words."""
-    return frozenset(words(title)) | frozenset(words(topic_string.replace("-", " ")))
+    """The word set Jaccard similarity compares: title words plus topic words.
+
+    Words over 64 characters (hashes, blobs) are left out, so the set stored in the term
+    index is exactly the set compared.
+    """
+    found = words(title) + words(topic_string.replace("-", " "))
+    return frozenset(w for w in found if len(w) <= MAX_TERM_CHARS)
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:

@@ -23,7 +23,16 @@ from store import Settings, Store
 PG_BASE_URL = os.environ.get(
     "GLEANER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
-TABLES = ("memory_terms", "memory_links", "sessions", "harvest_ledger", "memories")
+TABLES = (
+    "memory_terms",
+    "memory_links",
+    "sessions",
+    "harvest_ledger",
+    "jobs",
+    "imports",
+    "housekeeping_state",
+    "memories",
+)
 
 
 def head_revision() -> str:
@@ -80,7 +89,8 @@ def worker_id() -> str:
     """Names this run's databases: the xdist worker plus the checkout, so two checkouts (or
     workers) testing against one server never share a database."""
     checkout = hashlib.sha256(str(Path(__file__).resolve()).encode()).hexdigest()[:6]
-    return f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_{checkout}"
+    suffix = os.environ.get("GLEANER_TEST_DB_SUFFIX", "")  # a second run in the same checkout
+    return f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_{checkout}{suffix}"
 
 
 def _clean_pg(url: str) -> None:

@@ -99,3 +99,57 @@ def test_unmigrated_database_says_to_upgrade(tmp_path: Path) -> None:
     result = gleaner("search", "x", "--owner", "a", url=url, cwd=tmp_path)
     assert result.returncode == 1
     assert "gleaner db upgrade" in result.stderr
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def test_operator_commands_without_a_broker(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/ops.db"
+    assert gleaner("db", "upgrade", url=url, cwd=tmp_path).returncode == 0
+
+    estimate = gleaner(
+        "import", str(EXAMPLES / "chatgpt-export"), "--dry-run", "--json", url=url, cwd=tmp_path
+    )
+    assert estimate.returncode == 0, estimate.stderr
+    assert json.loads(estimate.stdout)["conversations"] == 2
+
+    no_owner = gleaner("import", str(EXAMPLES / "claude-export"), url=url, cwd=tmp_path)
+    assert no_owner.returncode == 2 and "--owner" in no_owner.stderr
+
+    imported = gleaner(
+        "import", str(EXAMPLES / "claude-export"), "--owner", "ann", "--json", url=url, cwd=tmp_path
+    )
+    summary = json.loads(imported.stdout)
+    assert imported.returncode == 0 and summary["notes_written"] >= 2
+    for key in (
+        "transcripts",
+        "notes_written",
+        "notes_updated",
+        "skipped",
+        "failed",
+        "model_calls",
+        "prompt_tokens",
+        "completion_tokens",
+    ):
+        assert key in summary
+
+    no_broker = gleaner("enqueue", str(EXAMPLES / "native.json"), url=url, cwd=tmp_path)
+    assert no_broker.returncode == 2 and "GLEANER_BROKER_URL" in no_broker.stderr
+
+    status = json.loads(gleaner("status", "--json", url=url, cwd=tmp_path).stdout)
+    assert status["broker"] is False and status["harvested"]["transcripts"] == summary["harvested"]
+
+    decay = json.loads(gleaner("housekeep", "decay", "--json", url=url, cwd=tmp_path).stdout)
+    assert decay["dry_run"] is False and decay["updated"] >= 0
+    dedupe = gleaner("housekeep", "dedupe", "--dry-run", "--json", url=url, cwd=tmp_path)
+    assert json.loads(dedupe.stdout)["dry_run"] is True
+
+    assert "no failed job" in gleaner("retry", "--all", url=url, cwd=tmp_path).stdout
+
+    refused = gleaner("forget", "--owner", "ann", url=url, cwd=tmp_path)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    forgot = gleaner("forget", "--owner", "ann", "--yes", url=url, cwd=tmp_path)
+    assert forgot.returncode == 0 and f"notes {summary['notes_written']}" in forgot.stdout
+    after = gleaner("search", "the", "--owner", "ann", "--json", url=url, cwd=tmp_path)
+    assert json.loads(after.stdout) == []

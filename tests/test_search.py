@@ -147,3 +147,13 @@ def test_recency_breaks_ties_and_snippet_is_bounded(store: Store) -> None:
     hits = store.search(ALICE, "needle")
     assert [h.memory.slug for h in hits] == ["newer", "older"]
     assert "needle" in hits[0].snippet and len(hits[0].snippet) <= 162
+
+
+@pytest.mark.parametrize("search", ["fts", "like"])
+def test_very_old_notes_rank_without_underflow(make_store, backend: str, search: str) -> None:
+    store = make_store(backend, search=search)
+    put(store, "Ancient", "fossil record")
+    age(store, "ancient", 200_000)  # far past any half-life: 0.5 ** 6667 underflows
+    hits = store.search(ALICE, "fossil")
+    assert [(h.memory.slug, h.backend == "like") for h in hits] == [("ancient", search == "like")]
+    assert hits[0].recency == pytest.approx(0.0, abs=1e-9)

@@ -168,6 +168,314 @@ def cmd_harvest(args: argparse.Namespace) -> int:
     return EXIT_FAILED if summary.failed else EXIT_OK
 
 
+def _settings() -> Any:
+    from store import load_settings
+
+    return load_settings()
+
+
+def _require_broker(command: str) -> Any:
+    settings = _settings()
+    if not settings.broker_url:
+        raise UsageError(
+            f"`gleaner {command}` needs a broker: set GLEANER_BROKER_URL "
+            "(e.g. redis://127.0.0.1:6379/0), or use `gleaner harvest` to run in process"
+        )
+    return settings
+
+
+def _existing(paths: Sequence[str]) -> list[Any]:
+    from pathlib import Path
+
+    found = [Path(p) for p in paths]
+    for path in found:
+        if not path.exists():
+            raise UsageError(f"no such file or folder: {path}")
+    return found
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    from harvest.batch import Summary, check_owners, read_all
+    from harvest.queue import LIVE_QUEUE, record_jobs
+    from workers.app import make_celery
+    from workers.enqueue import send_jobs
+
+    settings = _require_broker("enqueue")
+    paths = _existing(args.paths)
+    summary = Summary()
+    transcripts = read_all(paths, summary)
+    check_owners(transcripts, args.owner)
+    make_celery(settings)
+    store = _store()
+    job_ids = record_jobs(
+        store, transcripts, owner=args.owner, provenance="compaction", queue=LIVE_QUEUE
+    )
+    sent = send_jobs(LIVE_QUEUE, job_ids)
+    out = {
+        "enqueued": sent,
+        "queue": LIVE_QUEUE,
+        "job_ids": job_ids,
+        "failed": summary.failed,
+        "failures": summary.failures,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"enqueued {sent} transcript(s) on queue {LIVE_QUEUE!r}")
+        for failure in summary.failures:
+            print(f"  FAILED {failure['conversation']}: {failure['error']}", file=sys.stderr)
+    return EXIT_FAILED if summary.failed else EXIT_OK
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    import time
+    from dataclasses import asdict
+
+    settings = _settings()
+    paths = _existing([args.path])
+    if args.dry_run:
+        from harvest.imports import estimate
+
+        found = estimate(paths, settings)
+        if args.json:
+            print(json.dumps(asdict(found), indent=2))
+        else:
+            cost = "unknown" if found.cost_usd is None else f"${found.cost_usd:.4f}"
+            print(
+                f"{found.conversations} conversation(s), {found.messages} messages, "
+                f"{found.unreadable} unreadable\n"
+                f"model {found.model}: ~{found.model_calls} call(s), ~{found.prompt_tokens} "
+                f"prompt + ~{found.completion_tokens} completion tokens, cost {cost}\n"
+                "nothing was run (dry run)"
+            )
+        return EXIT_OK
+    if not settings.broker_url:
+        from harvest.batch import harvest_paths
+
+        store = _store()
+        progress, update = _progress_bar("importing")
+        with progress:
+            summary = harvest_paths(
+                store, paths, owner=args.owner, provenance="import", on_progress=update
+            )
+        print_summary(summary, args.json)
+        return EXIT_FAILED if summary.failed else EXIT_OK
+
+    from harvest.imports import plan_import
+    from store import jobs as job_records
+    from workers.app import make_celery
+    from workers.enqueue import send_jobs
+
+    make_celery(settings)
+    store = _store()
+    planned = plan_import(store, paths[0], owner=args.owner)
+    send_jobs(planned.queue, planned.job_ids)
+    total = len(planned.job_ids)
+    progress, update = _progress_bar(f"import {planned.import_id[:8]}")
+    state: dict[str, Any] = {}
+    with progress:
+        while not args.no_wait:
+            with store.transaction() as session:
+                state = job_records.import_progress(session, planned.import_id)
+            update(int(state["finished"]), total)
+            if state["finished"] >= total:
+                break
+            time.sleep(0.5)
+    with store.transaction() as session:
+        state = job_records.import_progress(session, planned.import_id)
+        totals = job_records.import_totals(session, planned.import_id)
+    out = {
+        "transcripts": state["total"],
+        **state,
+        **totals,
+        "unreadable_conversations": planned.unreadable,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(
+            f"import {planned.import_id}: {state['finished']}/{state['total']} finished "
+            f"({state['done']} done, {state['failed']} failed, {state['pending']} pending, "
+            f"{state['running']} running)"
+        )
+        print(
+            f"notes written {totals['notes_written']}, updated {totals['notes_updated']}; "
+            f"model calls {totals['model_calls']}"
+        )
+        if args.no_wait:
+            print("follow it with `gleaner status`")
+    failed = state["failed"] + len(planned.unreadable)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.app import QUEUES, make_celery
+
+    settings = _require_broker("worker")
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    unknown = sorted(set(queues) - set(QUEUES))
+    if unknown:
+        raise UsageError(f"unknown queue(s) {', '.join(unknown)}; known: {', '.join(QUEUES)}")
+    # Poll in the fixed priority order whatever order was typed.
+    ordered = [q for q in QUEUES if q in queues]
+    app = make_celery(settings)
+    argv = [
+        "worker",
+        "-Q",
+        ",".join(ordered),
+        "-c",
+        str(args.concurrency),
+        "-P",
+        args.pool,
+        "--loglevel",
+        args.loglevel,
+        "-n",
+        f"gleaner-{'-'.join(ordered)}@%h",
+    ]
+    app.worker_main(argv)
+    return EXIT_OK
+
+
+def cmd_beat(args: argparse.Namespace) -> int:
+    from workers.app import make_celery
+
+    settings = _require_broker("beat")
+    app = make_celery(settings)
+    app.start(["beat", "--loglevel", args.loglevel, "-s", args.schedule_file])
+    return EXIT_OK
+
+
+def cmd_housekeep(args: argparse.Namespace) -> int:
+    store = _store()
+    if args.task == "requeue":
+        from workers.app import make_celery
+        from workers.enqueue import requeue_stale
+
+        settings = _require_broker("housekeep requeue")
+        make_celery(settings)
+        sent = requeue_stale(store)
+        print(json.dumps({"requeued": sent}) if args.json else f"re-enqueued {sent} job(s)")
+        return EXIT_OK
+    if args.task == "decay":
+        data = store.decay(dry_run=args.dry_run).model_dump(mode="json")
+    else:
+        data = store.dedupe(dry_run=args.dry_run).model_dump(mode="json")
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(", ".join(f"{k} {v}" for k, v in data.items() if not isinstance(v, list | dict)))
+        for pair in data.get("pairs", [])[:20]:
+            print(f"  {pair}")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from store import jobs as job_records
+    from store import ledger
+    from store.models import utcnow
+
+    settings = _settings()
+    store = _store()
+    with store.transaction() as session:
+        by_queue = job_records.counts_by_queue(session)
+        totals = job_records.counts(session)
+        oldest = job_records.oldest_pending(session)
+        failures = job_records.failures(session, limit=args.limit)
+        harvested = ledger.totals(session)
+    depths: dict[str, int | None] = {}
+    if settings.broker_url:
+        depths = _queue_depths(settings.broker_url)
+    out = {
+        "broker": bool(settings.broker_url),
+        "queue_depths": depths,
+        "jobs": totals,
+        "jobs_by_queue": by_queue,
+        "oldest_pending_seconds": None
+        if oldest is None
+        else round((utcnow() - oldest).total_seconds(), 1),
+        "failures": failures,
+        "harvested": harvested,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return EXIT_OK
+    print("queues: " + (", ".join(f"{q} {n}" for q, n in depths.items()) or "no broker"))
+    print("jobs: " + ", ".join(f"{state} {n}" for state, n in totals.items()))
+    if out["oldest_pending_seconds"] is not None:
+        print(f"oldest pending: {out['oldest_pending_seconds']} s")
+    print(
+        f"harvested transcripts {harvested['transcripts']}, model calls "
+        f"{harvested['model_calls']}, tokens {harvested['prompt_tokens']} prompt + "
+        f"{harvested['completion_tokens']} completion"
+    )
+    for failure in failures:
+        print(
+            f"  FAILED {failure['id']} {failure['owner']}/{failure['conversation_id']} "
+            f"(attempts {failure['attempts']}): {failure['error']}"
+        )
+    return EXIT_OK
+
+
+def _queue_depths(broker_url: str) -> dict[str, int | None]:
+    """Messages waiting on each queue (Redis list lengths); None when Redis cannot be reached."""
+    import redis
+
+    from workers.app import QUEUES
+
+    client = redis.Redis.from_url(broker_url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        return {queue: int(client.llen(queue)) for queue in QUEUES}
+    except redis.RedisError:
+        return dict.fromkeys(QUEUES)
+    finally:
+        client.close()
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    from store import jobs as job_records
+
+    if not args.all and not args.job_id:
+        raise UsageError("say which failed job to re-run: JOB_ID or --all")
+    settings = _settings()
+    store = _store()
+    with store.transaction() as session:
+        reset = job_records.reset(session, None if args.all else [args.job_id])
+    if not reset:
+        print("no failed job to retry" if args.all else f"no failed job {args.job_id}")
+        return EXIT_OK if args.all else EXIT_FAILED
+    if settings.broker_url:
+        from workers.app import make_celery
+        from workers.enqueue import send_jobs
+
+        make_celery(settings)
+        for job_id, queue in reset:
+            send_jobs(queue, [job_id])
+        print(f"re-enqueued {len(reset)} job(s)")
+        return EXIT_OK
+    from harvest.queue import run_job
+
+    failed = 0
+    for job_id, _ in reset:
+        result = run_job(store, job_id)
+        status = (result or {}).get("status", "done")
+        failed += status == "failed"
+        print(f"{job_id}: {status}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise UsageError("forget deletes data: pass --yes to confirm")
+        answer = input(f"Delete every note, session and job of {args.owner!r}? [y/N] ")
+        if answer.strip().lower() not in {"y", "yes"}:
+            print("nothing deleted")
+            return EXIT_OK
+    counts = _store().forget_owner(args.owner)
+    print(", ".join(f"{k} {v}" for k, v in counts.items()) + " deleted")
+    return EXIT_OK
+
+
 def _add_scope_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--owner", metavar="NAME", help="the owner whose notes to use")
@@ -176,29 +484,7 @@ def _add_scope_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gleaner",
-        description=(
-            "Gleaner turns finished conversations into durable notes. Configuration comes from "
-            "GLEANER_* environment variables (GLEANER_DATABASE_URL defaults to "
-            "sqlite:///gleaner.db in the working directory)."
-        ),
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    db = sub.add_parser("db", help="database schema commands")
-    db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    upgrade = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")
-    upgrade.set_defaults(func=cmd_db_upgrade)
-
-    search = sub.add_parser("search", help="search a scope's notes (lexical, recency-ranked)")
-    search.add_argument("query", help="words to look for; any text is safe")
-    _add_scope_flags(search)
-    search.add_argument("--limit", type=int, default=10, help="most hits to show (1-100)")
-    search.add_argument("--json", action="store_true", help="print one JSON list of hits")
-    search.set_defaults(func=cmd_search)
-
+def _add_harvest_commands(sub: Any) -> None:
     harvest = sub.add_parser(
         "harvest",
         help="harvest transcript files or folders in process (no broker needed)",
@@ -226,11 +512,117 @@ def build_parser() -> argparse.ArgumentParser:
     harvest.add_argument("--json", action="store_true", help="print the summary as JSON")
     harvest.set_defaults(func=cmd_harvest)
 
+    enqueue = sub.add_parser(
+        "enqueue",
+        help="record transcripts as jobs and put them on the harvest queue (needs a broker)",
+        description="Read the files, redact them, record one job per conversation in the "
+        "database and send its id to the `harvest` queue. Workers do the rest.",
+    )
+    enqueue.add_argument("paths", nargs="+", metavar="PATH")
+    enqueue.add_argument("--owner", metavar="NAME", help="owner for transcripts without one")
+    enqueue.add_argument("--json", action="store_true", help="print the job ids as JSON")
+    enqueue.set_defaults(func=cmd_enqueue)
+
+    imp = sub.add_parser(
+        "import",
+        help="import an export (ChatGPT, Claude, ...) of old conversations",
+        description="With no broker the import runs in process; with GLEANER_BROKER_URL set "
+        "each conversation becomes a job on the `import` queue and the command follows the "
+        "progress. --dry-run counts conversations, tokens and cost without running anything.",
+    )
+    imp.add_argument("path", metavar="PATH", help="a file, an export .zip, or a folder")
+    imp.add_argument("--owner", metavar="NAME", help="whose notes; required for exports")
+    imp.add_argument("--dry-run", action="store_true", help="estimate only, run nothing")
+    imp.add_argument("--no-wait", action="store_true", help="enqueue and return at once")
+    imp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    imp.set_defaults(func=cmd_import)
+
+
+def _add_operator_commands(sub: Any) -> None:
+    worker = sub.add_parser("worker", help="run a Celery worker (needs a broker)")
+    worker.add_argument(
+        "--queues",
+        default="harvest,housekeeping,import",
+        help="comma-separated queues to serve; harvest is always polled first "
+        "(default: harvest,housekeeping,import)",
+    )
+    worker.add_argument("--concurrency", type=int, default=2, help="worker processes/threads")
+    worker.add_argument(
+        "--pool",
+        choices=("prefork", "threads", "solo"),
+        default="prefork",
+        help="prefork (default) for CPU-bound offline harvests; threads for slow remote models",
+    )
+    worker.add_argument("--loglevel", default="INFO")
+    worker.set_defaults(func=cmd_worker)
+
+    beat = sub.add_parser("beat", help="run Celery beat: decay, dedupe, lost-job sweep")
+    beat.add_argument("--loglevel", default="INFO")
+    beat.add_argument(
+        "--schedule-file", default="celerybeat-schedule", help="where beat keeps its state"
+    )
+    beat.set_defaults(func=cmd_beat)
+
+    housekeep = sub.add_parser(
+        "housekeep",
+        help="run decay, dedupe or the lost-job sweep now, in process",
+        description="decay: recompute decayed weights (archive below "
+        "GLEANER_ARCHIVE_BELOW_WEIGHT); dedupe: supersede near-duplicates; requeue: send "
+        "jobs pending longer than GLEANER_REQUEUE_AFTER_SECONDS to their queue again.",
+    )
+    housekeep.add_argument("task", choices=("decay", "dedupe", "requeue"))
+    housekeep.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    housekeep.add_argument("--json", action="store_true")
+    housekeep.set_defaults(func=cmd_housekeep)
+
+    status = sub.add_parser(
+        "status", help="queue depths, jobs by state, oldest pending job, recent failures"
+    )
+    status.add_argument("--limit", type=int, default=20, help="failures to list")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    retry = sub.add_parser("retry", help="re-run failed jobs (on the queue, or in process)")
+    retry.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    retry.add_argument("--all", action="store_true", help="every failed job")
+    retry.set_defaults(func=cmd_retry)
+
+    forget = sub.add_parser("forget", help="delete everything stored for one owner")
+    forget.add_argument("--owner", metavar="NAME", required=True)
+    forget.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    forget.set_defaults(func=cmd_forget)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gleaner",
+        description=(
+            "Gleaner turns finished conversations into durable notes. Configuration comes from "
+            "GLEANER_* environment variables (GLEANER_DATABASE_URL defaults to "
+            "sqlite:///gleaner.db in the working directory)."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    db = sub.add_parser("db", help="database schema commands")
+    db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    upgrade = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")
+    upgrade.set_defaults(func=cmd_db_upgrade)
+
+    search = sub.add_parser("search", help="search a scope's notes (lexical, recency-ranked)")
+    search.add_argument("query", help="words to look for; any text is safe")
+    _add_scope_flags(search)
+    search.add_argument("--limit", type=int, default=10, help="most hits to show (1-100)")
+    search.add_argument("--json", action="store_true", help="print one JSON list of hits")
+    search.set_defaults(func=cmd_search)
+
     show = sub.add_parser("show", help="show one note with its links")
     show.add_argument("slug")
     _add_scope_flags(show)
     show.add_argument("--json", action="store_true", help="print the note as JSON")
     show.set_defaults(func=cmd_show)
+    _add_harvest_commands(sub)
+    _add_operator_commands(sub)
     return parser
 
 

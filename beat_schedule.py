@@ -1,0 +1,22 @@
+"""What Celery beat runs, and how often. Entries name the task objects, not strings."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from store import Settings
+
+
+def schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The beat schedule: decay hourly, dedupe every 10 minutes, lost-job sweep each minute."""
+    from workers.tasks import decay, dedupe, requeue_stale
+
+    return {
+        "decay": {"task": decay.name, "schedule": timedelta(hours=1)},
+        "dedupe": {"task": dedupe.name, "schedule": timedelta(minutes=10)},
+        "requeue-stale-jobs": {
+            "task": requeue_stale.name,
+            "schedule": timedelta(seconds=min(60, settings.requeue_after_seconds)),
+        },
+    }

@@ -1,0 +1,584 @@
+"""Housekeeping: recency decay of note weights, and superseding near-duplicate notes.
+
+Celery beat (``workers.tasks``) and ``gleaner housekeep`` run both; both are safe while notes
+are being written, and neither deletes anything.
+
+``decay``   walks ``memories`` in id-ordered batches, one short transaction each, setting
+            ``weight = 0.5 ** (age_days / half_life_days)`` in SQL (age from ``updated_at``).
+            With ``archive_below_weight`` set, unpinned live notes under it are archived.
+``dedupe``  per scope, finds live notes whose title+topic Jaccard score reaches
+            ``duplicate_threshold`` and has each superseded by its best keeper. Candidates
+            come from a prefix-filtered inverted index, only for notes changed since the last
+            run's ``updated_seq`` watermark; every pair acted on is scored exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+from sqlalchemy import (
+    ColumnElement,
+    DateTime,
+    Float,
+    and_,
+    case,
+    cast,
+    extract,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from store.links import scope_lock_key
+from store.mem import SUMMARY_TYPE
+from store.models import ARCHIVED, LIVE, SUPERSEDED, HousekeepingState, Link, Memory, utcnow
+from store.notes import next_seq
+from store.schemas import Frozen, Scope
+from store.settings import Settings
+from store.text import similarity_terms
+
+log = logging.getLogger(__name__)
+
+DECAY, DEDUPE = "decay", "dedupe"
+# Results (and housekeeping_state.last_result) list at most this many pairs.
+MAX_REPORTED_PAIRS = 100
+# A weight moving by less than this is not worth a row write (a fresh note moves ~3e-7 a
+# second at a 30-day half-life).
+WEIGHT_EPSILON = 1e-6
+# PostgreSQL's power() raises on underflow; 0.5 ** 1000 (~1e-301) is as good as zero.
+MAX_HALF_LIVES = 1000
+# Ids per IN (...) list, well under SQLite's bound-parameter limit.
+ID_CHUNK = 500
+# Slack for float rounding in threshold * size, so the filters never drop a true pair.
+FLOAT_SLACK = 1e-9
+
+Transactions = Callable[[], AbstractContextManager[Session]]
+
+
+def _lock_key(name: str) -> int:
+    """A signed 64-bit PostgreSQL advisory-lock key for the housekeeping task ``name``."""
+    digest = hashlib.sha256(f"housekeeping\x00{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _watermark(session: Session, name: str) -> int:
+    value = session.execute(
+        select(HousekeepingState.watermark).where(HousekeepingState.name == name)
+    ).scalar_one_or_none()
+    return int(value or 0)
+
+
+def _record(
+    session: Session, name: str, result: BaseModel, *, watermark: int | None = None
+) -> None:
+    """Upsert the task's row in ``housekeeping_state``; the watermark only when given."""
+    values: dict[str, Any] = {
+        "last_run_at": utcnow(),
+        "last_result": result.model_dump(mode="json"),
+    }
+    if watermark is not None:
+        values["watermark"] = watermark
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    stmt = insert(HousekeepingState).values(name=name, **{"watermark": 0, **values})
+    session.execute(stmt.on_conflict_do_update(index_elements=["name"], set_=values))
+
+
+# Decay ------------------------------------------------------------------------------------
+
+
+class DecayResult(Frozen):
+    """What a decay run changed (with ``dry_run``: would change)."""
+
+    dry_run: bool
+    updated: int  # rows whose weight moved
+    archived: int
+    batches: int
+    seconds: float
+
+
+def _decayed_weight(dialect: str, now: datetime, half_life_days: float) -> ColumnElement[Any]:
+    """A row's weight as of ``now``, in SQL; an ``updated_at`` in the future counts as now."""
+    if dialect == "postgresql":
+        seconds = extract("epoch", literal(now, DateTime(timezone=True)) - Memory.updated_at)
+        days = func.greatest(cast(seconds, Float), 0.0) / 86400.0
+        return func.power(literal(0.5, Float), func.least(days / half_life_days, MAX_HALF_LIVES))
+    # The text form SQLAlchemy stores SQLite datetimes in (naive UTC), for julianday().
+    stamp = now.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+    days = func.max(func.julianday(stamp) - func.julianday(Memory.updated_at), 0.0)
+    return func.exp(math.log(0.5) * func.min(days / half_life_days, MAX_HALF_LIVES))
+
+
+def decay(transaction: Transactions, settings: Settings, *, dry_run: bool = False) -> DecayResult:
+    """Bring every note's ``weight`` up to date, archiving under ``archive_below_weight``.
+
+    ``transaction`` opens one transaction (``Store.transaction``); each batch of
+    ``housekeeping_batch_size`` rows (by id) gets its own, so writes go on meanwhile. Weight
+    alone leaves ``updated_seq`` as it is; an archived note gets a new one (its scope's
+    fingerprint changes). Pinned notes are decayed but never archived. Notes created after the
+    run starts are left at their fresh weight.
+    """
+    started = time.perf_counter()
+    now = utcnow()
+    with transaction() as session:
+        dialect = session.get_bind().dialect.name
+        low, high = session.execute(select(func.min(Memory.id), func.max(Memory.id))).one()
+    weight = _decayed_weight(dialect, now, settings.half_life_days)
+    floor = settings.archive_below_weight
+    updated = archived = batches = 0
+    last, stop = (0, 0) if low is None else (int(low) - 1, int(high))
+    while last < stop:
+        with transaction() as session:
+            end = _batch_end(session, last, stop, settings.housekeeping_batch_size)
+            in_batch = and_(Memory.id > last, Memory.id <= end)
+            if dry_run:
+                # -1 is below every weight: with archiving off nothing counts as archivable.
+                changed, below = _count_batch(
+                    session, in_batch, weight, -1.0 if floor is None else floor
+                )
+            else:
+                changed = _update_weights(session, in_batch, weight)
+                below = 0 if floor is None else _archive(session, in_batch, weight, floor)
+        updated += changed
+        archived += below
+        batches += 1
+        last = end
+    result = DecayResult(
+        dry_run=dry_run,
+        updated=updated,
+        archived=archived,
+        batches=batches,
+        seconds=_since(started),
+    )
+    if not dry_run:
+        with transaction() as session:
+            _record(session, DECAY, result)
+    return result
+
+
+def _batch_end(session: Session, after: int, stop: int, size: int) -> int:
+    """The id closing the next batch of ``size`` rows after ``after``."""
+    batch = (
+        select(Memory.id)
+        .where(Memory.id > after, Memory.id <= stop)
+        .order_by(Memory.id)
+        .limit(size)
+        .subquery()
+    )
+    end = session.execute(select(func.max(batch.c.id))).scalar_one()
+    # Rows deleted since the run began: close the range so the loop ends.
+    return stop if end is None else int(end)
+
+
+def _count_batch(
+    session: Session, in_batch: ColumnElement[bool], weight: ColumnElement[Any], floor: float
+) -> tuple[int, int]:
+    """Rows of the batch whose weight would move, and those decay would archive."""
+    moves = case((func.abs(Memory.weight - weight) > WEIGHT_EPSILON, 1), else_=0)
+    sinks = case((_archivable(weight, floor), 1), else_=0)
+    changed, below = session.execute(
+        select(func.coalesce(func.sum(moves), 0), func.coalesce(func.sum(sinks), 0)).where(in_batch)
+    ).one()
+    return int(changed), int(below)
+
+
+def _update_weights(
+    session: Session, in_batch: ColumnElement[bool], weight: ColumnElement[Any]
+) -> int:
+    result = session.execute(
+        update(Memory)
+        .where(in_batch, func.abs(Memory.weight - weight) > WEIGHT_EPSILON)
+        .values(weight=weight)
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def _archivable(weight: ColumnElement[Any], floor: float) -> ColumnElement[bool]:
+    # The weight computed from updated_at, not the stored column: a note rewritten a moment
+    # ago (fresh updated_at, weight not yet decayed again) must not be archived.
+    return and_(Memory.status == LIVE, ~Memory.pinned, weight < floor)
+
+
+def _archive(
+    session: Session, in_batch: ColumnElement[bool], weight: ColumnElement[Any], floor: float
+) -> int:
+    """Archive the batch's unpinned live notes under ``floor``, each with a new updated_seq.
+
+    ``updated_at`` is left alone: it is the clock decay reads.
+    """
+    ids = session.execute(
+        select(Memory.id).where(in_batch, _archivable(weight, floor)).order_by(Memory.id)
+    ).scalars()
+    archived = 0
+    for note_id in list(ids):
+        # The condition again: a writer may have refreshed the note since the SELECT.
+        result = session.execute(
+            update(Memory)
+            .where(Memory.id == note_id, _archivable(weight, floor))
+            .values(status=ARCHIVED, updated_seq=next_seq(session))
+            .execution_options(synchronize_session=False)
+        )
+        archived += int(result.rowcount)  # type: ignore[attr-defined]
+    return archived
+
+
+# Dedupe -----------------------------------------------------------------------------------
+
+
+class DuplicatePair(Frozen):
+    """``loser`` is (with ``dry_run``: would be) superseded by ``keeper``, Jaccard ``score``."""
+
+    scope: Scope
+    keeper: str
+    loser: str
+    score: float
+
+
+class DedupeResult(Frozen):
+    """What a dedupe run found and did; ``locked``: another run held the lock, nothing done."""
+
+    dry_run: bool
+    locked: bool = False
+    scopes_scanned: int = 0
+    notes_scanned: int = 0  # live notes loaded from the scanned scopes
+    notes_changed: int = 0  # of those, changed since the watermark
+    candidates_checked: int = 0  # pairs of distinct term sets scored exactly
+    superseded: int = 0  # with dry_run: would be
+    skipped: int = 0  # pairs left because a note changed during the run (tried again next run)
+    pairs: list[DuplicatePair] = Field(default_factory=list)  # the first MAX_REPORTED_PAIRS
+    since_seq: int = 0  # the watermark the run started from
+    watermark: int = 0  # the watermark it left
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """The columns dedupe needs of one live note."""
+
+    id: int
+    slug: str
+    pinned: bool
+    updated_at: datetime
+    confidence: float | None
+    seq: int
+    terms: frozenset[str]
+
+    @property
+    def rank(self) -> tuple[bool, datetime, float, int]:
+        """Keeper order, best highest: pinned, then newer, then more confident, then higher id."""
+        confidence = -1.0 if self.confidence is None else self.confidence
+        return (self.pinned, self.updated_at, confidence, self.id)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Input positions grouped by identical term set, and the groups' duplicate edges.
+
+    ``edges[g]`` lists ``(h, score)`` for each group ``h`` whose Jaccard score with ``g``
+    reaches the threshold, sorted by ``h``; ``(g, 1.0)`` is there when ``g`` itself holds a
+    changed note beside others. Edges are symmetric.
+    """
+
+    groups: list[list[int]]
+    edges: dict[int, list[tuple[int, float]]]
+    checked: int
+
+
+def prefix_length(size: int, threshold: float) -> int:
+    """How many of a set's rarest terms must be indexed so no pair at ``threshold`` is missed.
+
+    ``J(A, B) >= t`` needs ``|A & B| >= ceil(t * |A|)``, so two such sets share a term within
+    the first ``|A| - ceil(t * |A|) + 1`` of each, in any one global term order.
+    """
+    overlap = math.ceil(threshold * size - FLOAT_SLACK)
+    return max(1, min(size, size - overlap + 1))
+
+
+def similar_groups(
+    term_sets: Sequence[frozenset[str]], changed: Sequence[bool], threshold: float
+) -> Candidates:
+    """Pairs of term sets with Jaccard >= ``threshold`` where one holds a changed note.
+
+    Identical sets are grouped first (one group of many same-titled notes costs nothing).
+    Terms are ordered rarest first within the input; each group indexes its prefix
+    (``prefix_length``), and each changed group probes the index with its own, so only sets
+    sharing a rare term are scored. Empty sets match nothing.
+    """
+    by_terms: dict[frozenset[str], int] = {}
+    groups: list[list[int]] = []
+    for position, terms in enumerate(term_sets):
+        if terms:
+            groups_at = by_terms.setdefault(terms, len(groups))
+            if groups_at == len(groups):
+                groups.append([])
+            groups[groups_at].append(position)
+    keys = list(by_terms)
+    touched = [any(changed[p] for p in members) for members in groups]
+
+    frequency = Counter(term for key in keys for term in key)
+    order = {term: n for n, term in enumerate(sorted(frequency, key=lambda t: (frequency[t], t)))}
+    prefixes = [sorted(order[t] for t in key)[: prefix_length(len(key), threshold)] for key in keys]
+    # Probe, then insert: unchanged groups are indexed up front and each changed group joins
+    # after probing, so every pair is met once and two unchanged groups never meet.
+    index: defaultdict[int, list[int]] = defaultdict(list)
+    for group, prefix in enumerate(prefixes):
+        if not touched[group]:
+            for token in prefix:
+                index[token].append(group)
+
+    sizes = [len(key) for key in keys]
+    edges: defaultdict[int, list[tuple[int, float]]] = defaultdict(list)
+    checked = 0
+    for a, key in enumerate(keys):
+        if not touched[a]:
+            continue
+        if len(groups[a]) > 1:
+            edges[a].append((a, 1.0))
+        # J <= min(|A|, |B|) / max(|A|, |B|): sizes outside these bounds cannot reach it.
+        size = sizes[a]
+        low, high = threshold * size - FLOAT_SLACK, (size + FLOAT_SLACK) / threshold
+        candidates: set[int] = set()
+        for token in prefixes[a]:
+            candidates.update(index[token])
+        for b in candidates:
+            if low <= sizes[b] <= high:
+                checked += 1
+                # Exactly store.text.jaccard (|A | B| = |A| + |B| - |A & B|), without
+                # building the union set: this is the hot loop.
+                shared = len(key & keys[b])
+                score = shared / (size + sizes[b] - shared)
+                if score >= threshold:
+                    edges[a].append((b, score))
+                    edges[b].append((a, score))
+        for token in prefixes[a]:
+            index[token].append(a)
+    return Candidates(
+        groups=groups, edges={g: sorted(found) for g, found in edges.items()}, checked=checked
+    )
+
+
+def _choose_keepers(rows: Sequence[_Row], found: Candidates) -> list[tuple[int, int, float]]:
+    """``(keeper, loser, score)`` positions: each duplicate paired with its best keeper.
+
+    Notes are visited best first (``_Row.rank``); one nobody has claimed is a keeper and
+    claims every unclaimed, unpinned, lower-ranked note it is similar to. So a loser's keeper
+    is the best surviving note similar to it (never one it only reaches through a third note),
+    pinned notes are never claimed, and keepers outrank losers (no cycles).
+    """
+    group_of = {p: g for g, members in enumerate(found.groups) for p in members}
+    involved = sorted(
+        {p for g in found.edges for p in found.groups[g]}, key=lambda p: rows[p].rank, reverse=True
+    )
+    place = {p: n for n, p in enumerate(involved)}
+    claimed: set[int] = set()
+    # A group a keeper has claimed from holds nothing a later (lower) keeper could claim.
+    drained: set[int] = set()
+    plan: list[tuple[int, int, float]] = []
+    for keeper in involved:
+        if keeper in claimed:
+            continue
+        for group, score in found.edges[group_of[keeper]]:
+            if group in drained:
+                continue
+            drained.add(group)
+            for loser in found.groups[group]:
+                if place[loser] > place[keeper] and not rows[loser].pinned and loser not in claimed:
+                    claimed.add(loser)
+                    plan.append((keeper, loser, score))
+    return plan
+
+
+def _load_scope(session: Session, scope: Scope) -> list[_Row]:
+    rows = session.execute(
+        select(
+            Memory.id,
+            Memory.slug,
+            Memory.title,
+            Memory.topics,
+            Memory.pinned,
+            Memory.updated_at,
+            Memory.confidence,
+            Memory.updated_seq,
+        )
+        .where(
+            Memory.scope_kind == scope.kind,
+            Memory.scope_id == scope.id,
+            Memory.status == LIVE,
+            # Session summaries share a title by design; each is its session's record.
+            or_(Memory.type.is_(None), Memory.type != SUMMARY_TYPE),
+        )
+        .order_by(Memory.id)
+    )
+    return [
+        _Row(
+            id=note_id,
+            slug=slug,
+            pinned=bool(pinned),
+            updated_at=updated_at,
+            confidence=confidence,
+            seq=seq,
+            terms=similarity_terms(title, topics),
+        )
+        for note_id, slug, title, topics, pinned, updated_at, confidence, seq in rows
+    ]
+
+
+def _next_seqs(session: Session, count: int) -> list[int]:
+    """``count`` new ``updated_seq`` values, ascending."""
+    if session.get_bind().dialect.name == "postgresql":
+        return [next_seq(session) for _ in range(count)]
+    # SQLite's next value is max + 1, and BEGIN IMMEDIATE keeps other writers out until commit.
+    first = next_seq(session)
+    return list(range(first, first + count))
+
+
+def _supersede(
+    session: Session, scope: Scope, plan: Sequence[tuple[_Row, _Row, float]]
+) -> list[tuple[_Row, _Row, float]]:
+    """Write the planned ``keeper supersedes loser`` links in bulk; return those written.
+
+    ``store.links.link``'s rules hold because a pair is written only when both notes are as
+    loaded (same ``updated_seq``, live, no superseder): the keeper then heads no chain, so no
+    cycle can form, and the loser gets its first and only superseder. As in ``link``, the
+    loser's ``updated_at`` and ``updated_seq`` move; on PostgreSQL the same per-scope lock is
+    taken and the rows are locked before the check.
+    """
+    postgres = session.get_bind().dialect.name == "postgresql"
+    if postgres:
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(:key)"),
+            {"key": scope_lock_key(scope, "supersedes")},
+        )
+    loaded = {row.id: row.seq for keeper, loser, _ in plan for row in (keeper, loser)}
+    ids = sorted(loaded)
+    current: set[int] = set()
+    for start in range(0, len(ids), ID_CHUNK):
+        stmt = (
+            select(Memory.id, Memory.updated_seq)
+            .where(
+                Memory.id.in_(ids[start : start + ID_CHUNK]),
+                Memory.status == LIVE,
+                Memory.superseded_by_id.is_(None),
+            )
+            .order_by(Memory.id)
+        )
+        if postgres:
+            stmt = stmt.with_for_update()
+        current.update(note_id for note_id, seq in session.execute(stmt) if seq == loaded[note_id])
+    done = [pair for pair in plan if pair[0].id in current and pair[1].id in current]
+    if not done:
+        return done
+    now = utcnow()
+    seqs = _next_seqs(session, len(done))
+    session.execute(
+        update(Memory),
+        [
+            {
+                "id": loser.id,
+                "status": SUPERSEDED,
+                "superseded_by_id": keeper.id,
+                "updated_at": now,
+                "updated_seq": seq,
+            }
+            for (keeper, loser, _), seq in zip(done, seqs, strict=True)
+        ],
+    )
+    insert = postgresql.insert if postgres else sqlite.insert
+    session.execute(
+        insert(Link).on_conflict_do_nothing(),
+        [
+            {"from_id": keeper.id, "to_id": loser.id, "rel": "supersedes", "created_at": now}
+            for keeper, loser, _ in done
+        ],
+    )
+    return done
+
+
+def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> DedupeResult:
+    """Supersede near-duplicates among live notes changed since the last run, scope by scope.
+
+    One transaction, the caller's. On PostgreSQL it first tries an advisory lock and, when
+    another run holds it, returns ``locked=True`` having done nothing; SQLite's
+    ``BEGIN IMMEDIATE`` makes a second run wait instead. The watermark moves to the highest
+    ``updated_seq`` seen at the start (not in a dry run, nor when a pair was skipped because
+    its notes changed mid-run: the next run then looks again), so the next run sees only
+    later changes; pairs of two unchanged notes are never rescanned.
+    """
+    started = time.perf_counter()
+    if session.get_bind().dialect.name == "postgresql":
+        acquired = session.execute(
+            text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": _lock_key(DEDUPE)}
+        ).scalar_one()
+        if not acquired:
+            return DedupeResult(dry_run=dry_run, locked=True, seconds=_since(started))
+    since = _watermark(session, DEDUPE)
+    top = int(session.execute(select(func.max(Memory.updated_seq))).scalar_one() or 0)
+    scopes = session.execute(
+        select(Memory.scope_kind, Memory.scope_id)
+        .where(Memory.updated_seq > since, Memory.status == LIVE)
+        .distinct()
+        .order_by(Memory.scope_kind, Memory.scope_id)
+    ).all()
+
+    scanned = changed = checked = superseded = skipped = 0
+    reported: list[DuplicatePair] = []
+    for kind, scope_id in scopes:
+        scope = Scope(kind=kind, id=scope_id)
+        rows = _load_scope(session, scope)
+        fresh = [row.seq > since for row in rows]
+        found = similar_groups([row.terms for row in rows], fresh, settings.duplicate_threshold)
+        scanned += len(rows)
+        changed += sum(fresh)
+        checked += found.checked
+        plan = [
+            (rows[keep], rows[lose], score) for keep, lose, score in _choose_keepers(rows, found)
+        ]
+        applied = plan if dry_run or not plan else _supersede(session, scope, plan)
+        if len(applied) < len(plan):
+            log.warning(
+                "dedupe skipped %d pair(s) in %s: notes changed during the run; the next run "
+                "looks again",
+                len(plan) - len(applied),
+                scope,
+            )
+            skipped += len(plan) - len(applied)
+        superseded += len(applied)
+        reported.extend(
+            DuplicatePair(scope=scope, keeper=keeper.slug, loser=loser.slug, score=score)
+            for keeper, loser, score in applied[: MAX_REPORTED_PAIRS - len(reported)]
+        )
+    result = DedupeResult(
+        dry_run=dry_run,
+        scopes_scanned=len(scopes),
+        notes_scanned=scanned,
+        notes_changed=changed,
+        candidates_checked=checked,
+        superseded=superseded,
+        skipped=skipped,
+        pairs=reported,
+        since_seq=since,
+        watermark=since if dry_run or skipped else max(since, top),
+        seconds=_since(started),
+    )
+    if not dry_run:
+        _record(session, DEDUPE, result, watermark=result.watermark)
+    return result
+
+
+def _since(started: float) -> float:
+    return round(time.perf_counter() - started, 3)

@@ -1,0 +1,240 @@
+"""The Celery pipeline with real parts: Redis, PostgreSQL and `gleaner worker` processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from harvest.queue import IMPORT_QUEUE, LIVE_QUEUE
+from store import Store
+from store.models import HarvestLedger, Job, Memory
+from tests.conftest import recreate_pg_database, test_settings
+from tests.llm_server import LLMServer, answer, llm_server, note, unauthorized
+from tests.samples import native, write_chatgpt_export, write_natives
+from tests.workers_harness import Cluster, cluster_env, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
+    url = recreate_pg_database(f"gleaner_workers_{worker_id}")
+    store = Store(url, settings=test_settings())
+    store.migrate()
+    store.dispose()
+    redis_db = 10 + int(hashlib.sha256(worker_id.encode()).hexdigest(), 16) % 6
+    running = Cluster(cluster_env(url, redis_db), tmp_path)
+    running.redis().flushdb()
+    try:
+        yield running
+    finally:
+        running.stop()
+        running.redis().flushdb()
+
+
+@pytest.fixture
+def store(cluster: Cluster) -> Iterator[Store]:
+    opened = Store(cluster.env["GLEANER_DATABASE_URL"], settings=test_settings())
+    yield opened
+    opened.dispose()
+
+
+def job_states(store: Store) -> dict[str, int]:
+    with store.transaction() as session:
+        return dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+
+
+def count(store: Store, model: type) -> int:
+    with store.transaction() as session:
+        return int(session.execute(select(func.count()).select_from(model)).scalar_one())
+
+
+def test_n_transcripts_n_workers_every_note_written_once(cluster: Cluster, store: Store) -> None:
+    files = write_natives(cluster.tmp / "in", 40, facts=2)
+    for _ in range(3):
+        cluster.start_worker(concurrency=2)
+    out = cluster.gleaner("enqueue", *map(str, files), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["enqueued"] == 40
+    # The same transcripts again (a redelivery, a retrying producer): no new notes.
+    assert cluster.gleaner("enqueue", *map(str, files[:10])).returncode == 0
+    wait_for(lambda: job_states(store).get("done", 0) == 50, 90)
+    assert count(store, HarvestLedger) == 40
+    with store.transaction() as session:
+        slugs = list(session.execute(select(Memory.slug)).scalars())
+    assert len(slugs) == 80 == len(set(slugs))
+    logs = "".join(w.text() for w in cluster.workers)
+    assert logs.count("succeeded") >= 50
+    assert sum("succeeded" in w.text() for w in cluster.workers) >= 2  # the work was shared
+
+
+def test_import_of_a_500_conversation_export_reaches_100_percent(
+    cluster: Cluster, store: Store
+) -> None:
+    export = write_chatgpt_export(cluster.tmp / "export" / "conversations.json", 500, facts=2)
+    cluster.start_worker(queues="import", concurrency=2)
+    cluster.start_worker(queues="harvest,import", concurrency=2)
+    no_owner = cluster.gleaner("import", str(export))
+    assert no_owner.returncode == 2 and "--owner" in no_owner.stderr
+    out = cluster.gleaner("import", str(export), "--owner", "dana", "--json", timeout=300)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert (summary["percent"], summary["done"], summary["failed"]) == (100.0, 500, 0)
+    assert summary["transcripts"] == 500 and summary["notes_written"] == 1000
+    with store.transaction() as session:
+        provenances = set(session.execute(select(Memory.provenance)).scalars())
+        abandoned = session.execute(
+            select(func.count()).select_from(Memory).where(Memory.body.contains("ABANDONED"))
+        ).scalar_one()
+    assert provenances == {"import"} and abandoned == 0
+
+
+def test_live_harvests_are_not_starved_by_a_bulk_import(cluster: Cluster, store: Store) -> None:
+    from harvest.queue import record_jobs
+    from harvest.transcript import Transcript
+    from workers.app import make_celery
+    from workers.enqueue import send_jobs
+
+    make_celery(test_settings(broker_url=cluster.env["GLEANER_BROKER_URL"]))
+    bulk = [Transcript.model_validate(native(i, facts=1)) for i in range(1_000)]
+    send_jobs(
+        IMPORT_QUEUE,
+        record_jobs(store, bulk, owner="bulk", provenance="import", queue=IMPORT_QUEUE),
+    )
+    live = [Transcript.model_validate(native(i, facts=1)) for i in range(5)]
+    live_ids = record_jobs(store, live, owner="live", provenance="compaction", queue=LIVE_QUEUE)
+    send_jobs(LIVE_QUEUE, live_ids)
+    assert cluster.redis().llen(IMPORT_QUEUE) == 1_000
+
+    cluster.start_worker(queues="harvest,housekeeping,import", concurrency=1)
+    wait_for(lambda: _done(store, live_ids) == 5, 60)
+    cluster.stop()
+    with store.transaction() as session:
+        live_last = session.execute(
+            select(func.max(Job.finished_at)).where(Job.id.in_(live_ids))
+        ).scalar_one()
+        imports_before = session.execute(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.queue == IMPORT_QUEUE, Job.finished_at <= live_last)
+        ).scalar_one()
+    # Behind 1,000 import messages the 5 live ones ran first: at most the one import the
+    # worker had already reserved when the live messages were first seen can precede them.
+    assert imports_before <= 2, imports_before
+
+
+def _done(store: Store, ids: list[str]) -> int:
+    with store.transaction() as session:
+        return int(
+            session.execute(
+                select(func.count()).select_from(Job).where(Job.id.in_(ids), Job.state == "done")
+            ).scalar_one()
+        )
+
+
+def test_no_private_text_rests_in_redis_or_the_jobs_table(cluster: Cluster, store: Store) -> None:
+    files = write_natives(cluster.tmp / "in", 3, extra=" <private>SECRET-TOKEN-42</private>")
+    assert cluster.gleaner("enqueue", *map(str, files)).returncode == 0
+    client = cluster.redis()
+    stored = b"".join(
+        b"".join(client.lrange(key, 0, -1)) if client.type(key) == b"list" else b""
+        for key in client.keys("*")
+    )
+    assert client.llen(LIVE_QUEUE) == 3
+    assert b"SECRET" not in stored and b"private" not in stored.lower()
+    with store.transaction() as session:
+        transcripts = json.dumps(list(session.execute(select(Job.transcript)).scalars()))
+    assert "SECRET" not in transcripts and "[REDACTED]" in transcripts
+
+
+@pytest.fixture
+def model() -> Iterator[LLMServer]:
+    with llm_server() as server:
+        yield server
+
+
+def test_a_failed_job_is_kept_listed_and_retried(
+    cluster: Cluster, store: Store, model: LLMServer
+) -> None:
+    cluster.env.update(
+        {
+            "GLEANER_HARVEST_MODEL": "openai/test-model",
+            "GLEANER_HARVEST_API_BASE": model.api_base,
+            "GLEANER_HARVEST_API_KEY": "k",
+        }
+    )
+    files = write_natives(cluster.tmp / "in", 1)
+    model.script(unauthorized())
+    cluster.start_worker(concurrency=1)
+    assert cluster.gleaner("enqueue", str(files[0])).returncode == 0
+    wait_for(lambda: job_states(store).get("failed", 0) == 1, 60)
+    assert model.calls == 1  # a permanent error is not retried
+
+    status = json.loads(cluster.gleaner("status", "--json").stdout)
+    assert status["jobs"]["failed"] == 1
+    [failure] = status["failures"]
+    assert "model_permanent" in failure["error"] and failure["attempts"] == 1
+    with store.transaction() as session:
+        kept = session.execute(select(Job.transcript)).scalar_one()
+    assert kept["conversation_id"] == "conv-0"
+
+    model.script(answer([note("Prefers vim", type="preference")]))
+    retried = cluster.gleaner("retry", "--all")
+    assert retried.returncode == 0 and "re-enqueued 1" in retried.stdout
+    wait_for(lambda: job_states(store).get("done", 0) == 1, 60)
+    assert count(store, Memory) == 1
+
+
+def test_a_worker_child_killed_mid_task_loses_nothing(
+    cluster: Cluster, store: Store, model: LLMServer
+) -> None:
+    import os
+    import signal
+
+    cluster.env.update(
+        {
+            "GLEANER_HARVEST_MODEL": "openai/test-model",
+            "GLEANER_HARVEST_API_BASE": model.api_base,
+            "GLEANER_HARVEST_API_KEY": "k",
+        }
+    )
+    model.script(answer([note("Slow fact")], delay=8.0), answer([note("Slow fact")]))
+    worker = cluster.start_worker(concurrency=1)
+    files = write_natives(cluster.tmp / "in", 1)
+    assert cluster.gleaner("enqueue", str(files[0])).returncode == 0
+    wait_for(lambda: model.calls == 1, 30)  # the child is inside the model call
+    for child in worker.children():
+        os.kill(child, signal.SIGKILL)
+    wait_for(lambda: job_states(store).get("done", 0) == 1, 90)
+    with store.transaction() as session:
+        attempts = session.execute(select(Job.attempts)).scalar_one()
+    assert attempts == 2 and count(store, Memory) == 1 and model.calls == 2
+
+
+def test_pending_jobs_whose_message_was_lost_are_sent_again(cluster: Cluster, store: Store) -> None:
+    from harvest.queue import record_jobs
+    from harvest.transcript import Transcript
+
+    lost = record_jobs(
+        store,
+        [Transcript.model_validate(native(7))],
+        owner="alice",
+        provenance="compaction",
+        queue=LIVE_QUEUE,
+    )
+    cluster.env["GLEANER_REQUEUE_AFTER_SECONDS"] = "1"
+    worker = cluster.start_worker(concurrency=1)
+    wait_for(lambda: _done(store, lost) == 0 and job_states(store).get("pending") == 1, 5)
+    import time
+
+    time.sleep(1.5)
+    swept = cluster.gleaner("housekeep", "requeue", "--json")
+    assert swept.returncode == 0, swept.stderr
+    assert json.loads(swept.stdout)["requeued"] == 1
+    wait_for(lambda: _done(store, lost) == 1, 60)
+    assert "succeeded" in worker.text()

@@ -1,0 +1,69 @@
+"""The Celery app, made by a factory from the settings: queues, routing, reliability.
+
+Reliability choices (see README, "Running workers"):
+
+- ``task_acks_late`` + ``task_reject_on_worker_lost``: a message is acknowledged only after
+  its task finished, so a worker killed mid-task leaves it on Redis to be redelivered.
+- ``broker_transport_options.visibility_timeout`` (GLEANER_BROKER_VISIBILITY_TIMEOUT) is
+  longer than the hard time limit, so Redis never redelivers a task that is still running.
+- ``worker_prefetch_multiplier = 1``: harvests are long; a child reserves one at a time.
+- ``queue_order_strategy = "priority"``: a worker serving several queues always drains
+  ``harvest`` before ``import``, so a bulk import never starves live conversations.
+- JSON only, no pickle: messages carry job ids and small dicts.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu.entity import Queue
+
+from store import Settings, load_settings
+
+LIVE_QUEUE, IMPORT_QUEUE, HOUSEKEEPING_QUEUE = "harvest", "import", "housekeeping"
+# Order matters: with the priority strategy a worker polls them in this order.
+QUEUES = (LIVE_QUEUE, HOUSEKEEPING_QUEUE, IMPORT_QUEUE)
+ROUTES = {
+    "gleaner.harvest": {"queue": LIVE_QUEUE},
+    "gleaner.import_file": {"queue": IMPORT_QUEUE},
+    "gleaner.decay": {"queue": HOUSEKEEPING_QUEUE},
+    "gleaner.dedupe": {"queue": HOUSEKEEPING_QUEUE},
+    "gleaner.requeue_stale": {"queue": HOUSEKEEPING_QUEUE},
+}
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    """A configured Celery app; nothing connects until a task is sent or a worker starts."""
+    settings = settings or load_settings()
+    app = Celery("gleaner", set_as_current=True)
+    app.conf.update(
+        broker_url=settings.broker_url or "memory://",
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.broker_visibility_timeout,
+            "queue_order_strategy": "priority",
+        },
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        task_soft_time_limit=settings.task_soft_time_limit,
+        task_time_limit=settings.task_time_limit,
+        worker_prefetch_multiplier=1,
+        worker_max_tasks_per_child=settings.worker_max_tasks_per_child,
+        worker_hijack_root_logger=False,
+        task_queues=[Queue(name) for name in QUEUES],
+        task_default_queue=LIVE_QUEUE,
+        task_routes=ROUTES,
+        timezone="UTC",
+        enable_utc=True,
+    )
+    # Importing the tasks registers them on this app (they are shared tasks).
+    import beat_schedule
+    import workers.tasks  # noqa: F401
+
+    app.conf.beat_schedule = beat_schedule.schedule(settings)
+    return app

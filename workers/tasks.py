@@ -1,0 +1,65 @@
+"""Thin Celery tasks: each takes ids or small JSON and makes one call into harvest or store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+from celery.utils.log import get_task_logger
+
+from store import StorageFailure
+from workers import runtime
+
+log = get_task_logger(__name__)
+
+
+@shared_task(
+    name="gleaner.harvest",
+    autoretry_for=(StorageFailure,),  # the database was unreachable: the job is still pending
+    retry_backoff=5,
+    retry_backoff_max=120,
+    retry_jitter=True,
+    max_retries=5,
+)
+def harvest(job_id: str) -> dict[str, Any] | None:
+    """Harvest the recorded job ``job_id`` (model retries happen inside, not here)."""
+    from harvest.queue import run_job
+
+    result = run_job(runtime.store(), job_id)
+    if result is None:
+        log.info("job %s is done already or gone: nothing to do", job_id)
+    return result
+
+
+@shared_task(name="gleaner.import_file")
+def import_file(path: str, owner: str | None, provenance: str = "import") -> dict[str, Any]:
+    """Fan an export on this worker's disk out into one job per conversation."""
+    from harvest.imports import plan_import
+    from workers.enqueue import send_jobs
+
+    planned = plan_import(runtime.store(), path, owner=owner, provenance=provenance)
+    send_jobs(planned.queue, planned.job_ids)
+    return {"import_id": planned.import_id, "jobs": len(planned.job_ids)}
+
+
+@shared_task(name="gleaner.decay")
+def decay() -> dict[str, Any]:
+    """Recompute every note's decayed weight (and archive below the floor, if set)."""
+    return runtime.store().decay().model_dump(mode="json")
+
+
+@shared_task(name="gleaner.dedupe")
+def dedupe() -> dict[str, Any]:
+    """Supersede near-duplicate notes; yields at once if another run holds the lock."""
+    return runtime.store().dedupe().model_dump(mode="json")
+
+
+@shared_task(name="gleaner.requeue_stale")
+def requeue_stale() -> int:
+    """Send jobs pending longer than GLEANER_REQUEUE_AFTER_SECONDS to their queue again."""
+    from workers.enqueue import requeue_stale as sweep
+
+    sent = sweep(runtime.store())
+    if sent:
+        log.warning("re-enqueued %d stale pending job(s)", sent)
+    return sent
