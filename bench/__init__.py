@@ -1,0 +1,1 @@
+"""Gleaner's benchmarks: its own overhead as ratios against ceilings measured in the same run."""

@@ -1,0 +1,53 @@
+"""Run the benchmarks: `python -m bench [--quick] [--only NAME ...]`.
+
+Each scenario module in ``bench/`` has ``NAME`` and ``run(ctx)``; rows are printed as they are
+measured and written to BENCHMARKS.md (unless --no-report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from bench.core import Context, write_report
+
+# In the order they run; cheap ones first so a failure shows early.
+SCENARIOS: list[str] = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes: under 2 minutes")
+    parser.add_argument("--only", nargs="*", default=None, help="scenario names to run")
+    parser.add_argument("--out", default="BENCHMARKS.md", help="report file")
+    parser.add_argument("--no-report", action="store_true", help="print only")
+    args = parser.parse_args(argv)
+    names = args.only or SCENARIOS
+    unknown = sorted(set(names) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gleaner-bench-") as tmp:
+        ctx = Context(quick=args.quick, workdir=Path(tmp))
+        for name in names:
+            print(f"== {name}", flush=True)
+            module = importlib.import_module(f"bench.{name}")
+            module.run(ctx)
+    seconds = time.perf_counter() - started
+    command = "python -m bench" + (" --quick" if args.quick else "")
+    if not args.no_report:
+        write_report(Path(args.out), ctx.rows, command, seconds)
+    missed = [r for r in ctx.rows if r.met is False]
+    print(f"done in {seconds:.0f} s; {len(missed)} target(s) missed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
