@@ -19,7 +19,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from bench.core import Context, write_report
 
 # In the order they run; cheap ones first so a failure shows early.
-SCENARIOS: list[str] = []
+SCENARIOS: list[str] = ["cost", "startup"]
 
 
 def main(argv: list[str] | None = None) -> int:

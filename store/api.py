@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from store import forget, housekeeping, index, links, mem, notes, search
+from store import index, links, mem, notes, search
 from store.db import make_engine, migrate
 from store.errors import NotFound, StorageFailure, StoreError
 from store.schemas import LinkResult, Note, NoteWithLinks, SaveResult, Scope, SearchHit, WriteResult
 from store.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from store.housekeeping import DecayResult, DedupeResult
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -146,14 +149,20 @@ class Store:
 
     def forget_owner(self, principal: str) -> dict[str, int]:
         """Delete everything stored for an owner (notes, sessions, ledger, jobs)."""
-        return self._run(forget.forget_owner, principal)
+        from store.forget import forget_owner  # rare: not paid by every command's start-up
 
-    def decay(self, *, dry_run: bool = False) -> housekeeping.DecayResult:
+        return self._run(forget_owner, principal)
+
+    def decay(self, *, dry_run: bool = False) -> DecayResult:
         """Bring every note's recency weight up to date, in short batches (archiving if set)."""
+        from store import housekeeping
+
         return housekeeping.decay(self.transaction, self.settings, dry_run=dry_run)
 
-    def dedupe(self, *, dry_run: bool = False) -> housekeeping.DedupeResult:
+    def dedupe(self, *, dry_run: bool = False) -> DedupeResult:
         """Supersede near-duplicate notes changed since the last run; ``locked`` if one runs."""
+        from store import housekeeping
+
         return self._run(housekeeping.dedupe, self.settings, dry_run=dry_run)
 
 
