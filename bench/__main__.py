@@ -19,7 +19,19 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from bench.core import Context, write_report
 
 # In the order they run; cheap ones first so a failure shows early.
-SCENARIOS: list[str] = ["cost", "startup"]
+SCENARIOS: list[str] = [
+    "cost",
+    "startup",
+    # Store scenarios (4-7); decay and dedupe reuse the stores search builds.
+    "writes",
+    "search",
+    "decay",
+    "dedupe",
+    # Live pipeline and bulk import (1-3): workers, broker and a local model server.
+    "pipeline_instant",
+    "pipeline_slow",
+    "pipeline_import",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

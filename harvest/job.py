@@ -9,12 +9,12 @@ from sqlalchemy.orm import Session
 
 from harvest.candidate import NoteCandidate
 from harvest.errors import HarvestError
+from harvest.locks import transcript_lock
 from harvest.model import HarvestLLM, ModelOptions, extract
 from harvest.offline import offline_extract
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Transcript
 from store import (
-    InvalidInput,
     Scope,
     Settings,
     Store,
@@ -23,6 +23,7 @@ from store import (
     notes,
     strip_private,
 )
+from store.text import jaccard, similarity_terms
 
 # Bump when extraction changes enough that old transcripts deserve a new harvest.
 HARVESTER_VERSION = "1"
@@ -96,6 +97,106 @@ def run_extraction(
     )
 
 
+@dataclass
+class Plan:
+    """One transcript made ready to harvest: scope, redacted text, hash, and its report."""
+
+    scope: Scope
+    transcript: Transcript  # redacted
+    digest: str
+    version: str
+    provenance: str
+    report: TranscriptReport
+
+
+def plan_harvest(
+    settings: Settings, transcript: Transcript, *, owner: str | None, provenance: str
+) -> Plan:
+    """Check the provenance, resolve the owner and redact (HarvestError when one is bad)."""
+    if provenance not in PROVENANCES:
+        raise HarvestError(
+            f"provenance must be compaction or import, got {provenance!r}",
+            reason="bad_provenance",
+        )
+    name = resolve_owner(transcript, owner)
+    redacted = redact_transcript(transcript)
+    return Plan(
+        scope=Scope.owner(name),
+        transcript=redacted,
+        digest=transcript_hash(redacted),
+        version=harvester_version(settings),
+        provenance=provenance,
+        report=TranscriptReport(
+            conversation_id=transcript.conversation_id, owner=name, status="skipped"
+        ),
+    )
+
+
+def harvested_before(session: Session, plan: Plan) -> bool:
+    """True when the ledger says this scope already harvested this transcript."""
+    return ledger.already_harvested(session, plan.scope, plan.digest, plan.version)
+
+
+def extract_notes(
+    plan: Plan, settings: Settings, llm: HarvestLLM | None = None
+) -> Extraction | None:
+    """The model's candidates; None (and a ``failed`` report) when the model failed."""
+    try:
+        return run_extraction(plan.transcript, settings, llm)
+    except HarvestError as exc:
+        plan.report.status, plan.report.error = "failed", f"{exc.reason}: {exc}"
+        return None
+
+
+def record_harvest(session: Session, settings: Settings, plan: Plan, found: Extraction) -> None:
+    """Write the ledger row, then the notes, in the caller's transaction.
+
+    The ledger row goes first: when another worker recorded this transcript already, nothing
+    is written and the report stays ``skipped``.
+    """
+    transcript, report = plan.transcript, plan.report
+    entry = ledger.LedgerEntry(
+        transcript_hash=plan.digest,
+        harvester_version=plan.version,
+        conversation_id=transcript.conversation_id,
+        provenance=plan.provenance,
+        occurred_at=transcript.happened_at,
+        notes_written=0,
+        notes_updated=0,
+        notes_skipped=0,
+        items_dropped=found.dropped,
+        model=found.model,
+        model_calls=found.calls,
+        prompt_tokens=found.prompt_tokens,
+        completion_tokens=found.completion_tokens,
+    )
+    if not ledger.record(session, plan.scope, entry):
+        return  # another worker finished it first
+    report.status = "harvested"
+    report.items_dropped = found.dropped
+    report.model, report.model_calls = found.model, found.calls
+    report.prompt_tokens = found.prompt_tokens
+    report.completion_tokens = found.completion_tokens
+    write_candidates(
+        session,
+        settings,
+        plan.scope,
+        found.notes,
+        transcript=transcript,
+        provenance=plan.provenance,
+        report=report,
+    )
+    ledger.update_counts(
+        session,
+        plan.scope,
+        plan.digest,
+        plan.version,
+        written=report.notes_written,
+        updated=report.notes_updated,
+        skipped=report.notes_skipped,
+    )
+
+
 def harvest_transcript(
     store: Store,
     transcript: Transcript,
@@ -109,76 +210,19 @@ def harvest_transcript(
     The transcript is redacted before anything else sees it. A transcript this scope already
     harvested (same redacted text, same harvester) makes no model call and writes nothing.
     Model failures come back as a ``failed`` report with the reason; nothing is written then.
+    The (scope, transcript) lock makes a concurrent duplicate wait and then find the ledger
+    row instead of calling the model again.
     """
-    if provenance not in PROVENANCES:
-        raise HarvestError(
-            f"provenance must be compaction or import, got {provenance!r}",
-            reason="bad_provenance",
-        )
-    name = resolve_owner(transcript, owner)
-    scope = Scope.owner(name)
-    redacted = redact_transcript(transcript)
-    digest = transcript_hash(redacted)
-    version = harvester_version(store.settings)
-    report = TranscriptReport(
-        conversation_id=transcript.conversation_id, owner=name, status="skipped"
-    )
-
-    with store.engine.connect() as lock:
-        ledger.lock_transcript(lock, scope, digest)
-        try:
+    plan = plan_harvest(store.settings, transcript, owner=owner, provenance=provenance)
+    with transcript_lock(store.engine, plan.scope, plan.digest):
+        with store.transaction() as session:
+            if harvested_before(session, plan):
+                return plan.report
+        found = extract_notes(plan, store.settings, llm)
+        if found is not None:
             with store.transaction() as session:
-                if ledger.already_harvested(session, scope, digest, version):
-                    return report
-            try:
-                found = run_extraction(redacted, store.settings, llm)
-            except HarvestError as exc:
-                report.status, report.error = "failed", f"{exc.reason}: {exc}"
-                return report
-            with store.transaction() as session:
-                entry = ledger.LedgerEntry(
-                    transcript_hash=digest,
-                    harvester_version=version,
-                    conversation_id=transcript.conversation_id,
-                    provenance=provenance,
-                    occurred_at=transcript.happened_at,
-                    notes_written=0,
-                    notes_updated=0,
-                    notes_skipped=0,
-                    items_dropped=found.dropped,
-                    model=found.model,
-                    model_calls=found.calls,
-                    prompt_tokens=found.prompt_tokens,
-                    completion_tokens=found.completion_tokens,
-                )
-                if not ledger.record(session, scope, entry):
-                    return report  # another worker finished it first
-                report.status = "harvested"
-                report.items_dropped = found.dropped
-                report.model, report.model_calls = found.model, found.calls
-                report.prompt_tokens = found.prompt_tokens
-                report.completion_tokens = found.completion_tokens
-                write_candidates(
-                    session,
-                    store.settings,
-                    scope,
-                    found.notes,
-                    transcript=redacted,
-                    provenance=provenance,
-                    report=report,
-                )
-                ledger.update_counts(
-                    session,
-                    scope,
-                    digest,
-                    version,
-                    written=report.notes_written,
-                    updated=report.notes_updated,
-                    skipped=report.notes_skipped,
-                )
-        finally:
-            ledger.unlock_transcript(lock, scope, digest)
-    return report
+                record_harvest(session, store.settings, plan, found)
+    return plan.report
 
 
 def write_candidates(
@@ -197,8 +241,40 @@ def write_candidates(
     ``duplicate_threshold`` rewrites that note in place (``notes_updated``), unless the note
     is pinned or was written by a person (``user`` provenance): then the candidate is
     skipped, since harvested text never overrides them. A candidate with a topic key
-    upserts the note holding that key.
+    upserts the note holding that key. Candidates go through ``notes.write_batch`` in
+    segments that give the same outcome as writing them one by one.
     """
+    threshold = settings.duplicate_threshold
+    items: list[notes.BatchItem] = []
+    seen: list[frozenset[str]] = []  # term sets of this segment's candidates
+    targets: set[int] = set()  # notes this segment already rewrites
+
+    def flush() -> None:
+        for result in notes.write_batch(
+            session,
+            settings,
+            scope,
+            items,
+            provenance=provenance,
+            conversation_id=transcript.conversation_id,
+            occurred_at=transcript.happened_at,
+        ):
+            if result.outcome == "invalid":
+                report.items_dropped += 1  # e.g. a body over max_body_bytes: drop, keep the rest
+                continue
+            if result.outcome == "created":
+                report.notes_written += 1
+            else:
+                report.notes_updated += 1
+            report.slugs.append(str(result.slug))
+        items.clear()
+        seen.clear()
+        targets.clear()
+
+    def twin_of(title: str, topics: str) -> notes.Twin | None:
+        found = notes.similar_twins(session, scope, title, topics, threshold=threshold, limit=1)
+        return found[0] if found else None
+
     for candidate in candidates[: settings.harvest_max_facts]:
         if candidate.type not in settings.observation_types:
             report.items_dropped += 1
@@ -212,38 +288,27 @@ def write_candidates(
             "pinned": False,
         }
         if candidate.topic_key is None:
-            twins = notes.similar_notes(
-                session,
-                scope,
-                title,
-                normalize_topics(candidate.topics),
-                threshold=settings.duplicate_threshold,
-                limit=1,
-            )
-            if twins:
-                twin = notes.get(session, scope, twins[0].slug)
-                if twin is None or twin.pinned or twin.provenance == "user":
+            topic_string = normalize_topics(candidate.topics)
+            terms = similarity_terms(title, topic_string)
+            # A near-duplicate of an earlier candidate must see that one written, as
+            # one-by-one writes would: close the segment first.
+            if any(jaccard(terms, other) >= threshold for other in seen):
+                flush()
+            twin = twin_of(title, topic_string)
+            if twin is not None and twin.id in targets:
+                flush()  # that note is being rewritten: look again at what it becomes
+                twin = twin_of(title, topic_string)
+            if twin is not None:
+                if twin.pinned or twin.provenance == "user":
                     report.notes_skipped += 1
                     continue
                 attrs["slug"] = twin.slug
-        try:
-            result = notes.write(
-                session,
-                settings,
-                scope,
-                attrs,
-                conversation_id=transcript.conversation_id,
-                provenance=provenance,
-                note_type=candidate.type,
-                topic_key=candidate.topic_key,
-                occurred_at=transcript.happened_at,
-                with_similar=False,
-            )
-        except InvalidInput:
-            report.items_dropped += 1  # e.g. a body over max_body_bytes: drop, keep the rest
-            continue
-        if result.created:
-            report.notes_written += 1
-        else:
-            report.notes_updated += 1
-        report.slugs.append(result.memory.slug)
+                targets.add(twin.id)
+            seen.append(terms)
+        items.append(
+            notes.BatchItem(attrs=attrs, note_type=candidate.type, topic_key=candidate.topic_key)
+        )
+        if candidate.topic_key is not None:
+            flush()  # its upsert may rewrite any note: later lookups must see the result
+    if items:
+        flush()

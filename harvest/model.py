@@ -171,7 +171,24 @@ def _litellm() -> Any:
 
     # The "Give Feedback / Get Help" banner it prints on every exception is noise in a worker.
     litellm.suppress_debug_info = True
+    # Under a worker at INFO, litellm logged two lines per call (to stderr, which Celery
+    # turns into WARNING records): measurable per-call cost and log noise.
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     return litellm
+
+
+def warm_up(model: str) -> None:
+    """Pay the one-off costs of talking to ``model`` now: importing litellm (seconds), its
+    structured-output lookup and the tokenizer file.
+
+    A worker calls this in its parent process before forking, so every pool child (and every
+    child that replaces one after ``worker_max_tasks_per_child``) inherits them instead of
+    spending its first seconds importing.
+    """
+    _litellm()
+    _format_mode(model)
+    _encoding()
 
 
 def litellm_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:

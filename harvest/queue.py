@@ -10,8 +10,18 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from harvest.errors import HarvestError
-from harvest.job import harvest_transcript, resolve_owner
+from harvest.job import (
+    TranscriptReport,
+    extract_notes,
+    harvested_before,
+    plan_harvest,
+    record_harvest,
+    resolve_owner,
+)
+from harvest.locks import locks_for, transcript_key
 from harvest.redact import redact_transcript
 from harvest.transcript import Transcript
 from store import StorageFailure, Store, format_error
@@ -59,24 +69,63 @@ def run_job(store: Store, job_id: str) -> dict[str, Any] | None:
 
     A harvest failure (model error, bad transcript) marks the job failed with its reason; a
     database failure propagates so the queue can redeliver the message.
+
+    Two transactions in the usual case: the claim with the ledger check (a transcript already
+    harvested finishes right there, with no model call), then the notes, the ledger row and
+    the job's outcome together, so a job is ``done`` exactly when its notes are committed.
+    The (scope, transcript) lock is taken between them without a pooled connection (see
+    ``harvest.locks``); only when another worker holds it does the check wait for it in a
+    transaction of its own.
     """
-    with store.transaction() as session:
-        job = job_records.claim(session, job_id)
-    if job is None:
-        return None
+    locks = locks_for(store.engine)
+    key: int | None = None
     try:
-        transcript = Transcript.model_validate(job.transcript)
-        report = harvest_transcript(store, transcript, owner=job.owner, provenance=job.provenance)
-    except StorageFailure:
-        raise
-    except (HarvestError, ValueError) as exc:
         with store.transaction() as session:
-            job_records.fail(session, job_id, format_error(exc))
-        return {"status": "failed", "error": format_error(exc)}
+            job = job_records.claim(session, job_id)
+            if job is None:
+                return None
+            try:
+                plan = plan_harvest(
+                    store.settings,
+                    Transcript.model_validate(job.transcript),
+                    owner=job.owner,
+                    provenance=job.provenance,
+                )
+            except (HarvestError, ValueError) as exc:
+                job_records.fail(session, job_id, format_error(exc))
+                return {"status": "failed", "error": format_error(exc)}
+            wanted = transcript_key(plan.scope, plan.digest)
+            if locks.try_acquire(wanted):
+                key = wanted
+                if harvested_before(session, plan):
+                    return _record_outcome(session, job_id, plan.report)
+        if key is None:  # another worker is harvesting the same transcript: wait, look again
+            locks.acquire(wanted)
+            key = wanted
+            with store.transaction() as session:
+                if harvested_before(session, plan):
+                    return _record_outcome(session, job_id, plan.report)
+        try:
+            found = extract_notes(plan, store.settings)
+            with store.transaction() as session:
+                if found is not None:
+                    record_harvest(session, store.settings, plan, found)
+                return _record_outcome(session, job_id, plan.report)
+        except StorageFailure:
+            raise
+        except (HarvestError, ValueError) as exc:
+            with store.transaction() as session:
+                job_records.fail(session, job_id, format_error(exc))
+            return {"status": "failed", "error": format_error(exc)}
+    finally:
+        if key is not None:
+            locks.release(key)
+
+
+def _record_outcome(session: Session, job_id: str, report: TranscriptReport) -> dict[str, Any]:
     result = asdict(report)
-    with store.transaction() as session:
-        if report.status == "failed":
-            job_records.fail(session, job_id, report.error or "failed")
-        else:
-            job_records.finish(session, job_id, result)
+    if report.status == "failed":
+        job_records.fail(session, job_id, report.error or "failed")
+    else:
+        job_records.finish(session, job_id, result)
     return result

@@ -266,7 +266,7 @@ class DedupeResult(Frozen):
     seconds: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Row:
     """The columns dedupe needs of one live note."""
 
@@ -317,7 +317,8 @@ def similar_groups(
     Identical sets are grouped first (one group of many same-titled notes costs nothing).
     Terms are ordered rarest first within the input; each group indexes its prefix
     (``prefix_length``), and each changed group probes the index with its own, so only sets
-    sharing a rare term are scored. Empty sets match nothing.
+    sharing a rare term, of a size that can reach the threshold and with enough terms after
+    the first shared one (the positional filter), are scored. Empty sets match nothing.
     """
     by_terms: dict[frozenset[str], int] = {}
     groups: list[list[int]] = []
@@ -332,18 +333,26 @@ def similar_groups(
 
     frequency = Counter(term for key in keys for term in key)
     order = {term: n for n, term in enumerate(sorted(frequency, key=lambda t: (frequency[t], t)))}
-    prefixes = [sorted(order[t] for t in key)[: prefix_length(len(key), threshold)] for key in keys]
+    rank = order.__getitem__
+    prefixes = [sorted(map(rank, key))[: prefix_length(len(key), threshold)] for key in keys]
+    sizes = [len(key) for key in keys]
+    # Index entries are bucketed by (set size, position in its prefix), so whole buckets are
+    # skipped by the size filter and the positional filter below without touching a member.
+    index: defaultdict[int, defaultdict[tuple[int, int], list[int]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     # Probe, then insert: unchanged groups are indexed up front and each changed group joins
     # after probing, so every pair is met once and two unchanged groups never meet.
-    index: defaultdict[int, list[int]] = defaultdict(list)
     for group, prefix in enumerate(prefixes):
         if not touched[group]:
-            for token in prefix:
-                index[token].append(group)
+            for position, token in enumerate(prefix):
+                index[token][(sizes[group], position)].append(group)
 
-    sizes = [len(key) for key in keys]
     edges: defaultdict[int, list[tuple[int, float]]] = defaultdict(list)
     checked = 0
+    # J(A, B) >= t  <=>  |A & B| >= t / (1 + t) * (|A| + |B|).
+    share = threshold / (1 + threshold)
+    needed: dict[tuple[int, int], int] = {}
     for a, key in enumerate(keys):
         if not touched[a]:
             continue
@@ -353,20 +362,28 @@ def similar_groups(
         size = sizes[a]
         low, high = threshold * size - FLOAT_SLACK, (size + FLOAT_SLACK) / threshold
         candidates: set[int] = set()
-        for token in prefixes[a]:
-            candidates.update(index[token])
+        for i, token in enumerate(prefixes[a]):
+            for (other, j), members in index[token].items():
+                if not low <= other <= high:
+                    continue
+                need = needed.get((size, other))
+                if need is None:
+                    need = needed[(size, other)] = math.ceil(share * (size + other) - FLOAT_SLACK)
+                # Positional filter (PPJoin): a pair at the threshold meets first at its first
+                # shared term, and shares at most that one plus what follows it in each set.
+                if 1 + min(size - i - 1, other - j - 1) >= need:
+                    candidates.update(members)
         for b in candidates:
-            if low <= sizes[b] <= high:
-                checked += 1
-                # Exactly store.text.jaccard (|A | B| = |A| + |B| - |A & B|), without
-                # building the union set: this is the hot loop.
-                shared = len(key & keys[b])
-                score = shared / (size + sizes[b] - shared)
-                if score >= threshold:
-                    edges[a].append((b, score))
-                    edges[b].append((a, score))
-        for token in prefixes[a]:
-            index[token].append(a)
+            checked += 1
+            # Exactly store.text.jaccard (|A | B| = |A| + |B| - |A & B|), without building
+            # the union set: this is the hot loop.
+            shared = len(key & keys[b])
+            score = shared / (size + sizes[b] - shared)
+            if score >= threshold:
+                edges[a].append((b, score))
+                edges[b].append((a, score))
+        for position, token in enumerate(prefixes[a]):
+            index[token][(size, position)].append(a)
     return Candidates(
         groups=groups, edges={g: sorted(found) for g, found in edges.items()}, checked=checked
     )
@@ -404,7 +421,8 @@ def _choose_keepers(rows: Sequence[_Row], found: Candidates) -> list[tuple[int, 
 
 
 def _load_scope(session: Session, scope: Scope) -> list[_Row]:
-    rows = session.execute(
+    # Straight through the connection: plain rows, none of the ORM's per-statement work.
+    rows = session.connection().execute(
         select(
             Memory.id,
             Memory.slug,

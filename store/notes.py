@@ -7,12 +7,23 @@ owned by the caller (``Store`` for single calls, the harvest job for a batch).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import (
+    Integer,
+    Table,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -36,6 +47,8 @@ MAX_TITLE_BYTES = 1_000
 SIMILAR_LIMIT = 5
 # More attempts than this at a free slug means something is wrong, not a race.
 MAX_WRITE_ATTEMPTS = 100
+# Keys per IN (...) list, well under SQLite's bound-parameter limit.
+ID_CHUNK = 500
 
 Outcome = Literal["created", "updated", "deduped"]
 
@@ -172,20 +185,58 @@ def next_seq(session: Session) -> int:
     return int(current or 0) + 1
 
 
-def _insert_ignoring_conflicts(session: Session, values: dict[str, Any]) -> int | None:
-    """INSERT ... ON CONFLICT DO NOTHING RETURNING id: the id, or None when a unique key is taken.
-
-    On PostgreSQL a conflicting insert still in flight is waited for, so the loser sees the
-    winner's row once this returns None.
-    """
+def _dialect_insert(session: Session, table: Any) -> Any:
+    """The dialect's INSERT (with ON CONFLICT support) for ``table``."""
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
-        stmt: Any = postgresql.insert(Memory).values(**values).on_conflict_do_nothing()
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(Memory).values(**values).on_conflict_do_nothing()
-    else:  # pragma: no cover - the engine factory only builds the two
-        stmt = insert(Memory).values(**values)
-    return session.execute(stmt.returning(Memory.id)).scalar_one_or_none()
+        return postgresql.insert(table)
+    if dialect == "sqlite":
+        return sqlite.insert(table)
+    return insert(table)  # pragma: no cover - the engine factory only builds the two
+
+
+def seq_expression(session: Session) -> Any:
+    """SQL for the next ``updated_seq``, inlined into an INSERT: no round trip of its own."""
+    if session.get_bind().dialect.name == "postgresql":
+        return func.nextval("memories_updated_seq_seq")
+    # SQLite transactions are BEGIN IMMEDIATE: no other writer runs between read and write.
+    return select(func.coalesce(func.max(Memory.updated_seq), 0) + 1).scalar_subquery()
+
+
+def next_seqs(session: Session, count: int) -> list[int]:
+    """``count`` new ``updated_seq`` values, ascending, in one statement."""
+    if count <= 0:
+        return []
+    if session.get_bind().dialect.name == "postgresql":
+        values = session.execute(
+            text("SELECT nextval('memories_updated_seq_seq') FROM generate_series(1, :n)"),
+            {"n": count},
+        ).scalars()
+        return sorted(int(v) for v in values)
+    first = next_seq(session)
+    return list(range(first, first + count))
+
+
+_INSERTS: dict[str, Any] = {}
+
+
+def _insert_ignoring_conflicts(session: Session, values: dict[str, Any]) -> Memory | None:
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING the row, or None when a unique key is taken.
+
+    ``updated_seq`` is computed in the statement (``seq_expression``). The statement is built
+    once per dialect; only the values change. On PostgreSQL a conflicting insert still in
+    flight is waited for, so the loser sees the winner's row once this returns None.
+    """
+    dialect = session.get_bind().dialect.name
+    stmt = _INSERTS.get(dialect)
+    if stmt is None:
+        stmt = _dialect_insert(session, Memory).values(updated_seq=seq_expression(session))
+        if hasattr(stmt, "on_conflict_do_nothing"):
+            stmt = stmt.on_conflict_do_nothing()
+        stmt = _INSERTS[dialect] = stmt.returning(Memory)
+    return session.execute(
+        stmt, values, execution_options={"populate_existing": True}
+    ).scalar_one_or_none()
 
 
 def _next_free_slug(session: Session, scope: Scope, base: str) -> str:
@@ -239,6 +290,7 @@ def save_note(
     """
     now = utcnow()
     digest = content_hash(draft.body)
+    terms = sorted(similarity_terms(draft.title, draft.topics))
     fields: dict[str, Any] = {
         "title": draft.title,
         "body": draft.body,
@@ -249,6 +301,7 @@ def save_note(
         "provenance": provenance,
         "content_hash": digest,
         "updated_at": now,
+        "term_count": len(terms),
     }
     if note_type is not None:
         fields["type"] = note_type
@@ -261,6 +314,7 @@ def save_note(
     candidate = base_slug
 
     for _ in range(MAX_WRITE_ATTEMPTS):
+        # A derived slug never overwrites: no lookup, the insert below is the whole write.
         existing = _by_key(session, scope, **key) if key else None
         if existing is not None:
             for name, value in fields.items():
@@ -275,9 +329,9 @@ def save_note(
                 existing.status = LIVE  # rewritten: fresh again (a superseded note stays so)
             existing.updated_seq = next_seq(session)
             session.flush()
-            _index_terms(session, existing)
+            _index_terms(session, existing.id, scope, terms, replace=True)
             return existing, "updated"
-        new_id = _insert_ignoring_conflicts(
+        row = _insert_ignoring_conflicts(
             session,
             {
                 **fields,
@@ -290,21 +344,20 @@ def save_note(
                 "conversation_id": conversation_id,
                 "occurred_at": occurred_at,
                 "created_at": now,
-                "updated_seq": next_seq(session),
                 "status": LIVE,
             },
         )
-        if new_id is not None:
-            row = session.get(Memory, new_id, populate_existing=True)
-            assert row is not None
-            _index_terms(session, row)
+        if row is not None:
+            _index_terms(session, row.id, scope, terms, replace=False)
             return row, "created"
-        if key:
-            continue  # the keyed row appeared meanwhile: update it on the next pass
+        if draft.slug is not None:
+            continue  # the slug's row appeared meanwhile: update it on the next pass
         if session_id is not None and topic_key is None:
             twin = _by_key(session, scope, session_id=session_id, content_hash=digest)
             if twin is not None:
                 return twin, "deduped"
+        # The derived slug is taken (or, with a topic key, the keyed row appeared: the next
+        # pass finds and updates it).
         candidate = _next_free_slug(session, scope, base_slug)
     raise StorageFailure(
         f"could not find a free slug for {base_slug!r} after {MAX_WRITE_ATTEMPTS} attempts",
@@ -312,24 +365,84 @@ def save_note(
     )
 
 
-def _index_terms(session: Session, row: Memory) -> None:
-    """Replace the note's rows in the term index (same transaction as the write)."""
-    terms = sorted(similarity_terms(row.title, row.topics))
-    session.execute(delete(MemoryTerm).where(MemoryTerm.memory_id == row.id))
+def _index_terms(
+    session: Session, memory_id: int, scope: Scope, terms: Sequence[str], *, replace: bool
+) -> None:
+    """Write the note's rows in the term index (same transaction as the write).
+
+    ``replace`` drops its old rows first; a fresh insert has none.
+    """
+    if replace:
+        session.execute(delete(MemoryTerm).where(MemoryTerm.memory_id == memory_id))
     if terms:
         session.execute(
             insert(MemoryTerm),
             [
                 {
-                    "memory_id": row.id,
+                    "memory_id": memory_id,
                     "term": term,
-                    "scope_kind": row.scope_kind,
-                    "scope_id": row.scope_id,
+                    "scope_kind": scope.kind,
+                    "scope_id": scope.id,
                 }
                 for term in terms
             ],
         )
-    row.term_count = len(terms)
+
+
+@dataclass(frozen=True)
+class Twin:
+    """A live note similar to a candidate, with what harvest's dedup policy needs of it."""
+
+    id: int
+    slug: str
+    title: str
+    score: float
+    pinned: bool
+    provenance: str
+
+
+def _similar_statement() -> Any:
+    """The similarity query, built once: only its parameters change from call to call.
+
+    Shared terms are counted in the term index alone, then only the notes that qualify are
+    fetched.
+    """
+    groups = (
+        select(MemoryTerm.memory_id, func.count().label("shared"))
+        .where(
+            MemoryTerm.scope_kind == bindparam("kind"),
+            MemoryTerm.scope_id == bindparam("sid"),
+            MemoryTerm.term.in_(bindparam("terms", expanding=True)),
+        )
+        .group_by(MemoryTerm.memory_id)
+        .having(func.count() >= bindparam("min_shared", type_=Integer))
+        # Materialized: the planner must count in the term index first; flattened into the
+        # join it may scan every note of the scope and probe the index once per note.
+        .cte("shared_terms")
+        .prefix_with("MATERIALIZED")
+    )
+    shared = groups.c.shared
+    return (
+        select(
+            Memory.id,
+            Memory.slug,
+            Memory.title,
+            shared,
+            Memory.term_count,
+            Memory.pinned,
+            Memory.provenance,
+        )
+        .join(groups, groups.c.memory_id == Memory.id)
+        .where(Memory.status == LIVE, Memory.id != bindparam("exclude", type_=Integer))
+        .order_by(
+            (shared * 1.0 / (bindparam("a", type_=Integer) + Memory.term_count - shared)).desc(),
+            Memory.slug,
+        )
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+_SIMILAR = _similar_statement()
 
 
 def similar_notes(
@@ -342,7 +455,32 @@ def similar_notes(
     exclude_id: int | None = None,
     limit: int = SIMILAR_LIMIT,
 ) -> list[Similar]:
-    """Live notes of the scope whose title+topic Jaccard score reaches ``threshold``, best first.
+    """Live notes of the scope whose title+topic Jaccard score reaches ``threshold``, best first."""
+    return [
+        Similar(slug=t.slug, title=t.title, score=t.score)
+        for t in similar_twins(
+            session,
+            scope,
+            title,
+            topic_string,
+            threshold=threshold,
+            exclude_id=exclude_id,
+            limit=limit,
+        )
+    ]
+
+
+def similar_twins(
+    session: Session,
+    scope: Scope,
+    title: str,
+    topic_string: str,
+    *,
+    threshold: float,
+    exclude_id: int | None = None,
+    limit: int = SIMILAR_LIMIT,
+) -> list[Twin]:
+    """``similar_notes`` with each note's id, ``pinned`` and ``provenance``.
 
     The term index does the work in SQL: a note sharing ``s`` of this note's ``a`` terms and
     having ``b`` of its own scores ``s / (a + b - s)``; one with a score of ``t`` or more shares
@@ -352,27 +490,32 @@ def similar_notes(
     if not mine:
         return []
     a = len(mine)
-    shared = func.count().label("shared")
     rows = session.execute(
-        select(Memory.slug, Memory.title, shared, Memory.term_count)
-        .join(MemoryTerm, MemoryTerm.memory_id == Memory.id)
-        .where(
-            MemoryTerm.scope_kind == scope.kind,
-            MemoryTerm.scope_id == scope.id,
-            MemoryTerm.term.in_(sorted(mine)),
-            Memory.status == LIVE,
-            Memory.id != (exclude_id if exclude_id is not None else -1),
-        )
-        .group_by(Memory.id, Memory.slug, Memory.title, Memory.term_count)
-        .having(func.count() >= max(1, math.ceil(threshold * a - 1e-9)))
-        .order_by((shared * 1.0 / (a + Memory.term_count - shared)).desc(), Memory.slug)
-        .limit(limit)
+        _SIMILAR,
+        {
+            "kind": scope.kind,
+            "sid": scope.id,
+            "terms": sorted(mine),
+            "min_shared": max(1, math.ceil(threshold * a - 1e-9)),
+            "a": a,
+            "exclude": exclude_id if exclude_id is not None else -1,
+            "limit": limit,
+        },
     ).all()
     found = []
-    for slug, other_title, common, size in rows:
+    for note_id, slug, other_title, common, size, pinned, provenance in rows:
         score = common / (a + size - common)
         if score >= threshold - 1e-9:
-            found.append(Similar(slug=slug, title=other_title, score=round(score, 4)))
+            found.append(
+                Twin(
+                    id=int(note_id),
+                    slug=slug,
+                    title=other_title,
+                    score=round(score, 4),
+                    pinned=bool(pinned),
+                    provenance=provenance,
+                )
+            )
     return found
 
 
@@ -446,3 +589,303 @@ def fingerprint(session: Session, scope: Scope | tuple[str, str]) -> tuple[int, 
     ).scalar_one()
     top = session.execute(select(func.max(Memory.updated_seq)).where(*in_scope)).scalar_one()
     return int(count), int(top or 0)
+
+
+# Batch writes --------------------------------------------------------------------------------
+
+# Rows per multi-row INSERT: well under SQLite's bound-parameter limit (25 columns a row).
+BATCH_CHUNK = 400
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One note of a batch: its attrs and, for typed notes, its type and topic key."""
+
+    attrs: Mapping[str, object]
+    note_type: str | None = None
+    topic_key: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What became of one batch item: ``created``/``updated`` with the note, or ``invalid``."""
+
+    outcome: Literal["created", "updated", "invalid"]
+    slug: str | None = None
+    id: int | None = None
+    error: InvalidInput | None = None
+
+
+@dataclass(eq=False)
+class _Op:
+    """One row the batch writes: an update of ``row_id`` or, without one, an insert."""
+
+    slug: str
+    values: dict[str, Any]
+    items: list[tuple[int, Draft, BatchItem]]
+    row_id: int | None = None
+    revive: bool = False  # an archived note rewritten is live again
+    inserted: bool = False
+
+
+def write_batch(
+    session: Session,
+    settings: Settings,
+    scope: Scope | tuple[str, str],
+    items: Sequence[BatchItem],
+    *,
+    provenance: str | None = None,
+    conversation_id: str | None = None,
+    occurred_at: datetime | None = None,
+    allow_pin_untrusted: bool = False,
+) -> list[BatchResult]:
+    """Write ``items`` as if by one ``write`` call each, in order, in a handful of statements.
+
+    Every write rule holds per item (an invalid item is reported ``invalid`` and the rest are
+    written); items interact as sequential writes would: a derived slug skips the slugs of
+    earlier items, an explicit slug or topic key upserts an earlier item's note. The caller
+    owns the transaction. ``similar`` is not computed. A unique key taken by a concurrent
+    writer between the lookup and the insert sends that item through ``save_note``.
+    """
+    scope = Scope.of(scope)
+    if conversation_id is not None:
+        conversation_id = check_text(conversation_id, "conversation_id", max_bytes=255)
+    results: list[BatchResult | None] = [None] * len(items)
+    valid: list[tuple[int, Draft, BatchItem, str]] = []
+    for n, item in enumerate(items):
+        try:
+            draft = validate_attrs(item.attrs, settings)
+            resolved = resolve_provenance(provenance, draft.source)
+            check_pin(draft, resolved, allow_pin_untrusted=allow_pin_untrusted)
+            if item.topic_key is not None:
+                check_text(item.topic_key, "topic_key", max_bytes=255)
+        except InvalidInput as exc:
+            results[n] = BatchResult(outcome="invalid", error=exc)
+            continue
+        valid.append((n, draft, item, resolved))
+    if not valid:
+        return [r for r in results if r is not None]
+
+    ops = _plan(session, scope, valid, conversation_id, occurred_at)
+    for op, seq in zip(ops, next_seqs(session, len(ops)), strict=True):
+        op.values["updated_seq"] = seq
+    retry = _apply(session, scope, ops)
+    for op in ops:
+        if op in retry:
+            continue
+        for position, (n, _draft, _item) in enumerate(op.items):
+            created = position == 0 and op.inserted
+            results[n] = BatchResult(
+                outcome="created" if created else "updated", slug=op.slug, id=op.row_id
+            )
+    # Lost a race for a unique key: replay those items one by one (rare).
+    for op in retry:
+        for n, draft, item in op.items:
+            row, outcome = save_note(
+                session,
+                settings,
+                scope,
+                draft,
+                provenance=str(op.values["provenance"]),
+                conversation_id=conversation_id,
+                note_type=item.note_type,
+                topic_key=item.topic_key,
+                occurred_at=occurred_at,
+            )
+            results[n] = BatchResult(
+                outcome="updated" if outcome == "updated" else "created", slug=row.slug, id=row.id
+            )
+    return [r for r in results if r is not None]
+
+
+def _plan(
+    session: Session,
+    scope: Scope,
+    valid: Sequence[tuple[int, Draft, BatchItem, str]],
+    conversation_id: str | None,
+    occurred_at: datetime | None,
+) -> list[_Op]:
+    """The rows to write, simulating the items' single writes in order."""
+    by_slug_row, by_topic_row, taken = _batch_lookup(session, scope, valid)
+    now = utcnow()
+    ops: list[_Op] = []
+    by_slug: dict[str, _Op] = {}
+    by_topic: dict[str, _Op] = {}
+    by_row: dict[int, _Op] = {}
+
+    def update_op(row_id: int, slug: str, status: str) -> _Op:
+        if row_id not in by_row:
+            by_row[row_id] = _Op(slug, {}, [], row_id=row_id, revive=status == ARCHIVED)
+            ops.append(by_row[row_id])
+        return by_row[row_id]
+
+    for n, draft, item, resolved in valid:
+        values: dict[str, Any] = {
+            "title": draft.title,
+            "body": draft.body,
+            "topics": draft.topics,
+            "pinned": draft.pinned,
+            "confidence": draft.confidence,
+            "source": draft.source,
+            "provenance": resolved,
+            "content_hash": content_hash(draft.body),
+            "updated_at": now,
+            "term_count": len(similarity_terms(draft.title, draft.topics)),
+        }
+        if item.note_type is not None:
+            values["type"] = item.note_type
+        if conversation_id is not None:
+            values["conversation_id"] = conversation_id
+        if occurred_at is not None:
+            values["occurred_at"] = occurred_at
+        target: _Op | None = None
+        if draft.slug is not None:
+            target = by_slug.get(draft.slug)
+            if target is None and draft.slug in by_slug_row:
+                target = update_op(*by_slug_row[draft.slug])
+                by_slug[draft.slug] = target
+        elif item.topic_key is not None:
+            target = by_topic.get(item.topic_key)
+            if target is None and item.topic_key in by_topic_row:
+                target = update_op(*by_topic_row[item.topic_key])
+                by_topic[item.topic_key] = by_slug[target.slug] = target
+        if target is not None:
+            target.values.update(values)  # the later write wins, as in sequence
+            target.items.append((n, draft, item))
+            continue
+        slug = draft.slug if draft.slug is not None else _free_slug(slugify(draft.title), taken)
+        taken.add(slug)
+        op = _Op(
+            slug,
+            {
+                **values,
+                "type": item.note_type,
+                "topic_key": item.topic_key,
+                "conversation_id": conversation_id,
+                "occurred_at": occurred_at,
+            },
+            [(n, draft, item)],
+            inserted=True,
+        )
+        ops.append(op)
+        by_slug[slug] = op
+        if item.topic_key is not None:
+            by_topic.setdefault(item.topic_key, op)
+    return ops
+
+
+def _apply(session: Session, scope: Scope, ops: list[_Op]) -> list[_Op]:
+    """Write the planned rows and their terms; return the inserts a concurrent writer beat."""
+    now = utcnow()
+    updates = [op for op in ops if not op.inserted]
+    if updates:
+        session.execute(
+            update(Memory).execution_options(synchronize_session=False),
+            [
+                {"id": op.row_id, **op.values, **({"status": LIVE} if op.revive else {})}
+                for op in updates
+            ],
+        )
+        session.execute(
+            delete(MemoryTerm).where(MemoryTerm.memory_id.in_([op.row_id for op in updates]))
+        )
+    inserts = [op for op in ops if op.inserted]
+    retry: list[_Op] = []
+    for start in range(0, len(inserts), BATCH_CHUNK):
+        chunk = inserts[start : start + BATCH_CHUNK]
+        rows = [
+            {
+                **op.values,
+                "scope_kind": scope.kind,
+                "scope_id": scope.id,
+                "slug": op.slug,
+                "session_id": None,
+                "superseded_by_id": None,
+                "created_at": now,
+                "status": LIVE,
+                "weight": 1.0,
+            }
+            for op in chunk
+        ]
+        # executemany with RETURNING: one compiled statement, sent as multi-row INSERTs.
+        stmt = _dialect_insert(session, Memory.__table__)
+        if hasattr(stmt, "on_conflict_do_nothing"):
+            stmt = stmt.on_conflict_do_nothing()
+        ids = {
+            slug: int(row_id)
+            for row_id, slug in session.execute(stmt.returning(Memory.id, Memory.slug), rows)
+            if row_id is not None
+        }
+        for op in chunk:
+            if op.slug in ids:
+                op.row_id = ids[op.slug]
+            else:
+                retry.append(op)
+    term_rows = [
+        {"memory_id": op.row_id, "term": term, "scope_kind": scope.kind, "scope_id": scope.id}
+        for op in ops
+        if op not in retry
+        for term in sorted(similarity_terms(op.values["title"], op.values["topics"]))
+    ]
+    if term_rows:
+        session.execute(insert(cast(Table, MemoryTerm.__table__)), term_rows)
+    return retry
+
+
+def _free_slug(base: str, taken: set[str]) -> str:
+    if base not in taken:
+        return base
+    n = 2
+    while f"{base}-{n}" in taken:
+        n += 1
+    return f"{base}-{n}"
+
+
+def _batch_lookup(
+    session: Session, scope: Scope, valid: Sequence[tuple[int, Draft, BatchItem, str]]
+) -> tuple[dict[str, tuple[int, str, str]], dict[str, tuple[int, str, str]], set[str]]:
+    """The scope's rows holding the batch's explicit slugs and topic keys (locked, as
+    ``_by_key`` does), and every slug taken among the derived bases and their ``-N`` forms."""
+    explicit = sorted({d.slug for _, d, _, _ in valid if d.slug is not None})
+    keys = sorted({i.topic_key for _, d, i, _ in valid if d.slug is None and i.topic_key})
+    bases = sorted({slugify(d.title) for _, d, _, _ in valid if d.slug is None})
+    in_scope = (Memory.scope_kind == scope.kind, Memory.scope_id == scope.id)
+    by_slug: dict[str, tuple[int, str, str]] = {}
+    by_topic: dict[str, tuple[int, str, str]] = {}
+    for column, wanted, found in (
+        (Memory.slug, explicit, by_slug),
+        (Memory.topic_key, keys, by_topic),
+    ):
+        for start in range(0, len(wanted), ID_CHUNK):
+            rows = session.execute(
+                select(Memory.id, Memory.slug, Memory.status, column)
+                .where(*in_scope, column.in_(wanted[start : start + ID_CHUNK]))
+                .order_by(Memory.id)
+                .with_for_update()
+            )
+            for row_id, slug, status, value in rows:
+                found[str(value)] = (int(row_id), slug, status)
+    taken: set[str] = set(by_slug)
+    # Most bases are free: look them up exactly (an index probe each), and only for the
+    # taken ones list their -N forms.
+    busy: set[str] = set()
+    for start in range(0, len(bases), ID_CHUNK):
+        busy.update(
+            session.execute(
+                select(Memory.slug).where(
+                    *in_scope, Memory.slug.in_(bases[start : start + ID_CHUNK])
+                )
+            ).scalars()
+        )
+    taken |= busy
+    crowded = sorted(busy)
+    for start in range(0, len(crowded), 50):
+        chunk = crowded[start : start + 50]
+        taken.update(
+            session.execute(
+                select(Memory.slug).where(
+                    *in_scope, or_(*(Memory.slug.like(f"{b}-%") for b in chunk))
+                )
+            ).scalars()
+        )
+    return by_slug, by_topic, taken

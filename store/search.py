@@ -7,13 +7,17 @@
 ``r`` is ``ts_rank_cd`` on PostgreSQL and ``-bm25`` on SQLite FTS5 (title weighs 10, topics 5,
 body 1). The LIKE fallback, used when the engine cannot use the query (no word in it, only
 stop words, or a parse error), scores the share of query words found. Only live notes match.
+
+The score is computed for a bounded candidate set: the newest ``RANK_CANDIDATES`` matches of
+the scope (by ``updated_seq`` on PostgreSQL, by note id on SQLite); the top ``limit`` of those
+by the formula is returned. A scope with fewer matches is ranked in full.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Row, select, text
+from sqlalchemy import BigInteger, Float, Row, TextClause, column, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -37,8 +41,16 @@ def _params(settings: Settings, scope: Scope, limit: int) -> dict[str, Any]:
         "half": settings.half_life_days,
         "bonus": settings.pinned_bonus,
         "limit": limit,
+        "candidates": RANK_CANDIDATES,
     }
 
+
+# Only the newest RANK_CANDIDATES matches are ranked: a common word in a large scope matches
+# tens of thousands of notes, and fetching and ranking each one costs far more than the query.
+# For a common query the planner walks the scope's notes newest first and stops after that
+# many matches; for a rarer one the scoped GIN index (scope_id, search_vector) yields the
+# scope's matches alone. ts_rank_cd runs only on the candidates.
+RANK_CANDIDATES = 100
 
 _PG_FTS = text(
     """
@@ -49,14 +61,26 @@ _PG_FTS = text(
                ts_rank_cd(m.search_vector, q, 32) AS lexical,
                power(0.5, least(extract(epoch FROM (now() - m.updated_at)) / 86400.0 / :half, 1000))
                    AS recency
-        FROM memories m, websearch_to_tsquery('english', :q) q
-        WHERE m.scope_kind = :kind AND m.scope_id = :sid AND m.status = :live
-          AND m.search_vector @@ q
+        FROM (
+            SELECT c.id
+            FROM memories c
+            WHERE c.scope_kind = :kind AND c.scope_id = :sid AND c.status = :live
+              AND c.search_vector @@ websearch_to_tsquery('english', :q)
+            ORDER BY c.updated_seq DESC
+            LIMIT :candidates
+        ) newest
+        JOIN memories m ON m.id = newest.id,
+        websearch_to_tsquery('english', :q) q
     ) ranked
     ORDER BY score DESC, id DESC
     LIMIT :limit
     """
 )
+
+# FTS5 hands matches out by rowid (the note id, so creation order) and stops after the newest
+# RANK_CANDIDATES in the scope; bm25 is computed only for those.
+_PG_CUSTOM_PLAN = text("SET LOCAL plan_cache_mode = force_custom_plan")
+_PG_EMPTY = text("SELECT numnode(websearch_to_tsquery('english', :q)) = 0")
 
 _SQLITE_FTS = text(
     """
@@ -71,6 +95,8 @@ _SQLITE_FTS = text(
         FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid
         WHERE memories_fts MATCH :q
           AND m.scope_kind = :kind AND m.scope_id = :sid AND m.status = :live
+        ORDER BY memories_fts.rowid DESC
+        LIMIT :candidates
     ) ranked
     ORDER BY score DESC, id DESC
     LIMIT :limit
@@ -83,9 +109,9 @@ def _fts5_query(tokens: list[str]) -> str:
     return " ".join('"' + token.replace('"', '""') + '"' for token in tokens)
 
 
-def _like_rows(
+def _like_query(
     session: Session, settings: Settings, scope: Scope, needles: list[str], limit: int
-) -> list[Row[Any]]:
+) -> tuple[TextClause, dict[str, Any]]:
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
         # Capped at 1000 half-lives: PostgreSQL's power() raises on underflow.
@@ -120,7 +146,25 @@ def _like_rows(
         ORDER BY score DESC, id DESC
         LIMIT :limit
     """  # noqa: S608 - only generated placeholders are interpolated; values are bound
-    return list(session.execute(text(sql), params).all())
+    return text(sql), params
+
+
+def _ranked(session: Session, sql: TextClause, params: dict[str, Any]) -> list[Row[Any]]:
+    """The notes the ranking query picks, loaded with their scores in the same round trip."""
+    ranked = sql.columns(
+        column("id", BigInteger),
+        column("lexical", Float),
+        column("recency", Float),
+        column("score", Float),
+    ).subquery("ranked")
+    return list(
+        session.execute(
+            select(Memory, ranked.c.lexical, ranked.c.recency, ranked.c.score)
+            .join(ranked, Memory.id == ranked.c.id)
+            .order_by(ranked.c.score.desc(), ranked.c.id.desc()),
+            params,
+        ).all()
+    )
 
 
 def search(
@@ -145,35 +189,32 @@ def search(
         params = _params(settings, scope, limit)
         if dialect == "postgresql":
             params["q"] = " ".join(tokens)
-            empty = session.execute(
-                text("SELECT numnode(websearch_to_tsquery('english', :q)) = 0"), params
-            ).scalar_one()
-            if not empty:  # only stop words: nothing for full text to match on
-                rows, backend = list(session.execute(_PG_FTS, params).all()), "postgres-fts"
+            # The driver prepares a statement run often, and PostgreSQL may then settle on one
+            # generic plan; the best plan here depends on how common the words are.
+            session.execute(_PG_CUSTOM_PLAN)
+            rows, backend = _ranked(session, _PG_FTS, params), "postgres-fts"
+            # No hit may mean only stop words: nothing for full text to match on.
+            if not rows and session.execute(_PG_EMPTY, params).scalar_one():
+                rows, backend = None, "like"
         else:
             params["q"] = _fts5_query(tokens)
             try:
                 with session.begin_nested():
-                    rows = list(session.execute(_SQLITE_FTS, params).all())
+                    rows = _ranked(session, _SQLITE_FTS, params)
                 backend = "sqlite-fts5"
             except OperationalError:
-                rows = None  # the engine could not parse it: fall back to LIKE
+                rows, backend = None, "like"  # the engine could not parse it: use LIKE
     if rows is None:
-        rows = _like_rows(session, settings, scope, tokens or [query.strip()], limit)
-    by_id = {
-        row.id: row
-        for row in session.execute(
-            select(Memory).where(Memory.id.in_([r.id for r in rows]))
-        ).scalars()
-    }
+        sql, params = _like_query(session, settings, scope, tokens or [query.strip()], limit)
+        rows = _ranked(session, sql, params)
     return [
         SearchHit(
-            memory=Note.from_row(by_id[r.id]),
-            score=round(float(r.score), 6),
-            lexical=round(float(r.lexical), 6),
-            recency=round(float(r.recency), 6),
-            snippet=snippet(by_id[r.id].body, tokens),
+            memory=Note.from_row(memory),
+            score=round(float(score), 6),
+            lexical=round(float(lexical), 6),
+            recency=round(float(recency), 6),
+            snippet=snippet(memory.body, tokens),
             backend=backend,
         )
-        for r in rows
+        for memory, lexical, recency, score in (tuple(row) for row in rows)
     ]

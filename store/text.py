@@ -106,6 +106,7 @@ def words(text: str) -> list[str]:
 
 
 MAX_TERM_CHARS = 64
+_TERM = re.compile(rf"\b\w{{1,{MAX_TERM_CHARS}}}\b", re.UNICODE)
 
 
 def similarity_terms(title: str, topic_string: str) -> frozenset[str]:
@@ -114,8 +115,9 @@ def similarity_terms(title: str, topic_string: str) -> frozenset[str]:
     Words over 64 characters (hashes, blobs) are left out, so the set stored in the term
     index is exactly the set compared.
     """
-    found = words(title) + words(topic_string.replace("-", " "))
-    return frozenset(w for w in found if len(w) <= MAX_TERM_CHARS)
+    # One pass over both (a space keeps their words apart), and only whole words of at most
+    # MAX_TERM_CHARS match: housekeeping calls this for every note it scans.
+    return frozenset(_TERM.findall(f"{title} {topic_string.replace('-', ' ')}".lower()))
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:

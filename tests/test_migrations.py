@@ -21,6 +21,7 @@ MIGRATION_ONLY = {
     "memories_fts",
     "search_vector",
     "ix_memories_search",
+    "ix_memories_scope_search",
     "alembic_version",
 }
 

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from celery.signals import worker_process_init
+import threading
 
-from store import Store
+from celery.signals import worker_init, worker_process_init
+
+from store import Store, load_settings
 
 _store: Store | None = None
+# Under `--pool threads` the first tasks arrive together: build one Store, not one each.
+_store_lock = threading.Lock()
 
 
 def store() -> Store:
-    """This process's Store (its own engine and small connection pool)."""
+    """This process's Store (its own engine and connection pool, shared by its threads)."""
     global _store  # noqa: PLW0603 - one store per process, by design
     if _store is None:
-        _store = Store()
+        with _store_lock:
+            if _store is None:
+                _store = Store()
     return _store
 
 
@@ -25,3 +31,17 @@ def _fresh_engine_in_child(**_: object) -> None:
     if _store is not None:
         _store.engine.dispose(close=False)
     _store = None
+
+
+@worker_init.connect
+def _warm_up_before_forking(**_: object) -> None:
+    # Runs in the worker's main process before the pool starts: litellm's import (seconds)
+    # and the tokenizer are then inherited by every forked child, including the ones that
+    # replace children after GLEANER_WORKER_MAX_TASKS_PER_CHILD tasks. Measured: without
+    # this a fresh child spent its first ~3 s importing litellm (half the profile of a
+    # 600-transcript run).
+    settings = load_settings()
+    if settings.harvest_model and settings.harvest_llm.strip() == "litellm":
+        from harvest.model import warm_up
+
+        warm_up(settings.harvest_model)

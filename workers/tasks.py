@@ -63,3 +63,8 @@ def requeue_stale() -> int:
     if sent:
         log.warning("re-enqueued %d stale pending job(s)", sent)
     return sent
+
+
+@shared_task(name="gleaner.noop")
+def noop() -> None:
+    """Do nothing: benches time the broker and worker-pool overhead alone with it."""
