@@ -19,13 +19,16 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     text,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from store.errors import InvalidInput, StorageFailure
 from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
@@ -401,19 +404,28 @@ class Twin:
     provenance: str
 
 
-def _similar_statement() -> Any:
+def _similar_statement(*, prefix: bool) -> Any:
     """The similarity query, built once: only its parameters change from call to call.
 
     Shared terms are counted in the term index alone, then only the notes that qualify are
-    fetched.
+    fetched. With ``prefix`` the counting is limited to the ``candidates`` ids: the notes
+    holding one of the rare prefix terms (see ``_rare_prefix``).
     """
-    groups = (
-        select(MemoryTerm.memory_id, func.count().label("shared"))
-        .where(
+    conditions: list[ColumnElement[bool]] = [
+        MemoryTerm.term.in_(bindparam("terms", expanding=True))
+    ]
+    if prefix:
+        # The candidates are already in scope; keyed by id alone, the (memory_id, term)
+        # primary key is the only index that fits, so common terms' postings are not walked.
+        conditions.append(MemoryTerm.memory_id.in_(bindparam("candidates", expanding=True)))
+    else:
+        conditions += [
             MemoryTerm.scope_kind == bindparam("kind"),
             MemoryTerm.scope_id == bindparam("sid"),
-            MemoryTerm.term.in_(bindparam("terms", expanding=True)),
-        )
+        ]
+    groups = (
+        select(MemoryTerm.memory_id, func.count().label("shared"))
+        .where(*conditions)
         .group_by(MemoryTerm.memory_id)
         .having(func.count() >= bindparam("min_shared", type_=Integer))
         # Materialized: the planner must count in the term index first; flattened into the
@@ -442,7 +454,50 @@ def _similar_statement() -> Any:
     )
 
 
-_SIMILAR = _similar_statement()
+# A term held by this many notes of the scope counts as common (its postings are not walked
+# to find candidates).
+COMMON_TERM_NOTES = 500
+
+
+def _rare_prefix(
+    session: Session, scope: Scope, terms: frozenset[str], min_shared: int
+) -> list[str] | None:
+    """The note's rarest ``len(terms) - min_shared + 1`` terms, or None when that prefix would
+    include a common term (then counting every shared term is no dearer).
+
+    Exact, not a heuristic: a note sharing ``min_shared`` of these terms must hold at least
+    one of the rarest ``len(terms) - min_shared + 1`` of them, whatever the order.
+    """
+    size = len(terms) - min_shared + 1
+    if size >= len(terms):
+        return None
+    counts = []
+    for term in sorted(terms):
+        capped = (
+            select(MemoryTerm.memory_id)
+            .where(
+                MemoryTerm.scope_kind == scope.kind,
+                MemoryTerm.scope_id == scope.id,
+                MemoryTerm.term == term,
+            )
+            .limit(COMMON_TERM_NOTES)
+            .subquery()
+        )
+        counts.append(
+            select(
+                literal(term).label("term"),
+                select(func.count()).select_from(capped).scalar_subquery().label("notes"),
+            )
+        )
+    frequency = {str(t): int(n) for t, n in session.execute(union_all(*counts)).all()}
+    prefix = sorted(terms, key=lambda t: (frequency.get(t, 0), t))[:size]
+    if frequency.get(prefix[-1], 0) >= COMMON_TERM_NOTES:
+        return None
+    return prefix
+
+
+_SIMILAR = _similar_statement(prefix=False)
+_SIMILAR_PREFIX = _similar_statement(prefix=True)
 
 
 def similar_notes(
@@ -490,18 +545,34 @@ def similar_twins(
     if not mine:
         return []
     a = len(mine)
-    rows = session.execute(
-        _SIMILAR,
-        {
-            "kind": scope.kind,
-            "sid": scope.id,
-            "terms": sorted(mine),
-            "min_shared": max(1, math.ceil(threshold * a - 1e-9)),
-            "a": a,
-            "exclude": exclude_id if exclude_id is not None else -1,
-            "limit": limit,
-        },
-    ).all()
+    min_shared = max(1, math.ceil(threshold * a - 1e-9))
+    params: dict[str, Any] = {
+        "kind": scope.kind,
+        "sid": scope.id,
+        "terms": sorted(mine),
+        "min_shared": min_shared,
+        "a": a,
+        "exclude": exclude_id if exclude_id is not None else -1,
+        "limit": limit,
+    }
+    prefix = _rare_prefix(session, scope, mine, min_shared)
+    if prefix is None:
+        rows = session.execute(_SIMILAR, params).all()
+    else:
+        # One equality lookup per prefix term: every column of the (scope, term) index is
+        # then an index condition, whatever the table's statistics say.
+        lookups = [
+            select(MemoryTerm.memory_id).where(
+                MemoryTerm.scope_kind == scope.kind,
+                MemoryTerm.scope_id == scope.id,
+                MemoryTerm.term == term,
+            )
+            for term in prefix
+        ]
+        candidates = sorted(set(session.execute(union_all(*lookups)).scalars()))
+        if not candidates:
+            return []
+        rows = session.execute(_SIMILAR_PREFIX, {**params, "candidates": candidates}).all()
     found = []
     for note_id, slug, other_title, common, size, pinned, provenance in rows:
         score = common / (a + size - common)

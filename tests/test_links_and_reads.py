@@ -159,3 +159,24 @@ def test_index_text_puts_pinned_bodies_first_within_budgets(make_store, backend:
     assert "Ordinary note number 29" in text  # newest titles first
     assert "Ordinary note number 0 " not in text  # the budget cut the oldest
     assert len(text.encode()) <= 120 * 4
+
+
+def test_similar_is_the_same_whether_candidates_come_from_rare_terms_or_all_terms(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from store import notes
+
+    for i in range(12):
+        put(store, f"Deploy the billing service {i % 3} on Fridays", ["ops"])
+    put(store, "Deploy the billing worker on Fridays", ["ops"])
+    probe = ("Deploy the billing service 1 on Fridays", "ops")
+
+    def twins() -> list[tuple[str, float]]:
+        with store.transaction() as session:
+            found = notes.similar_twins(session, ALICE, *probe, threshold=0.5, limit=50)
+        return sorted((t.slug, t.score) for t in found)
+
+    via_rare_terms = twins()
+    monkeypatch.setattr(notes, "COMMON_TERM_NOTES", 1)  # every term "common": count them all
+    assert twins() == via_rare_terms
+    assert len(via_rare_terms) == 13 and max(s for _, s in via_rare_terms) == 1.0
