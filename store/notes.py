@@ -457,6 +457,9 @@ def _similar_statement(*, prefix: bool) -> Any:
 # A term held by this many notes of the scope counts as common (its postings are not walked
 # to find candidates).
 COMMON_TERM_NOTES = 500
+# Above this many prefix terms (a low threshold, as for ``similar``) the extra lookups cost
+# more than they save: count every shared term instead.
+PREFIX_MAX_TERMS = 3
 
 
 def _rare_prefix(
@@ -469,7 +472,7 @@ def _rare_prefix(
     one of the rarest ``len(terms) - min_shared + 1`` of them, whatever the order.
     """
     size = len(terms) - min_shared + 1
-    if size >= len(terms):
+    if size > PREFIX_MAX_TERMS or size >= len(terms):
         return None
     counts = []
     for term in sorted(terms):
