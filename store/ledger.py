@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from store.links import scope_lock_key
 from store.models import HarvestLedger, utcnow
 from store.schemas import Scope
 
@@ -85,25 +84,6 @@ def update_counts(
         )
     ).scalar_one()
     row.notes_written, row.notes_updated, row.notes_skipped = written, updated, skipped
-
-
-def lock_transcript(connection: Connection, scope: Scope, digest: str) -> None:
-    """Hold a PostgreSQL session lock on (scope, transcript) until ``unlock_transcript``.
-
-    Two workers given the same transcript at once queue here, so the second finds the
-    first's ledger row and makes no model call. SQLite (one writer process) needs none.
-    """
-    if connection.dialect.name == "postgresql":
-        key = scope_lock_key(scope, f"harvest:{digest}")
-        connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": key})
-        connection.commit()
-
-
-def unlock_transcript(connection: Connection, scope: Scope, digest: str) -> None:
-    if connection.dialect.name == "postgresql":
-        key = scope_lock_key(scope, f"harvest:{digest}")
-        connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": key})
-        connection.commit()
 
 
 def totals(session: Session) -> dict[str, int]:
