@@ -21,8 +21,10 @@ from store import (
     ledger,
     normalize_topics,
     notes,
+    similar,
     strip_private,
 )
+from store.similar import Twin
 from store.text import jaccard, similarity_terms
 
 # Bump when extraction changes enough that old transcripts deserve a new harvest.
@@ -225,6 +227,28 @@ def harvest_transcript(
     return plan.report
 
 
+def _kept(
+    candidates: list[NoteCandidate], settings: Settings, report: TranscriptReport
+) -> list[tuple[NoteCandidate, str, str, str | None]]:
+    """The candidates to write, up to the cap and of known types, with private text stripped:
+    ``(candidate, title, body, topic string)``; the topic string is None for a topic-key
+    upsert (no duplicate lookup)."""
+    kept = []
+    for candidate in candidates[: settings.harvest_max_facts]:
+        if candidate.type not in settings.observation_types:
+            report.items_dropped += 1
+            continue
+        kept.append(
+            (
+                candidate,
+                strip_private(candidate.title),
+                strip_private(candidate.body),
+                None if candidate.topic_key is not None else normalize_topics(candidate.topics),
+            )
+        )
+    return kept
+
+
 def write_candidates(
     session: Session,
     settings: Settings,
@@ -244,42 +268,11 @@ def write_candidates(
     upserts the note holding that key. Candidates go through ``notes.write_batch`` in
     segments that give the same outcome as writing them one by one.
     """
-    threshold = settings.duplicate_threshold
-    items: list[notes.BatchItem] = []
-    seen: list[frozenset[str]] = []  # term sets of this segment's candidates
-    targets: set[int] = set()  # notes this segment already rewrites
-
-    def flush() -> None:
-        for result in notes.write_batch(
-            session,
-            settings,
-            scope,
-            items,
-            provenance=provenance,
-            conversation_id=transcript.conversation_id,
-            occurred_at=transcript.happened_at,
-        ):
-            if result.outcome == "invalid":
-                report.items_dropped += 1  # e.g. a body over max_body_bytes: drop, keep the rest
-                continue
-            if result.outcome == "created":
-                report.notes_written += 1
-            else:
-                report.notes_updated += 1
-            report.slugs.append(str(result.slug))
-        items.clear()
-        seen.clear()
-        targets.clear()
-
-    def twin_of(title: str, topics: str) -> notes.Twin | None:
-        found = notes.similar_twins(session, scope, title, topics, threshold=threshold, limit=1)
-        return found[0] if found else None
-
-    for candidate in candidates[: settings.harvest_max_facts]:
-        if candidate.type not in settings.observation_types:
-            report.items_dropped += 1
-            continue
-        title, body = strip_private(candidate.title), strip_private(candidate.body)
+    writer = _SegmentWriter(
+        session, settings, scope, transcript=transcript, provenance=provenance, report=report
+    )
+    writer.kept = _kept(candidates, settings, report)
+    for position, (candidate, title, body, topic_string) in enumerate(writer.kept):
         attrs: dict[str, object] = {
             "title": title,
             "body": body,
@@ -287,28 +280,92 @@ def write_candidates(
             "confidence": candidate.confidence,
             "pinned": False,
         }
-        if candidate.topic_key is None:
-            topic_string = normalize_topics(candidate.topics)
+        if topic_string is not None:
             terms = similarity_terms(title, topic_string)
             # A near-duplicate of an earlier candidate must see that one written, as
             # one-by-one writes would: close the segment first.
-            if any(jaccard(terms, other) >= threshold for other in seen):
-                flush()
-            twin = twin_of(title, topic_string)
-            if twin is not None and twin.id in targets:
-                flush()  # that note is being rewritten: look again at what it becomes
-                twin = twin_of(title, topic_string)
+            if any(jaccard(terms, other) >= writer.threshold for other in writer.seen):
+                writer.flush()
+            twin = writer.twin_of(position)
+            if twin is not None and twin.id in writer.targets:
+                writer.flush()  # that note is being rewritten: look again at what it becomes
+                twin = writer.twin_of(position)
             if twin is not None:
                 if twin.pinned or twin.provenance == "user":
                     report.notes_skipped += 1
                     continue
                 attrs["slug"] = twin.slug
-                targets.add(twin.id)
-            seen.append(terms)
-        items.append(
+                writer.targets.add(twin.id)
+            writer.seen.append(terms)
+        writer.items.append(
             notes.BatchItem(attrs=attrs, note_type=candidate.type, topic_key=candidate.topic_key)
         )
         if candidate.topic_key is not None:
-            flush()  # its upsert may rewrite any note: later lookups must see the result
-    if items:
-        flush()
+            writer.flush()  # its upsert may rewrite any note: later lookups must see the result
+    if writer.items:
+        writer.flush()
+
+
+class _SegmentWriter:
+    """``write_candidates``' state: the open segment, and the twins looked up for the
+    candidates as the store stood after the last segment was written."""
+
+    def __init__(
+        self,
+        session: Session,
+        settings: Settings,
+        scope: Scope,
+        *,
+        transcript: Transcript,
+        provenance: str,
+        report: TranscriptReport,
+    ) -> None:
+        self.session, self.settings, self.scope = session, settings, scope
+        self.transcript, self.provenance, self.report = transcript, provenance, report
+        self.threshold = settings.duplicate_threshold
+        self.kept: list[tuple[NoteCandidate, str, str, str | None]] = []
+        self.items: list[notes.BatchItem] = []
+        self.seen: list[frozenset[str]] = []  # term sets of this segment's candidates
+        self.targets: set[int] = set()  # notes this segment already rewrites
+        self.twins: dict[int, Twin | None] = {}  # by position in ``kept``
+        self.stale = True  # a segment was written since ``twins`` was looked up
+
+    def flush(self) -> None:
+        self.stale = True
+        for result in notes.write_batch(
+            self.session,
+            self.settings,
+            self.scope,
+            self.items,
+            provenance=self.provenance,
+            conversation_id=self.transcript.conversation_id,
+            occurred_at=self.transcript.happened_at,
+        ):
+            if result.outcome == "invalid":
+                self.report.items_dropped += 1  # e.g. a body over max_body_bytes: drop it
+                continue
+            if result.outcome == "created":
+                self.report.notes_written += 1
+            else:
+                self.report.notes_updated += 1
+            self.report.slugs.append(str(result.slug))
+        self.items.clear()
+        self.seen.clear()
+        self.targets.clear()
+
+    def twin_of(self, position: int) -> Twin | None:
+        """The candidate's twin. After a write, the twins of this and every later candidate
+        are looked up again, all in one go (a handful of statements, not a few per note)."""
+        if self.stale:
+            later = [n for n in range(position, len(self.kept)) if self.kept[n][3] is not None]
+            found = similar.similar_twins_many(
+                self.session,
+                self.scope,
+                [(self.kept[n][1], str(self.kept[n][3])) for n in later],
+                threshold=self.threshold,
+                limit=1,
+            )
+            pairs = zip(later, found, strict=True)
+            self.twins = {n: hits[0] if hits else None for n, hits in pairs}
+            self.stale = False
+        return self.twins[position]

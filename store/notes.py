@@ -13,27 +13,23 @@ from datetime import datetime
 from typing import Any, Literal, cast
 
 from sqlalchemy import (
-    Integer,
     Table,
-    bindparam,
     delete,
     func,
     insert,
-    literal,
     or_,
     select,
     text,
-    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import ColumnElement
 
 from store.errors import InvalidInput, StorageFailure
 from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
-from store.schemas import Note, Scope, Similar, WriteResult
+from store.schemas import Note, Scope, WriteResult
 from store.settings import Settings
+from store.similar import similar_notes
 from store.text import (
     check_text,
     content_hash,
@@ -47,7 +43,6 @@ ATTR_KEYS = frozenset({"title", "body", "slug", "topics", "pinned", "confidence"
 SOURCE_KEYS = frozenset({"url", "artifact", "note"})
 CODE_PROVENANCES = frozenset({"user", "compaction", "import"})
 MAX_TITLE_BYTES = 1_000
-SIMILAR_LIMIT = 5
 # More attempts than this at a free slug means something is wrong, not a race.
 MAX_WRITE_ATTEMPTS = 100
 # Keys per IN (...) list, well under SQLite's bound-parameter limit.
@@ -390,207 +385,6 @@ def _index_terms(
                 for term in terms
             ],
         )
-
-
-@dataclass(frozen=True)
-class Twin:
-    """A live note similar to a candidate, with what harvest's dedup policy needs of it."""
-
-    id: int
-    slug: str
-    title: str
-    score: float
-    pinned: bool
-    provenance: str
-
-
-def _similar_statement(*, prefix: bool) -> Any:
-    """The similarity query, built once: only its parameters change from call to call.
-
-    Shared terms are counted in the term index alone, then only the notes that qualify are
-    fetched. With ``prefix`` the counting is limited to the ``candidates`` ids: the notes
-    holding one of the rare prefix terms (see ``_rare_prefix``).
-    """
-    conditions: list[ColumnElement[bool]] = [
-        MemoryTerm.term.in_(bindparam("terms", expanding=True))
-    ]
-    if prefix:
-        # The candidates are already in scope; keyed by id alone, the (memory_id, term)
-        # primary key is the only index that fits, so common terms' postings are not walked.
-        conditions.append(MemoryTerm.memory_id.in_(bindparam("candidates", expanding=True)))
-    else:
-        conditions += [
-            MemoryTerm.scope_kind == bindparam("kind"),
-            MemoryTerm.scope_id == bindparam("sid"),
-        ]
-    groups = (
-        select(MemoryTerm.memory_id, func.count().label("shared"))
-        .where(*conditions)
-        .group_by(MemoryTerm.memory_id)
-        .having(func.count() >= bindparam("min_shared", type_=Integer))
-        # Materialized: the planner must count in the term index first; flattened into the
-        # join it may scan every note of the scope and probe the index once per note.
-        .cte("shared_terms")
-        .prefix_with("MATERIALIZED")
-    )
-    shared = groups.c.shared
-    return (
-        select(
-            Memory.id,
-            Memory.slug,
-            Memory.title,
-            shared,
-            Memory.term_count,
-            Memory.pinned,
-            Memory.provenance,
-        )
-        .join(groups, groups.c.memory_id == Memory.id)
-        .where(Memory.status == LIVE, Memory.id != bindparam("exclude", type_=Integer))
-        .order_by(
-            (shared * 1.0 / (bindparam("a", type_=Integer) + Memory.term_count - shared)).desc(),
-            Memory.slug,
-        )
-        .limit(bindparam("limit", type_=Integer))
-    )
-
-
-# A term held by this many notes of the scope counts as common (its postings are not walked
-# to find candidates).
-COMMON_TERM_NOTES = 500
-# Above this many prefix terms (a low threshold, as for ``similar``) the extra lookups cost
-# more than they save: count every shared term instead.
-PREFIX_MAX_TERMS = 3
-
-
-def _rare_prefix(
-    session: Session, scope: Scope, terms: frozenset[str], min_shared: int
-) -> list[str] | None:
-    """The note's rarest ``len(terms) - min_shared + 1`` terms, or None when that prefix would
-    include a common term (then counting every shared term is no dearer).
-
-    Exact, not a heuristic: a note sharing ``min_shared`` of these terms must hold at least
-    one of the rarest ``len(terms) - min_shared + 1`` of them, whatever the order.
-    """
-    size = len(terms) - min_shared + 1
-    if size > PREFIX_MAX_TERMS or size >= len(terms):
-        return None
-    counts = []
-    for term in sorted(terms):
-        capped = (
-            select(MemoryTerm.memory_id)
-            .where(
-                MemoryTerm.scope_kind == scope.kind,
-                MemoryTerm.scope_id == scope.id,
-                MemoryTerm.term == term,
-            )
-            .limit(COMMON_TERM_NOTES)
-            .subquery()
-        )
-        counts.append(
-            select(
-                literal(term).label("term"),
-                select(func.count()).select_from(capped).scalar_subquery().label("notes"),
-            )
-        )
-    frequency = {str(t): int(n) for t, n in session.execute(union_all(*counts)).all()}
-    prefix = sorted(terms, key=lambda t: (frequency.get(t, 0), t))[:size]
-    if frequency.get(prefix[-1], 0) >= COMMON_TERM_NOTES:
-        return None
-    return prefix
-
-
-_SIMILAR = _similar_statement(prefix=False)
-_SIMILAR_PREFIX = _similar_statement(prefix=True)
-
-
-def similar_notes(
-    session: Session,
-    scope: Scope,
-    title: str,
-    topic_string: str,
-    *,
-    threshold: float,
-    exclude_id: int | None = None,
-    limit: int = SIMILAR_LIMIT,
-) -> list[Similar]:
-    """Live notes of the scope whose title+topic Jaccard score reaches ``threshold``, best first."""
-    return [
-        Similar(slug=t.slug, title=t.title, score=t.score)
-        for t in similar_twins(
-            session,
-            scope,
-            title,
-            topic_string,
-            threshold=threshold,
-            exclude_id=exclude_id,
-            limit=limit,
-        )
-    ]
-
-
-def similar_twins(
-    session: Session,
-    scope: Scope,
-    title: str,
-    topic_string: str,
-    *,
-    threshold: float,
-    exclude_id: int | None = None,
-    limit: int = SIMILAR_LIMIT,
-) -> list[Twin]:
-    """``similar_notes`` with each note's id, ``pinned`` and ``provenance``.
-
-    The term index does the work in SQL: a note sharing ``s`` of this note's ``a`` terms and
-    having ``b`` of its own scores ``s / (a + b - s)``; one with a score of ``t`` or more shares
-    at least ``ceil(t * a)`` terms, which bounds the groups kept.
-    """
-    mine = similarity_terms(title, topic_string)
-    if not mine:
-        return []
-    a = len(mine)
-    min_shared = max(1, math.ceil(threshold * a - 1e-9))
-    params: dict[str, Any] = {
-        "kind": scope.kind,
-        "sid": scope.id,
-        "terms": sorted(mine),
-        "min_shared": min_shared,
-        "a": a,
-        "exclude": exclude_id if exclude_id is not None else -1,
-        "limit": limit,
-    }
-    prefix = _rare_prefix(session, scope, mine, min_shared)
-    if prefix is None:
-        rows = session.execute(_SIMILAR, params).all()
-    else:
-        # One equality lookup per prefix term: every column of the (scope, term) index is
-        # then an index condition, whatever the table's statistics say.
-        lookups = [
-            select(MemoryTerm.memory_id).where(
-                MemoryTerm.scope_kind == scope.kind,
-                MemoryTerm.scope_id == scope.id,
-                MemoryTerm.term == term,
-            )
-            for term in prefix
-        ]
-        candidates = sorted(set(session.execute(union_all(*lookups)).scalars()))
-        if not candidates:
-            return []
-        rows = session.execute(_SIMILAR_PREFIX, {**params, "candidates": candidates}).all()
-    found = []
-    for note_id, slug, other_title, common, size, pinned, provenance in rows:
-        score = common / (a + size - common)
-        if score >= threshold - 1e-9:
-            found.append(
-                Twin(
-                    id=int(note_id),
-                    slug=slug,
-                    title=other_title,
-                    score=round(score, 4),
-                    pinned=bool(pinned),
-                    provenance=provenance,
-                )
-            )
-    return found
 
 
 def write(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import update
 
 from store import InvalidInput, LinkRefused, NotFound, Scope, Store, format_error
+from store.models import ARCHIVED, Memory
 
 ALICE = Scope.owner("alice")
 
@@ -164,7 +166,7 @@ def test_index_text_puts_pinned_bodies_first_within_budgets(make_store, backend:
 def test_similar_is_the_same_whether_candidates_come_from_rare_terms_or_all_terms(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from store import notes
+    from store import similar
 
     for i in range(12):
         put(store, f"Deploy the billing service {i % 3} on Fridays", ["ops"])
@@ -173,11 +175,61 @@ def test_similar_is_the_same_whether_candidates_come_from_rare_terms_or_all_term
 
     def twins() -> list[tuple[str, float]]:
         with store.transaction() as session:
-            found = notes.similar_twins(session, ALICE, *probe, threshold=0.7, limit=50)
+            found = similar.similar_twins(session, ALICE, *probe, threshold=0.7, limit=50)
         return sorted((t.slug, t.score) for t in found)
 
     # 8 terms at 0.7: 6 must be shared, so the 3 rarest terms find every candidate.
     via_rare_terms = twins()
-    monkeypatch.setattr(notes, "COMMON_TERM_NOTES", 1)  # every term "common": count them all
+    monkeypatch.setattr(similar, "COMMON_TERM_NOTES", 1)  # every term "common": count them all
     assert twins() == via_rare_terms
     assert len(via_rare_terms) == 12 and max(s for _, s in via_rare_terms) == 1.0
+
+
+def test_many_probes_in_one_lookup_answer_as_each_probe_alone(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from store import similar
+
+    for i in range(8):
+        put(store, f"Deploy the billing service {i % 3} on Fridays", ["ops"])
+    put(store, "Rotate the staging database password monthly", ["security"])
+    archived = put(store, "Rotate the staging database password weekly", ["security"])
+    with store.transaction() as session:  # archived by decay: no longer a twin
+        session.execute(update(Memory).where(Memory.slug == archived).values(status=ARCHIVED))
+    probes = [
+        ("Deploy the billing service 1 on Fridays", "ops"),  # rare prefix, many holders
+        ("Rotate the staging database password monthly", "security"),
+        ("Something nobody wrote before", ""),  # no holder: no candidate lookup
+        ("", ""),  # no terms at all
+        ("Deploy billing", "ops"),  # 3 terms at 0.7: all must be shared, none holds them
+        ("Fridays", ""),  # 1 term: its prefix is the whole probe, counted in SQL
+    ]
+
+    def answer(
+        batched: bool, exclude: int | None = None
+    ) -> list[list[tuple[str, float, bool, str]]]:
+        with store.transaction() as session:
+            if batched:
+                found = similar.similar_twins_many(
+                    session, ALICE, probes, threshold=0.7, exclude_id=exclude, limit=4
+                )
+            else:
+                found = [
+                    similar.similar_twins(
+                        session, ALICE, *probe, threshold=0.7, exclude_id=exclude, limit=4
+                    )
+                    for probe in probes
+                ]
+        return [[(t.slug, t.score, t.pinned, t.provenance) for t in twins] for twins in found]
+
+    batched = answer(True)
+    assert batched == answer(False)
+    assert [len(twins) for twins in batched] == [4, 1, 0, 0, 0, 0]
+    assert batched[1][0][1] == 1.0 and archived not in {t[0] for t in batched[1]}
+    best = [t[1] for t in batched[0]]
+    assert best == sorted(best, reverse=True) and best[0] == 1.0
+    with store.transaction() as session:
+        first = similar.similar_twins(session, ALICE, *probes[1], threshold=0.7)[0].id
+    assert answer(True, exclude=first)[1] == []  # the probe's own note left out
+    monkeypatch.setattr(similar, "COMMON_TERM_NOTES", 1)  # every term common: all in SQL
+    assert answer(True) == batched

@@ -1,0 +1,350 @@
+"""Near-duplicate lookup: live notes whose title+topic words overlap a probe's by Jaccard.
+
+A note sharing ``s`` of a probe's ``a`` terms and holding ``b`` of its own scores
+``s / (a + b - s)``; one scoring ``t`` or more shares at least ``ceil(t * a)`` terms. Such a
+note must hold one of the probe's rarest ``a - ceil(t * a) + 1`` terms (the "rare prefix"),
+so only those terms' postings are walked to find candidates, and their exact scores are
+counted from the term index. When the prefix would include a common term, the whole count
+is done in SQL instead (``_SIMILAR``).
+
+``similar_twins_many`` answers several probes of one scope in a fixed handful of
+statements, whatever their number: harvest asks for every candidate of a transcript at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Integer, bindparam, func, select, text
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement, TextClause
+
+from store.models import LIVE, Memory, MemoryTerm
+from store.schemas import Scope, Similar
+from store.text import similarity_terms
+
+SIMILAR_LIMIT = 5
+# A term held by this many notes of the scope counts as common (its postings are not walked
+# to find candidates).
+COMMON_TERM_NOTES = 500
+# Above this many prefix terms (a low threshold, as for ``similar``) the extra lookups cost
+# more than they save: count every shared term instead.
+PREFIX_MAX_TERMS = 3
+# Terms per statement in the frequency and postings lookups, and ids per IN list: well under
+# SQLite's bound-parameter limit.
+TERM_CHUNK = 200
+ID_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Twin:
+    """A live note similar to a probe, with what harvest's dedup policy needs of it."""
+
+    id: int
+    slug: str
+    title: str
+    score: float
+    pinned: bool
+    provenance: str
+
+
+def min_shared(threshold: float, size: int) -> int:
+    """Terms a note must share with a probe of ``size`` terms to score ``threshold``."""
+    return max(1, math.ceil(threshold * size - 1e-9))
+
+
+def rare_prefix(terms: frozenset[str], needed: int, frequency: dict[str, int]) -> list[str] | None:
+    """The probe's rarest ``len(terms) - needed + 1`` terms, or None when that prefix would
+    hold a common term or be most of the probe (then counting every shared term is no dearer).
+
+    Exact, not a heuristic: a note sharing ``needed`` of the terms holds at least one of these.
+    """
+    size = len(terms) - needed + 1
+    if size > PREFIX_MAX_TERMS or size >= len(terms):
+        return None
+    prefix = sorted(terms, key=lambda t: (frequency.get(t, 0), t))[:size]
+    if frequency.get(prefix[-1], 0) >= COMMON_TERM_NOTES:
+        return None
+    return prefix
+
+
+@functools.lru_cache(maxsize=256)
+def _frequency_statement(count: int) -> TextClause:
+    """One row: for each of ``count`` terms, how many notes of the scope hold it, capped at
+    COMMON_TERM_NOTES. Each term is its own equality lookup, so every column of the (scope,
+    term) index is an index condition whatever the table's statistics say."""
+    columns = ", ".join(
+        # Only integers are formatted in; every value is a bound parameter.
+        f"(SELECT count(*) FROM (SELECT 1 FROM memory_terms WHERE scope_kind = :kind"  # noqa: S608
+        f" AND scope_id = :sid AND term = :t{n} LIMIT {COMMON_TERM_NOTES}) AS c{n})"
+        for n in range(count)
+    )
+    return text(f"SELECT {columns}")
+
+
+@functools.lru_cache(maxsize=256)
+def _postings_statement(count: int) -> TextClause:
+    """``(term, memory_id)`` for every note of the scope holding one of ``count`` terms."""
+    return text(
+        " UNION ALL ".join(
+            f"SELECT term, memory_id FROM memory_terms WHERE scope_kind = :kind"  # noqa: S608
+            f" AND scope_id = :sid AND term = :t{n}"
+            for n in range(count)
+        )
+    )
+
+
+# The candidates' shared terms, read through the (memory_id, term) primary key.
+_CANDIDATE_TERMS = (
+    select(
+        Memory.id,
+        Memory.slug,
+        Memory.title,
+        Memory.term_count,
+        Memory.pinned,
+        Memory.provenance,
+        MemoryTerm.term,
+    )
+    .join(MemoryTerm, MemoryTerm.memory_id == Memory.id)
+    .where(
+        Memory.id.in_(bindparam("ids", expanding=True)),
+        Memory.status == LIVE,
+        MemoryTerm.term.in_(bindparam("terms", expanding=True)),
+    )
+)
+
+
+def _frequencies(session: Session, scope: Scope, terms: Sequence[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for start in range(0, len(terms), TERM_CHUNK):
+        chunk = terms[start : start + TERM_CHUNK]
+        params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id}
+        params.update({f"t{n}": term for n, term in enumerate(chunk)})
+        row = session.execute(_frequency_statement(len(chunk)), params).one()
+        found.update({term: int(n) for term, n in zip(chunk, row, strict=True)})
+    return found
+
+
+def _postings(session: Session, scope: Scope, terms: Sequence[str]) -> dict[str, set[int]]:
+    found: dict[str, set[int]] = {term: set() for term in terms}
+    for start in range(0, len(terms), TERM_CHUNK):
+        chunk = terms[start : start + TERM_CHUNK]
+        params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id}
+        params.update({f"t{n}": term for n, term in enumerate(chunk)})
+        for term, memory_id in session.execute(_postings_statement(len(chunk)), params):
+            found[str(term)].add(int(memory_id))
+    return found
+
+
+@dataclass
+class _Candidate:
+    id: int
+    slug: str
+    title: str
+    term_count: int
+    pinned: bool
+    provenance: str
+    terms: set[str]
+
+
+def _candidates(
+    session: Session, ids: Sequence[int], terms: Sequence[str]
+) -> dict[int, _Candidate]:
+    """The live notes among ``ids``, each with which of ``terms`` it holds."""
+    found: dict[int, _Candidate] = {}
+    for start in range(0, len(ids), ID_CHUNK):
+        rows = session.execute(
+            _CANDIDATE_TERMS, {"ids": list(ids[start : start + ID_CHUNK]), "terms": list(terms)}
+        )
+        for note_id, slug, title, term_count, pinned, provenance, term in rows:
+            note = found.get(int(note_id))
+            if note is None:
+                note = found[int(note_id)] = _Candidate(
+                    int(note_id), slug, title, int(term_count), bool(pinned), provenance, set()
+                )
+            note.terms.add(str(term))
+    return found
+
+
+def _similar_statement() -> Any:
+    """The full similarity count in SQL, built once: only its parameters change.
+
+    Shared terms are counted in the term index alone, then only the notes that qualify are
+    fetched.
+    """
+    conditions: list[ColumnElement[bool]] = [
+        MemoryTerm.term.in_(bindparam("terms", expanding=True)),
+        MemoryTerm.scope_kind == bindparam("kind"),
+        MemoryTerm.scope_id == bindparam("sid"),
+    ]
+    groups = (
+        select(MemoryTerm.memory_id, func.count().label("shared"))
+        .where(*conditions)
+        .group_by(MemoryTerm.memory_id)
+        .having(func.count() >= bindparam("min_shared", type_=Integer))
+        # Materialized: the planner must count in the term index first; flattened into the
+        # join it may scan every note of the scope and probe the index once per note.
+        .cte("shared_terms")
+        .prefix_with("MATERIALIZED")
+    )
+    shared = groups.c.shared
+    return (
+        select(
+            Memory.id,
+            Memory.slug,
+            Memory.title,
+            shared,
+            Memory.term_count,
+            Memory.pinned,
+            Memory.provenance,
+        )
+        .join(groups, groups.c.memory_id == Memory.id)
+        .where(Memory.status == LIVE, Memory.id != bindparam("exclude", type_=Integer))
+        .order_by(
+            (shared * 1.0 / (bindparam("a", type_=Integer) + Memory.term_count - shared)).desc(),
+            Memory.slug,
+        )
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+_SIMILAR = _similar_statement()
+
+
+def _counted_in_sql(
+    session: Session,
+    scope: Scope,
+    terms: frozenset[str],
+    *,
+    threshold: float,
+    exclude_id: int | None,
+    limit: int,
+) -> list[Twin]:
+    params = {
+        "kind": scope.kind,
+        "sid": scope.id,
+        "terms": sorted(terms),
+        "min_shared": min_shared(threshold, len(terms)),
+        "a": len(terms),
+        "exclude": exclude_id if exclude_id is not None else -1,
+        "limit": limit,
+    }
+    found = []
+    for note_id, slug, title, common, size, pinned, provenance in session.execute(_SIMILAR, params):
+        score = common / (len(terms) + size - common)
+        if score >= threshold - 1e-9:
+            found.append(Twin(int(note_id), slug, title, round(score, 4), bool(pinned), provenance))
+    return found
+
+
+def similar_twins_many(
+    session: Session,
+    scope: Scope,
+    probes: Sequence[tuple[str, str]],
+    *,
+    threshold: float,
+    exclude_id: int | None = None,
+    limit: int = SIMILAR_LIMIT,
+) -> list[list[Twin]]:
+    """For each ``(title, topic string)`` probe, the live notes of the scope scoring at least
+    ``threshold`` against it, best first (then by slug), at most ``limit``.
+
+    Statements: one for the terms' frequencies, one for the rare prefixes' postings (none
+    when no note holds them), one for the candidates' shared terms (none without
+    candidates), and the full SQL count only for a probe whose prefix holds a common term.
+    """
+    wanted = [similarity_terms(title, topics) for title, topics in probes]
+    results: list[list[Twin]] = [[] for _ in probes]
+    vocabulary = sorted(set().union(*wanted))
+    if not vocabulary:
+        return results
+    frequency = _frequencies(session, scope, vocabulary)
+    prefixes: dict[int, list[str]] = {}
+    for n, terms in enumerate(wanted):
+        if not terms:
+            continue
+        prefix = rare_prefix(terms, min_shared(threshold, len(terms)), frequency)
+        if prefix is None:
+            results[n] = _counted_in_sql(
+                session, scope, terms, threshold=threshold, exclude_id=exclude_id, limit=limit
+            )
+        else:
+            prefixes[n] = prefix
+    walked = sorted({t for prefix in prefixes.values() for t in prefix if frequency.get(t, 0)})
+    postings = _postings(session, scope, walked) if walked else {}
+    holders = {
+        n: {i for t in prefix for i in postings.get(t, ()) if i != exclude_id}
+        for n, prefix in prefixes.items()
+    }
+    ids = sorted(set().union(*holders.values()))
+    if not ids:
+        return results
+    candidates = _candidates(
+        session, ids, sorted(set().union(*(wanted[n] for n in holders if holders[n])))
+    )
+    for n, held in holders.items():
+        terms, scored = wanted[n], []
+        for note_id in held:
+            note = candidates.get(note_id)
+            if note is None:  # not live
+                continue
+            shared = len(terms & note.terms)
+            score = shared / (len(terms) + note.term_count - shared)
+            if score >= threshold - 1e-9:
+                scored.append((-score, note.slug, note))
+        scored.sort(key=lambda item: (item[0], item[1]))
+        results[n] = [
+            Twin(note.id, note.slug, note.title, round(-neg, 4), note.pinned, note.provenance)
+            for neg, _, note in scored[:limit]
+        ]
+    return results
+
+
+def similar_twins(
+    session: Session,
+    scope: Scope,
+    title: str,
+    topic_string: str,
+    *,
+    threshold: float,
+    exclude_id: int | None = None,
+    limit: int = SIMILAR_LIMIT,
+) -> list[Twin]:
+    """``similar_twins_many`` for one probe."""
+    return similar_twins_many(
+        session,
+        scope,
+        [(title, topic_string)],
+        threshold=threshold,
+        exclude_id=exclude_id,
+        limit=limit,
+    )[0]
+
+
+def similar_notes(
+    session: Session,
+    scope: Scope,
+    title: str,
+    topic_string: str,
+    *,
+    threshold: float,
+    exclude_id: int | None = None,
+    limit: int = SIMILAR_LIMIT,
+) -> list[Similar]:
+    """Live notes of the scope whose title+topic Jaccard score reaches ``threshold``, best first."""
+    return [
+        Similar(slug=t.slug, title=t.title, score=t.score)
+        for t in similar_twins(
+            session,
+            scope,
+            title,
+            topic_string,
+            threshold=threshold,
+            exclude_id=exclude_id,
+            limit=limit,
+        )
+    ]
