@@ -12,9 +12,9 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from store.models import DONE, FAILED, JOB_STATES, PENDING, RUNNING, ImportBatch, Job, utcnow
@@ -95,27 +95,36 @@ def add_jobs(
     return [str(row["id"]) for row in rows]
 
 
+_JOBS = cast(Table, Job.__table__)
+# Built once: only the parameters change from job to job.
+_CLAIM = (
+    update(_JOBS)
+    .where(_JOBS.c.id == bindparam("job_id"), _JOBS.c.state != DONE)
+    .values(state=RUNNING, started_at=bindparam("now"), attempts=_JOBS.c.attempts + 1)
+    .returning(_JOBS.c.id, _JOBS.c.owner, _JOBS.c.provenance, _JOBS.c.transcript, _JOBS.c.attempts)
+)
+_FINISH = (
+    update(_JOBS)
+    .where(_JOBS.c.id == bindparam("job_id"))
+    .values(state=DONE, result=bindparam("outcome"), last_error=None, finished_at=bindparam("now"))
+)
+
+
 def claim(session: Session, job_id: str) -> ClaimedJob | None:
     """Mark a job running and count the attempt; None when it is done or gone (a no-op).
 
-    A ``running`` job is claimed again: its worker died and the broker redelivered it.
+    A ``running`` job is claimed again: its worker died and the broker redelivered it. One
+    statement: the row lock the UPDATE takes keeps a concurrent claim waiting until commit.
     """
-    job = session.execute(
-        select(Job).where(Job.id == job_id).with_for_update()
-    ).scalar_one_or_none()
-    if job is None or job.state == DONE:
+    row = session.execute(_CLAIM, {"job_id": job_id, "now": utcnow()}).first()
+    if row is None:
         return None
-    job.state, job.started_at = RUNNING, utcnow()
-    job.attempts += 1
-    return ClaimedJob(job.id, job.owner, job.provenance, dict(job.transcript), job.attempts)
+    found_id, owner, provenance, transcript, attempts = row
+    return ClaimedJob(str(found_id), owner, provenance, dict(transcript), int(attempts))
 
 
 def finish(session: Session, job_id: str, result: dict[str, Any]) -> None:
-    session.execute(
-        update(Job)
-        .where(Job.id == job_id)
-        .values(state=DONE, result=result, last_error=None, finished_at=utcnow())
-    )
+    session.execute(_FINISH, {"job_id": job_id, "outcome": result, "now": utcnow()})
 
 
 def fail(session: Session, job_id: str, error: str) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -32,19 +33,37 @@ class LedgerEntry:
     completion_tokens: int
 
 
+_LEDGER = cast(Table, HarvestLedger.__table__)
+_KEY = (
+    _LEDGER.c.scope_kind == bindparam("kind"),
+    _LEDGER.c.scope_id == bindparam("sid"),
+    _LEDGER.c.transcript_hash == bindparam("digest"),
+    _LEDGER.c.harvester_version == bindparam("version"),
+)
+# Built once: only the parameters change from transcript to transcript.
+_FIND = select(_LEDGER.c.id).where(*_KEY)
+_RECORD = {
+    name: insert(_LEDGER).on_conflict_do_nothing().returning(_LEDGER.c.id)
+    for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
+}
+_SET_COUNTS = (
+    update(_LEDGER)
+    .where(*_KEY)
+    .values(
+        notes_written=bindparam("written"),
+        notes_updated=bindparam("updated"),
+        notes_skipped=bindparam("skipped"),
+    )
+)
+
+
+def _key(scope: Scope, digest: str, version: str) -> dict[str, str]:
+    return {"kind": scope.kind, "sid": scope.id, "digest": digest, "version": version}
+
+
 def already_harvested(session: Session, scope: Scope, digest: str, version: str) -> bool:
     """True when this scope has a ledger row for the transcript hash and harvester version."""
-    return (
-        session.execute(
-            select(HarvestLedger.id).where(
-                HarvestLedger.scope_kind == scope.kind,
-                HarvestLedger.scope_id == scope.id,
-                HarvestLedger.transcript_hash == digest,
-                HarvestLedger.harvester_version == version,
-            )
-        ).first()
-        is not None
-    )
+    return session.execute(_FIND, _key(scope, digest, version)).first() is not None
 
 
 def record(session: Session, scope: Scope, entry: LedgerEntry) -> bool:
@@ -53,15 +72,9 @@ def record(session: Session, scope: Scope, entry: LedgerEntry) -> bool:
     Call it before writing the notes, in the same transaction: the loser of a race then
     rolls back instead of writing a second set.
     """
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    stmt = (
-        insert(HarvestLedger)
-        .values(scope_kind=scope.kind, scope_id=scope.id, created_at=utcnow(), **asdict(entry))
-        .on_conflict_do_nothing()
-        .returning(HarvestLedger.id)
-    )
-    return session.execute(stmt).scalar_one_or_none() is not None
+    stmt = _RECORD[session.get_bind().dialect.name]
+    row = {"scope_kind": scope.kind, "scope_id": scope.id, "created_at": utcnow(), **asdict(entry)}
+    return session.execute(stmt, row).scalar_one_or_none() is not None
 
 
 def update_counts(
@@ -75,15 +88,15 @@ def update_counts(
     skipped: int,
 ) -> None:
     """Set the note counts once the notes are written (same transaction as ``record``)."""
-    row = session.execute(
-        select(HarvestLedger).where(
-            HarvestLedger.scope_kind == scope.kind,
-            HarvestLedger.scope_id == scope.id,
-            HarvestLedger.transcript_hash == digest,
-            HarvestLedger.harvester_version == version,
-        )
-    ).scalar_one()
-    row.notes_written, row.notes_updated, row.notes_skipped = written, updated, skipped
+    session.execute(
+        _SET_COUNTS,
+        {
+            **_key(scope, digest, version),
+            "written": written,
+            "updated": updated,
+            "skipped": skipped,
+        },
+    )
 
 
 def totals(session: Session) -> dict[str, int]:

@@ -372,19 +372,39 @@ def _index_terms(
     """
     if replace:
         session.execute(delete(MemoryTerm).where(MemoryTerm.memory_id == memory_id))
-    if terms:
+    insert_terms(session, scope, [(memory_id, term) for term in terms])
+
+
+_TERMS = cast(Table, MemoryTerm.__table__)
+# PostgreSQL: every row in one statement (arrays unnested side by side), not one per row.
+_UNNEST_TERMS = text(
+    "INSERT INTO memory_terms (memory_id, term, scope_kind, scope_id)"
+    " SELECT unnest(CAST(:ids AS bigint[])), unnest(CAST(:terms AS varchar[])), :kind, :sid"
+)
+
+
+def insert_terms(session: Session, scope: Scope, rows: Sequence[tuple[int, str]]) -> None:
+    """Add ``(memory_id, term)`` rows of the scope to the term index."""
+    if not rows:
+        return
+    if session.get_bind().dialect.name == "postgresql":
         session.execute(
-            insert(MemoryTerm),
-            [
-                {
-                    "memory_id": memory_id,
-                    "term": term,
-                    "scope_kind": scope.kind,
-                    "scope_id": scope.id,
-                }
-                for term in terms
-            ],
+            _UNNEST_TERMS,
+            {
+                "ids": [memory_id for memory_id, _ in rows],
+                "terms": [term for _, term in rows],
+                "kind": scope.kind,
+                "sid": scope.id,
+            },
         )
+        return
+    session.execute(
+        insert(_TERMS),
+        [
+            {"memory_id": memory_id, "term": term, "scope_kind": scope.kind, "scope_id": scope.id}
+            for memory_id, term in rows
+        ],
+    )
 
 
 def write(
@@ -535,7 +555,10 @@ def write_batch(
         return [r for r in results if r is not None]
 
     ops = _plan(session, scope, valid, conversation_id, occurred_at)
-    for op, seq in zip(ops, next_seqs(session, len(ops)), strict=True):
+    # PostgreSQL inserts take theirs from the sequence inside the INSERT (no round trip).
+    inline = session.get_bind().dialect.name == "postgresql"
+    numbered = [op for op in ops if not (inline and op.inserted)]
+    for op, seq in zip(numbered, next_seqs(session, len(numbered)), strict=True):
         op.values["updated_seq"] = seq
     retry = _apply(session, scope, ops)
     for op in ops:
@@ -677,6 +700,8 @@ def _apply(session: Session, scope: Scope, ops: list[_Op]) -> list[_Op]:
         ]
         # executemany with RETURNING: one compiled statement, sent as multi-row INSERTs.
         stmt = _dialect_insert(session, Memory.__table__)
+        if "updated_seq" not in rows[0]:
+            stmt = stmt.values(updated_seq=seq_expression(session))
         if hasattr(stmt, "on_conflict_do_nothing"):
             stmt = stmt.on_conflict_do_nothing()
         ids = {
@@ -689,14 +714,16 @@ def _apply(session: Session, scope: Scope, ops: list[_Op]) -> list[_Op]:
                 op.row_id = ids[op.slug]
             else:
                 retry.append(op)
-    term_rows = [
-        {"memory_id": op.row_id, "term": term, "scope_kind": scope.kind, "scope_id": scope.id}
-        for op in ops
-        if op not in retry
-        for term in sorted(similarity_terms(op.values["title"], op.values["topics"]))
-    ]
-    if term_rows:
-        session.execute(insert(cast(Table, MemoryTerm.__table__)), term_rows)
+    insert_terms(
+        session,
+        scope,
+        [
+            (int(op.row_id), term)
+            for op in ops
+            if op not in retry and op.row_id is not None
+            for term in sorted(similarity_terms(op.values["title"], op.values["topics"]))
+        ],
+    )
     return retry
 
 
