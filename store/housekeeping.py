@@ -31,6 +31,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     and_,
+    bindparam,
     case,
     cast,
     extract,
@@ -47,7 +48,7 @@ from sqlalchemy.orm import Session
 from store.links import scope_lock_key
 from store.mem import SUMMARY_TYPE
 from store.models import ARCHIVED, LIVE, SUPERSEDED, HousekeepingState, Link, Memory, utcnow
-from store.notes import next_seq
+from store.notes import next_seq, next_seqs
 from store.schemas import Frozen, Scope
 from store.settings import Settings
 from store.text import similarity_terms
@@ -420,28 +421,35 @@ def _choose_keepers(rows: Sequence[_Row], found: Candidates) -> list[tuple[int, 
     return plan
 
 
+# Planned pairs written per set of statements (and kept in memory until then).
+SUPERSEDE_BATCH = 2_000
+
+# Built once: only the scope changes from one load to the next.
+_LOAD = (
+    select(
+        Memory.id,
+        Memory.slug,
+        Memory.title,
+        Memory.topics,
+        Memory.pinned,
+        Memory.updated_at,
+        Memory.confidence,
+        Memory.updated_seq,
+    )
+    .where(
+        Memory.scope_kind == bindparam("kind"),
+        Memory.scope_id == bindparam("sid"),
+        Memory.status == LIVE,
+        # Session summaries share a title by design; each is its session's record.
+        or_(Memory.type.is_(None), Memory.type != SUMMARY_TYPE),
+    )
+    .order_by(Memory.id)
+)
+
+
 def _load_scope(session: Session, scope: Scope) -> list[_Row]:
     # Straight through the connection: plain rows, none of the ORM's per-statement work.
-    rows = session.connection().execute(
-        select(
-            Memory.id,
-            Memory.slug,
-            Memory.title,
-            Memory.topics,
-            Memory.pinned,
-            Memory.updated_at,
-            Memory.confidence,
-            Memory.updated_seq,
-        )
-        .where(
-            Memory.scope_kind == scope.kind,
-            Memory.scope_id == scope.id,
-            Memory.status == LIVE,
-            # Session summaries share a title by design; each is its session's record.
-            or_(Memory.type.is_(None), Memory.type != SUMMARY_TYPE),
-        )
-        .order_by(Memory.id)
-    )
+    rows = session.connection().execute(_LOAD, {"kind": scope.kind, "sid": scope.id}).all()
     return [
         _Row(
             id=note_id,
@@ -456,33 +464,34 @@ def _load_scope(session: Session, scope: Scope) -> list[_Row]:
     ]
 
 
-def _next_seqs(session: Session, count: int) -> list[int]:
-    """``count`` new ``updated_seq`` values, ascending."""
-    if session.get_bind().dialect.name == "postgresql":
-        return [next_seq(session) for _ in range(count)]
-    # SQLite's next value is max + 1, and BEGIN IMMEDIATE keeps other writers out until commit.
-    first = next_seq(session)
-    return list(range(first, first + count))
+_SUPERSEDE_PG = text(
+    "UPDATE memories SET status = :status, superseded_by_id = pair.keeper,"
+    " updated_at = :now, updated_seq = nextval('memories_updated_seq_seq')"
+    " FROM unnest(CAST(:losers AS bigint[]), CAST(:keepers AS bigint[])) AS pair(loser, keeper)"
+    " WHERE memories.id = pair.loser"
+)
 
 
 def _supersede(
-    session: Session, scope: Scope, plan: Sequence[tuple[_Row, _Row, float]]
-) -> list[tuple[_Row, _Row, float]]:
+    session: Session, plan: Sequence[tuple[Scope, _Row, _Row, float]]
+) -> list[tuple[Scope, _Row, _Row, float]]:
     """Write the planned ``keeper supersedes loser`` links in bulk; return those written.
 
     ``store.links.link``'s rules hold because a pair is written only when both notes are as
     loaded (same ``updated_seq``, live, no superseder): the keeper then heads no chain, so no
     cycle can form, and the loser gets its first and only superseder. As in ``link``, the
-    loser's ``updated_at`` and ``updated_seq`` move; on PostgreSQL the same per-scope lock is
-    taken and the rows are locked before the check.
+    loser's ``updated_at`` and ``updated_seq`` move; on PostgreSQL the same per-scope locks
+    are taken (in one order, so two bulk runs cannot deadlock) and the rows are locked
+    before the check.
     """
     postgres = session.get_bind().dialect.name == "postgresql"
     if postgres:
+        keys = sorted({scope_lock_key(scope, "supersedes") for scope, *_ in plan})
         session.execute(
-            text("SELECT pg_advisory_xact_lock(:key)"),
-            {"key": scope_lock_key(scope, "supersedes")},
+            text("SELECT pg_advisory_xact_lock(key) FROM unnest(CAST(:keys AS bigint[])) key"),
+            {"keys": keys},
         )
-    loaded = {row.id: row.seq for keeper, loser, _ in plan for row in (keeper, loser)}
+    loaded = {row.id: row.seq for _, keeper, loser, _ in plan for row in (keeper, loser)}
     ids = sorted(loaded)
     current: set[int] = set()
     for start in range(0, len(ids), ID_CHUNK):
@@ -498,30 +507,42 @@ def _supersede(
         if postgres:
             stmt = stmt.with_for_update()
         current.update(note_id for note_id, seq in session.execute(stmt) if seq == loaded[note_id])
-    done = [pair for pair in plan if pair[0].id in current and pair[1].id in current]
+    done = [pair for pair in plan if pair[1].id in current and pair[2].id in current]
     if not done:
         return done
     now = utcnow()
-    seqs = _next_seqs(session, len(done))
-    session.execute(
-        update(Memory),
-        [
+    if postgres:
+        # One statement for every pair, each loser numbered from the sequence as it is set.
+        session.execute(
+            _SUPERSEDE_PG,
             {
-                "id": loser.id,
+                "losers": [loser.id for _, _, loser, _ in done],
+                "keepers": [keeper.id for _, keeper, _, _ in done],
                 "status": SUPERSEDED,
-                "superseded_by_id": keeper.id,
-                "updated_at": now,
-                "updated_seq": seq,
-            }
-            for (keeper, loser, _), seq in zip(done, seqs, strict=True)
-        ],
-    )
+                "now": now,
+            },
+        )
+    else:
+        seqs = next_seqs(session, len(done))
+        session.execute(
+            update(Memory),
+            [
+                {
+                    "id": loser.id,
+                    "status": SUPERSEDED,
+                    "superseded_by_id": keeper.id,
+                    "updated_at": now,
+                    "updated_seq": seq,
+                }
+                for (_, keeper, loser, _), seq in zip(done, seqs, strict=True)
+            ],
+        )
     insert = postgresql.insert if postgres else sqlite.insert
     session.execute(
         insert(Link).on_conflict_do_nothing(),
         [
             {"from_id": keeper.id, "to_id": loser.id, "rel": "supersedes", "created_at": now}
-            for keeper, loser, _ in done
+            for _, keeper, loser, _ in done
         ],
     )
     return done
@@ -555,6 +576,24 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
 
     scanned = changed = checked = superseded = skipped = 0
     reported: list[DuplicatePair] = []
+    plan: list[tuple[Scope, _Row, _Row, float]] = []
+
+    def write_plan() -> None:
+        nonlocal superseded, skipped
+        applied = plan if dry_run or not plan else _supersede(session, plan)
+        if len(applied) < len(plan):
+            log.warning(
+                "dedupe skipped %d pair(s): notes changed during the run; the next run looks again",
+                len(plan) - len(applied),
+            )
+            skipped += len(plan) - len(applied)
+        superseded += len(applied)
+        reported.extend(
+            DuplicatePair(scope=scope, keeper=keeper.slug, loser=loser.slug, score=score)
+            for scope, keeper, loser, score in applied[: MAX_REPORTED_PAIRS - len(reported)]
+        )
+        plan.clear()
+
     for kind, scope_id in scopes:
         scope = Scope(kind=kind, id=scope_id)
         rows = _load_scope(session, scope)
@@ -563,23 +602,13 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
         scanned += len(rows)
         changed += sum(fresh)
         checked += found.checked
-        plan = [
-            (rows[keep], rows[lose], score) for keep, lose, score in _choose_keepers(rows, found)
-        ]
-        applied = plan if dry_run or not plan else _supersede(session, scope, plan)
-        if len(applied) < len(plan):
-            log.warning(
-                "dedupe skipped %d pair(s) in %s: notes changed during the run; the next run "
-                "looks again",
-                len(plan) - len(applied),
-                scope,
-            )
-            skipped += len(plan) - len(applied)
-        superseded += len(applied)
-        reported.extend(
-            DuplicatePair(scope=scope, keeper=keeper.slug, loser=loser.slug, score=score)
-            for keeper, loser, score in applied[: MAX_REPORTED_PAIRS - len(reported)]
+        plan.extend(
+            (scope, rows[keep], rows[lose], score)
+            for keep, lose, score in _choose_keepers(rows, found)
         )
+        if len(plan) >= SUPERSEDE_BATCH:
+            write_plan()  # many scopes' pairs in one set of statements
+    write_plan()
     result = DedupeResult(
         dry_run=dry_run,
         scopes_scanned=len(scopes),
