@@ -14,6 +14,7 @@ from typing import Any, Literal, cast
 
 from sqlalchemy import (
     Table,
+    bindparam,
     delete,
     func,
     insert,
@@ -736,6 +737,21 @@ def _free_slug(base: str, taken: set[str]) -> str:
     return f"{base}-{n}"
 
 
+_IN_SCOPE = (Memory.scope_kind == bindparam("kind"), Memory.scope_id == bindparam("sid"))
+# Built once: only the parameters change from batch to batch. Rows are locked as ``_by_key``
+# locks them.
+_BY_SLUGS, _BY_TOPIC_KEYS = (
+    select(Memory.id, Memory.slug, Memory.status, column)
+    .where(*_IN_SCOPE, column.in_(bindparam("wanted", expanding=True)))
+    .order_by(Memory.id)
+    .with_for_update()
+    for column in (Memory.slug, Memory.topic_key)
+)
+_TAKEN_SLUGS = select(Memory.slug).where(
+    *_IN_SCOPE, Memory.slug.in_(bindparam("wanted", expanding=True))
+)
+
+
 def _batch_lookup(
     session: Session, scope: Scope, valid: Sequence[tuple[int, Draft, BatchItem, str]]
 ) -> tuple[dict[str, tuple[int, str, str]], dict[str, tuple[int, str, str]], set[str]]:
@@ -744,20 +760,12 @@ def _batch_lookup(
     explicit = sorted({d.slug for _, d, _, _ in valid if d.slug is not None})
     keys = sorted({i.topic_key for _, d, i, _ in valid if d.slug is None and i.topic_key})
     bases = sorted({slugify(d.title) for _, d, _, _ in valid if d.slug is None})
-    in_scope = (Memory.scope_kind == scope.kind, Memory.scope_id == scope.id)
+    in_scope = {"kind": scope.kind, "sid": scope.id}
     by_slug: dict[str, tuple[int, str, str]] = {}
     by_topic: dict[str, tuple[int, str, str]] = {}
-    for column, wanted, found in (
-        (Memory.slug, explicit, by_slug),
-        (Memory.topic_key, keys, by_topic),
-    ):
+    for stmt, wanted, found in ((_BY_SLUGS, explicit, by_slug), (_BY_TOPIC_KEYS, keys, by_topic)):
         for start in range(0, len(wanted), ID_CHUNK):
-            rows = session.execute(
-                select(Memory.id, Memory.slug, Memory.status, column)
-                .where(*in_scope, column.in_(wanted[start : start + ID_CHUNK]))
-                .order_by(Memory.id)
-                .with_for_update()
-            )
+            rows = session.execute(stmt, {**in_scope, "wanted": wanted[start : start + ID_CHUNK]})
             for row_id, slug, status, value in rows:
                 found[str(value)] = (int(row_id), slug, status)
     taken: set[str] = set(by_slug)
@@ -767,9 +775,7 @@ def _batch_lookup(
     for start in range(0, len(bases), ID_CHUNK):
         busy.update(
             session.execute(
-                select(Memory.slug).where(
-                    *in_scope, Memory.slug.in_(bases[start : start + ID_CHUNK])
-                )
+                _TAKEN_SLUGS, {**in_scope, "wanted": bases[start : start + ID_CHUNK]}
             ).scalars()
         )
     taken |= busy
@@ -779,8 +785,10 @@ def _batch_lookup(
         taken.update(
             session.execute(
                 select(Memory.slug).where(
-                    *in_scope, or_(*(Memory.slug.like(f"{b}-%") for b in chunk))
-                )
+                    Memory.scope_kind == scope.kind,
+                    Memory.scope_id == scope.id,
+                    or_(*(Memory.slug.like(f"{b}-%") for b in chunk)),
+                ),
             ).scalars()
         )
     return by_slug, by_topic, taken
