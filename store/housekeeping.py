@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -269,7 +269,7 @@ class DedupeResult(Frozen):
 
 @dataclass(slots=True)
 class _Row:
-    """The columns dedupe needs of one live note."""
+    """What choosing keepers needs of a note with a near-duplicate (``seq`` as scanned)."""
 
     id: int
     slug: str
@@ -277,7 +277,6 @@ class _Row:
     updated_at: datetime
     confidence: float | None
     seq: int
-    terms: frozenset[str]
 
     @property
     def rank(self) -> tuple[bool, datetime, float, int]:
@@ -310,6 +309,24 @@ def prefix_length(size: int, threshold: float) -> int:
     return max(1, min(size, size - overlap + 1))
 
 
+def _partners(size: int, threshold: float) -> list[tuple[int, int, int]]:
+    """For a set of ``size`` terms: each set size that can reach ``threshold`` with it, the
+    terms the two must share, and how many of the other's prefix positions can hold the
+    first shared term (the positional filter)."""
+    # J <= min(|A|, |B|) / max(|A|, |B|): sizes outside these bounds cannot reach it.
+    low = max(1, math.ceil(threshold * size - FLOAT_SLACK))
+    high = math.floor((size + FLOAT_SLACK) / threshold)
+    # J(A, B) >= t  <=>  |A & B| >= t / (1 + t) * (|A| + |B|).
+    share = threshold / (1 + threshold)
+    found = []
+    for other in range(low, high + 1):
+        need = math.ceil(share * (size + other) - FLOAT_SLACK)
+        positions = min(prefix_length(other, threshold), other - need + 1)
+        if positions > 0:
+            found.append((other, need, positions))
+    return found
+
+
 def similar_groups(
     term_sets: Sequence[frozenset[str]], changed: Sequence[bool], threshold: float
 ) -> Candidates:
@@ -337,43 +354,42 @@ def similar_groups(
     rank = order.__getitem__
     prefixes = [sorted(map(rank, key))[: prefix_length(len(key), threshold)] for key in keys]
     sizes = [len(key) for key in keys]
-    # Index entries are bucketed by (set size, position in its prefix), so whole buckets are
-    # skipped by the size filter and the positional filter below without touching a member.
-    index: defaultdict[int, defaultdict[tuple[int, int], list[int]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
+    # Entries are keyed by (term, set size, position in its prefix): a probe looks up only
+    # the sizes that can reach the threshold and the positions the positional filter allows,
+    # never walking the entries it would reject.
+    index: defaultdict[tuple[int, int, int], list[int]] = defaultdict(list)
     # Probe, then insert: unchanged groups are indexed up front and each changed group joins
     # after probing, so every pair is met once and two unchanged groups never meet.
     for group, prefix in enumerate(prefixes):
         if not touched[group]:
             for position, token in enumerate(prefix):
-                index[token][(sizes[group], position)].append(group)
+                index[(token, sizes[group], position)].append(group)
 
     edges: defaultdict[int, list[tuple[int, float]]] = defaultdict(list)
     checked = 0
-    # J(A, B) >= t  <=>  |A & B| >= t / (1 + t) * (|A| + |B|).
-    share = threshold / (1 + threshold)
-    needed: dict[tuple[int, int], int] = {}
+    lookup = index.get
+    partners_of: dict[int, list[tuple[int, int, int]]] = {}
     for a, key in enumerate(keys):
         if not touched[a]:
             continue
         if len(groups[a]) > 1:
             edges[a].append((a, 1.0))
-        # J <= min(|A|, |B|) / max(|A|, |B|): sizes outside these bounds cannot reach it.
         size = sizes[a]
-        low, high = threshold * size - FLOAT_SLACK, (size + FLOAT_SLACK) / threshold
+        partners = partners_of.get(size)
+        if partners is None:
+            partners = partners_of[size] = _partners(size, threshold)
         candidates: set[int] = set()
         for i, token in enumerate(prefixes[a]):
-            for (other, j), members in index[token].items():
-                if not low <= other <= high:
-                    continue
-                need = needed.get((size, other))
-                if need is None:
-                    need = needed[(size, other)] = math.ceil(share * (size + other) - FLOAT_SLACK)
+            for other, need, positions in partners:
                 # Positional filter (PPJoin): a pair at the threshold meets first at its first
-                # shared term, and shares at most that one plus what follows it in each set.
-                if 1 + min(size - i - 1, other - j - 1) >= need:
-                    candidates.update(members)
+                # shared term, and shares at most that one plus what follows it in each set:
+                # 1 + min(size - i - 1, other - j - 1) >= need.
+                if size - i < need:
+                    continue
+                for j in range(positions):
+                    members = lookup((token, other, j))
+                    if members:
+                        candidates.update(members)
         for b in candidates:
             checked += 1
             # Exactly store.text.jaccard (|A | B| = |A| + |B| - |A & B|), without building
@@ -384,24 +400,23 @@ def similar_groups(
                 edges[a].append((b, score))
                 edges[b].append((a, score))
         for position, token in enumerate(prefixes[a]):
-            index[token][(size, position)].append(a)
+            index[(token, size, position)].append(a)
     return Candidates(
         groups=groups, edges={g: sorted(found) for g, found in edges.items()}, checked=checked
     )
 
 
-def _choose_keepers(rows: Sequence[_Row], found: Candidates) -> list[tuple[int, int, float]]:
+def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[int, int, float]]:
     """``(keeper, loser, score)`` positions: each duplicate paired with its best keeper.
 
-    Notes are visited best first (``_Row.rank``); one nobody has claimed is a keeper and
+    ``rows`` holds the positions that have an edge (one missing, deleted mid-run, is left
+    out). Notes are visited best first (``_Row.rank``); one nobody has claimed is a keeper and
     claims every unclaimed, unpinned, lower-ranked note it is similar to. So a loser's keeper
     is the best surviving note similar to it (never one it only reaches through a third note),
     pinned notes are never claimed, and keepers outrank losers (no cycles).
     """
-    group_of = {p: g for g, members in enumerate(found.groups) for p in members}
-    involved = sorted(
-        {p for g in found.edges for p in found.groups[g]}, key=lambda p: rows[p].rank, reverse=True
-    )
+    group_of = {p: g for g in found.edges for p in found.groups[g] if p in rows}
+    involved = sorted(group_of, key=lambda p: rows[p].rank, reverse=True)
     place = {p: n for n, p in enumerate(involved)}
     claimed: set[int] = set()
     # A group a keeper has claimed from holds nothing a later (lower) keeper could claim.
@@ -415,7 +430,12 @@ def _choose_keepers(rows: Sequence[_Row], found: Candidates) -> list[tuple[int, 
                 continue
             drained.add(group)
             for loser in found.groups[group]:
-                if place[loser] > place[keeper] and not rows[loser].pinned and loser not in claimed:
+                if (
+                    loser in place
+                    and place[loser] > place[keeper]
+                    and not rows[loser].pinned
+                    and loser not in claimed
+                ):
                     claimed.add(loser)
                     plan.append((keeper, loser, score))
     return plan
@@ -424,18 +444,11 @@ def _choose_keepers(rows: Sequence[_Row], found: Candidates) -> list[tuple[int, 
 # Planned pairs written per set of statements (and kept in memory until then).
 SUPERSEDE_BATCH = 2_000
 
-# Built once: only the scope changes from one load to the next.
+# Built once: only the scope changes from one load to the next. Every live note is read,
+# so only what similarity needs is; the few notes with a near-duplicate get the rest
+# (``_DETAILS``).
 _LOAD = (
-    select(
-        Memory.id,
-        Memory.slug,
-        Memory.title,
-        Memory.topics,
-        Memory.pinned,
-        Memory.updated_at,
-        Memory.confidence,
-        Memory.updated_seq,
-    )
+    select(Memory.id, Memory.title, Memory.topics, Memory.updated_seq)
     .where(
         Memory.scope_kind == bindparam("kind"),
         Memory.scope_id == bindparam("sid"),
@@ -445,23 +458,43 @@ _LOAD = (
     )
     .order_by(Memory.id)
 )
+_DETAILS = select(
+    Memory.id, Memory.slug, Memory.pinned, Memory.updated_at, Memory.confidence
+).where(Memory.id.in_(bindparam("ids", expanding=True)))
 
 
-def _load_scope(session: Session, scope: Scope) -> list[_Row]:
+@dataclass(frozen=True)
+class _Scan:
+    """A scope's live notes, by position: ids, ``updated_seq`` and term sets."""
+
+    ids: list[int]
+    seqs: list[int]
+    terms: list[frozenset[str]]
+
+
+def _load_scope(session: Session, scope: Scope) -> _Scan:
     # Straight through the connection: plain rows, none of the ORM's per-statement work.
     rows = session.connection().execute(_LOAD, {"kind": scope.kind, "sid": scope.id}).all()
-    return [
-        _Row(
-            id=note_id,
-            slug=slug,
-            pinned=bool(pinned),
-            updated_at=updated_at,
-            confidence=confidence,
-            seq=seq,
-            terms=similarity_terms(title, topics),
-        )
-        for note_id, slug, title, topics, pinned, updated_at, confidence, seq in rows
-    ]
+    return _Scan(
+        ids=[row[0] for row in rows],
+        seqs=[row[3] for row in rows],
+        terms=[similarity_terms(title, topics) for _, title, topics, _ in rows],
+    )
+
+
+def _involved_rows(session: Session, scan: _Scan, found: Candidates) -> dict[int, _Row]:
+    """``_Row`` by position for every note that has an edge."""
+    positions = sorted({p for g in found.edges for p in found.groups[g]})
+    details: dict[int, tuple[str, bool, datetime, float | None]] = {}
+    ids = [scan.ids[p] for p in positions]
+    for start in range(0, len(ids), ID_CHUNK):
+        rows = session.connection().execute(_DETAILS, {"ids": ids[start : start + ID_CHUNK]})
+        details.update({row[0]: (row[1], bool(row[2]), row[3], row[4]) for row in rows})
+    return {
+        p: _Row(scan.ids[p], *details[scan.ids[p]], seq=scan.seqs[p])
+        for p in positions
+        if scan.ids[p] in details
+    }
 
 
 _SUPERSEDE_PG = text(
@@ -596,16 +629,18 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
 
     for kind, scope_id in scopes:
         scope = Scope(kind=kind, id=scope_id)
-        rows = _load_scope(session, scope)
-        fresh = [row.seq > since for row in rows]
-        found = similar_groups([row.terms for row in rows], fresh, settings.duplicate_threshold)
-        scanned += len(rows)
+        scan = _load_scope(session, scope)
+        fresh = [seq > since for seq in scan.seqs]
+        found = similar_groups(scan.terms, fresh, settings.duplicate_threshold)
+        scanned += len(scan.ids)
         changed += sum(fresh)
         checked += found.checked
-        plan.extend(
-            (scope, rows[keep], rows[lose], score)
-            for keep, lose, score in _choose_keepers(rows, found)
-        )
+        if found.edges:
+            rows = _involved_rows(session, scan, found)
+            plan.extend(
+                (scope, rows[keep], rows[lose], score)
+                for keep, lose, score in _choose_keepers(rows, found)
+            )
         if len(plan) >= SUPERSEDE_BATCH:
             write_plan()  # many scopes' pairs in one set of statements
     write_plan()
