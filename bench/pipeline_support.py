@@ -269,7 +269,8 @@ def wait_jobs(
             on_poll()
         return found.get("done", 0) + found.get("failed", 0) >= total
 
-    wait_until(finished, timeout, 0.2)
+    # Every 0.5 s: each poll scans the jobs table, work the pipeline then shares the CPU with.
+    wait_until(finished, timeout, 0.5)
     return found
 
 

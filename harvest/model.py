@@ -642,6 +642,11 @@ def pack_chunks(blocks: Iterable[str], budget: int) -> list[str]:
 
     A block over the budget on its own is cut at token boundaries.
     """
+    blocks = list(blocks)
+    # A token is at least one UTF-8 byte, so text of at most ``budget`` bytes fits: the
+    # usual short transcript is one chunk without being tokenized.
+    if sum(len(b.encode("utf-8", "surrogatepass")) + 1 for b in blocks) <= budget:
+        return ["\n".join(blocks)] if blocks else []
     chunks: list[str] = []
     current: list[str] = []
     used = 0
