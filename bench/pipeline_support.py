@@ -280,6 +280,96 @@ def note_count(cluster: Cluster) -> int:
     return int(row[0]) if row else 0
 
 
+# --- profile ------------------------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds so far of the processes a pipeline bench runs on, by role.
+
+    Each process counts its reaped children too (``cutime``), so recycled pool children and
+    closed PostgreSQL backends are not lost between two readings.
+    """
+    found: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        name, fields = stat.split("(", 1)[1].rsplit(")", 1)[0], stat.rsplit(")", 1)[1].split()
+        if name == "postgres" or "postgres" in command.split(" ", 1)[0]:
+            role = "PostgreSQL"
+        elif name == "redis-server":
+            role = "Redis"
+        elif "workers.cli" in command:
+            role = "workers"
+        elif "bench.model_server" in command:
+            role = "model server"
+        elif int(entry.name) == os.getpid():
+            role = "bench (enqueue, polling)"
+        else:
+            continue
+        used = sum(int(value) for value in fields[11:15]) / _TICK
+        found[role] = found.get(role, 0.0) + used
+    return found
+
+
+def cpu_note(before: dict[str, float], after: dict[str, float], transcripts: int) -> str:
+    """``role X ms`` per transcript, largest first."""
+    spent = {role: after.get(role, 0.0) - before.get(role, 0.0) for role in after}
+    return ", ".join(
+        f"{role} {1000 * seconds / transcripts:.1f} ms"
+        for role, seconds in sorted(spent.items(), key=lambda item: -item[1])
+        if seconds > 0
+    )
+
+
+LITELLM_PROBE = """
+import json, sys, time
+from harvest.model import ModelOptions, litellm_call, warm_up
+from store.settings import Settings
+
+options = ModelOptions.from_settings(Settings(
+    harvest_model=sys.argv[1], harvest_api_base=sys.argv[2], harvest_api_key="bench"))
+warm_up(options.model)
+messages = [{"role": "system", "content": "Extract notes. " * 40},
+            {"role": "user", "content": "I prefer vim with the kit1 keymap1. " * 12}]
+for _ in range(20):
+    litellm_call(messages, options=options)
+calls = int(sys.argv[3])
+started = time.process_time()
+for _ in range(calls):
+    litellm_call(messages, options=options)
+print(json.dumps({"cpu_ms": 1000 * (time.process_time() - started) / calls}))
+"""
+
+
+def litellm_cpu_ms(api_base: str, calls: int = 200) -> float:
+    """CPU milliseconds per ``harvest.model.litellm_call`` to the model server, measured in a
+    fresh process (import and warm-up excluded)."""
+    out = subprocess.run(
+        [sys.executable, "-c", LITELLM_PROBE, MODEL, api_base, str(calls)],
+        cwd=ROOT,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["cpu_ms"])
+
+
+def raw_http_cpu_ms(api_base: str, calls: int = 200) -> float:
+    """CPU milliseconds per raw keep-alive POST of the same request (``http_seconds``' body),
+    in this process."""
+    started = time.process_time()
+    http_seconds(api_base, calls, 1)
+    return 1000 * (time.process_time() - started) / calls
+
+
 # --- ceilings ----------------------------------------------------------------------------
 
 
