@@ -57,6 +57,13 @@ def min_shared(threshold: float, size: int) -> int:
     return max(1, math.ceil(threshold * size - 1e-9))
 
 
+def prefix_size(terms: frozenset[str], threshold: float) -> int:
+    """How many rare terms a prefix lookup for the probe would walk; 0 when that many do not
+    pay off (more than PREFIX_MAX_TERMS, or the whole probe)."""
+    size = len(terms) - min_shared(threshold, len(terms)) + 1
+    return 0 if size > PREFIX_MAX_TERMS or size >= len(terms) else size
+
+
 def rare_prefix(terms: frozenset[str], needed: int, frequency: dict[str, int]) -> list[str] | None:
     """The probe's rarest ``len(terms) - needed + 1`` terms, or None when that prefix would
     hold a common term or be most of the probe (then counting every shared term is no dearer).
@@ -255,18 +262,27 @@ def similar_twins_many(
 
     Statements: one for the terms' frequencies, one for the rare prefixes' postings (none
     when no note holds them), one for the candidates' shared terms (none without
-    candidates), and the full SQL count only for a probe whose prefix holds a common term.
+    candidates), and the full SQL count only for a probe whose prefix would be long (a low
+    threshold) or hold a common term.
     """
     wanted = [similarity_terms(title, topics) for title, topics in probes]
     results: list[list[Twin]] = [[] for _ in probes]
-    vocabulary = sorted(set().union(*wanted))
+    # Probes whose prefix would be too long (a low threshold, as for ``similar``) are counted
+    # in SQL at once; only the others' terms need their frequencies.
+    short = [n for n, terms in enumerate(wanted) if terms and prefix_size(terms, threshold)]
+    by_prefix = set(short)
+    for n, terms in enumerate(wanted):
+        if terms and n not in by_prefix:
+            results[n] = _counted_in_sql(
+                session, scope, terms, threshold=threshold, exclude_id=exclude_id, limit=limit
+            )
+    vocabulary = sorted(set().union(*(wanted[n] for n in short)))
     if not vocabulary:
         return results
     frequency = _frequencies(session, scope, vocabulary)
     prefixes: dict[int, list[str]] = {}
-    for n, terms in enumerate(wanted):
-        if not terms:
-            continue
+    for n in short:
+        terms = wanted[n]
         prefix = rare_prefix(terms, min_shared(threshold, len(terms)), frequency)
         if prefix is None:
             results[n] = _counted_in_sql(
