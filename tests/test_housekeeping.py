@@ -607,6 +607,33 @@ def test_a_note_changed_mid_run_is_skipped_and_looked_at_again(
     assert store.get(ALICE, new).status == "live"  # type: ignore[union-attr]
 
 
+@pytest.mark.postgres
+def test_a_note_deleted_between_the_scan_and_its_details_is_left_out(
+    make_store, pg_url: str
+) -> None:
+    store = make_store("postgresql")
+    old = put(store, BASE)
+    age(store, old, 3)
+    put(store, NEAR)
+    runner = make_store("postgresql")
+    loaded, go = threading.Event(), threading.Event()
+    pause_on(runner, "memories.topics", loaded, go)  # right after the scope's terms are read
+    outcome: dict[str, DedupeResult] = {}
+    worker = threading.Thread(target=lambda: outcome.setdefault("run", runner.dedupe()))
+    worker.start()
+    try:
+        assert loaded.wait(timeout=30)
+        with store.transaction() as session:  # as forget_owner would, mid-run
+            session.execute(text("DELETE FROM memories WHERE slug = :slug"), {"slug": old})
+    finally:
+        go.set()
+        worker.join(timeout=30)
+
+    run = outcome["run"]
+    assert (run.superseded, run.skipped) == (0, 0)  # nothing left to pair the other with
+    assert supersedes(store) == set()
+
+
 def test_session_summaries_are_never_deduplicated(store: Store) -> None:
     first = store.mem_session_summary("alice", "We set up CI.")
     second = store.mem_session_summary("alice", "We fixed the flaky test.")
