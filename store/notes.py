@@ -224,18 +224,20 @@ def _insert_ignoring_conflicts(session: Session, values: dict[str, Any]) -> Memo
 
     ``updated_seq`` is computed in the statement (``seq_expression``). The statement is built
     once per dialect; only the values change. On PostgreSQL a conflicting insert still in
-    flight is waited for, so the loser sees the winner's row once this returns None.
+    flight is waited for, so the loser sees the winner's row once this returns None. The row
+    comes back as a detached ``Memory`` built from the returned columns: callers only read it,
+    and loading it through the ORM cost as much as the rest of the write.
     """
     dialect = session.get_bind().dialect.name
     stmt = _INSERTS.get(dialect)
     if stmt is None:
-        stmt = _dialect_insert(session, Memory).values(updated_seq=seq_expression(session))
+        table = cast(Table, Memory.__table__)
+        stmt = _dialect_insert(session, table).values(updated_seq=seq_expression(session))
         if hasattr(stmt, "on_conflict_do_nothing"):
             stmt = stmt.on_conflict_do_nothing()
-        stmt = _INSERTS[dialect] = stmt.returning(Memory)
-    return session.execute(
-        stmt, values, execution_options={"populate_existing": True}
-    ).scalar_one_or_none()
+        stmt = _INSERTS[dialect] = stmt.returning(*table.c)
+    row = session.execute(stmt, values).first()
+    return None if row is None else Memory(**row._mapping)
 
 
 def _next_free_slug(session: Session, scope: Scope, base: str) -> str:
