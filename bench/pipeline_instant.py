@@ -72,7 +72,8 @@ def run(ctx: Context) -> None:
         running.stop_workers()
         http = http_seconds(api_base, count, CONCURRENCY)
         inserts, rows = insert_seconds(running.database_url, count)
-        litellm, raw = litellm_cpu_ms(api_base), raw_http_cpu_ms(api_base)
+        calls = ctx.size(200, 40)
+        litellm, raw = litellm_cpu_ms(api_base, calls), raw_http_cpu_ms(api_base, calls)
     ceiling = noop + http + inserts
     rate = count / pipeline
     cores = os.cpu_count() or 1
