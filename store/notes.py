@@ -271,6 +271,22 @@ def _by_key(session: Session, scope: Scope, **key: str) -> Memory | None:
     ).scalar_one_or_none()
 
 
+def _draft_columns(draft: Draft, provenance: str, now: datetime, term_count: int) -> dict[str, Any]:
+    """The columns every write of ``draft`` sets, insert or update alike."""
+    return {
+        "title": draft.title,
+        "body": draft.body,
+        "topics": draft.topics,
+        "pinned": draft.pinned,
+        "confidence": draft.confidence,
+        "source": draft.source,
+        "provenance": provenance,
+        "content_hash": content_hash(draft.body),
+        "updated_at": now,
+        "term_count": term_count,
+    }
+
+
 def save_note(
     session: Session,
     settings: Settings,
@@ -290,20 +306,9 @@ def save_note(
     session and no topic key, content already saved in that session is ``deduped``.
     """
     now = utcnow()
-    digest = content_hash(draft.body)
     terms = sorted(similarity_terms(draft.title, draft.topics))
-    fields: dict[str, Any] = {
-        "title": draft.title,
-        "body": draft.body,
-        "topics": draft.topics,
-        "pinned": draft.pinned,
-        "confidence": draft.confidence,
-        "source": draft.source,
-        "provenance": provenance,
-        "content_hash": digest,
-        "updated_at": now,
-        "term_count": len(terms),
-    }
+    fields = _draft_columns(draft, provenance, now, len(terms))
+    digest = fields["content_hash"]
     if note_type is not None:
         fields["type"] = note_type
     key: dict[str, str] = {}
@@ -614,18 +619,8 @@ def _plan(
         return by_row[row_id]
 
     for n, draft, item, resolved in valid:
-        values: dict[str, Any] = {
-            "title": draft.title,
-            "body": draft.body,
-            "topics": draft.topics,
-            "pinned": draft.pinned,
-            "confidence": draft.confidence,
-            "source": draft.source,
-            "provenance": resolved,
-            "content_hash": content_hash(draft.body),
-            "updated_at": now,
-            "term_count": len(similarity_terms(draft.title, draft.topics)),
-        }
+        terms = similarity_terms(draft.title, draft.topics)
+        values = _draft_columns(draft, resolved, now, len(terms))
         if item.note_type is not None:
             values["type"] = item.note_type
         if conversation_id is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,15 +64,12 @@ def prefix_size(terms: frozenset[str], threshold: float) -> int:
     return 0 if size > PREFIX_MAX_TERMS or size >= len(terms) else size
 
 
-def rare_prefix(terms: frozenset[str], needed: int, frequency: dict[str, int]) -> list[str] | None:
-    """The probe's rarest ``len(terms) - needed + 1`` terms, or None when that prefix would
-    hold a common term or be most of the probe (then counting every shared term is no dearer).
+def rare_prefix(terms: frozenset[str], size: int, frequency: dict[str, int]) -> list[str] | None:
+    """The probe's rarest ``size`` terms (``prefix_size``), or None when one of them is common
+    (then counting every shared term is no dearer).
 
-    Exact, not a heuristic: a note sharing ``needed`` of the terms holds at least one of these.
+    Exact, not a heuristic: a note sharing ``min_shared`` of the terms holds one of these.
     """
-    size = len(terms) - needed + 1
-    if size > PREFIX_MAX_TERMS or size >= len(terms):
-        return None
     prefix = sorted(terms, key=lambda t: (frequency.get(t, 0), t))[:size]
     if frequency.get(prefix[-1], 0) >= COMMON_TERM_NOTES:
         return None
@@ -125,12 +122,18 @@ _CANDIDATE_TERMS = (
 )
 
 
-def _frequencies(session: Session, scope: Scope, terms: Sequence[str]) -> dict[str, int]:
-    found: dict[str, int] = {}
+def _term_chunks(scope: Scope, terms: Sequence[str]) -> Iterator[tuple[list[str], dict[str, Any]]]:
+    """``terms`` in chunks of TERM_CHUNK, each with the parameters of a per-term statement."""
     for start in range(0, len(terms), TERM_CHUNK):
-        chunk = terms[start : start + TERM_CHUNK]
+        chunk = list(terms[start : start + TERM_CHUNK])
         params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id}
         params.update({f"t{n}": term for n, term in enumerate(chunk)})
+        yield chunk, params
+
+
+def _frequencies(session: Session, scope: Scope, terms: Sequence[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for chunk, params in _term_chunks(scope, terms):
         row = session.execute(_frequency_statement(len(chunk)), params).one()
         found.update({term: int(n) for term, n in zip(chunk, row, strict=True)})
     return found
@@ -138,10 +141,7 @@ def _frequencies(session: Session, scope: Scope, terms: Sequence[str]) -> dict[s
 
 def _postings(session: Session, scope: Scope, terms: Sequence[str]) -> dict[str, set[int]]:
     found: dict[str, set[int]] = {term: set() for term in terms}
-    for start in range(0, len(terms), TERM_CHUNK):
-        chunk = terms[start : start + TERM_CHUNK]
-        params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id}
-        params.update({f"t{n}": term for n, term in enumerate(chunk)})
+    for chunk, params in _term_chunks(scope, terms):
         for term, memory_id in session.execute(_postings_statement(len(chunk)), params):
             found[str(term)].add(int(memory_id))
     return found
@@ -283,7 +283,7 @@ def similar_twins_many(
     prefixes: dict[int, list[str]] = {}
     for n in short:
         terms = wanted[n]
-        prefix = rare_prefix(terms, min_shared(threshold, len(terms)), frequency)
+        prefix = rare_prefix(terms, prefix_size(terms, threshold), frequency)
         if prefix is None:
             results[n] = _counted_in_sql(
                 session, scope, terms, threshold=threshold, exclude_id=exclude_id, limit=limit
