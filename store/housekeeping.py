@@ -19,10 +19,12 @@ import logging
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -43,6 +45,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from store.links import scope_lock_key
@@ -327,6 +330,53 @@ def _partners(size: int, threshold: float) -> list[tuple[int, int, int]]:
     return found
 
 
+def _probe_plan(size: int, threshold: float) -> list[tuple[int, list[tuple[int, int]]]]:
+    """What a set of ``size`` terms looks up: for each of its prefix positions ``i``, the
+    index slots ``(other size, other position)`` a pair at the threshold can meet in.
+
+    Positional filter (PPJoin): a pair meets first at its first shared term, and shares at
+    most that one plus what follows it in each set: ``1 + min(size - i - 1, ...) >= need``.
+    """
+    plan = []
+    for i in range(prefix_length(size, threshold)):
+        slots = [
+            (other, j)
+            for other, need, positions in _partners(size, threshold)
+            if size - i >= need
+            for j in range(positions)
+        ]
+        if slots:
+            plan.append((i, slots))
+    return plan
+
+
+def _group(
+    term_sets: Sequence[frozenset[str]], changed: Sequence[bool]
+) -> tuple[list[frozenset[str]], list[list[int]], list[bool]]:
+    """Distinct non-empty term sets, the input positions holding each, and whether any of
+    those positions changed."""
+    by_terms: defaultdict[frozenset[str], list[int]] = defaultdict(list)
+    for position, terms in enumerate(term_sets):
+        by_terms[terms].append(position)
+    by_terms.pop(frozenset(), None)
+    groups = list(by_terms.values())
+    if all(changed):
+        return list(by_terms), groups, [True] * len(groups)
+    return list(by_terms), groups, [any(changed[p] for p in members) for members in groups]
+
+
+def _rank(keys: Sequence[frozenset[str]]) -> tuple[list[list[int]], int]:
+    """Each set's terms as ranks, rarest first (its first ``prefix_length`` are its prefix),
+    and the rank from which terms belong to more than one set."""
+    frequency = Counter(chain.from_iterable(keys))
+    # Rarest first, ties in first-seen order (a stable sort): one order for the whole input.
+    order = {term: n for n, term in enumerate(sorted(frequency, key=frequency.__getitem__))}
+    rank = order.__getitem__
+    # A term of one set only (they rank first) can pair nothing: never indexed nor probed.
+    shared_from = sum(1 for count in frequency.values() if count == 1)
+    return [sorted(map(rank, key)) for key in keys], shared_from
+
+
 def similar_groups(
     term_sets: Sequence[frozenset[str]], changed: Sequence[bool], threshold: float
 ) -> Candidates:
@@ -338,59 +388,55 @@ def similar_groups(
     sharing a rare term, of a size that can reach the threshold and with enough terms after
     the first shared one (the positional filter), are scored. Empty sets match nothing.
     """
-    by_terms: dict[frozenset[str], int] = {}
-    groups: list[list[int]] = []
-    for position, terms in enumerate(term_sets):
-        if terms:
-            groups_at = by_terms.setdefault(terms, len(groups))
-            if groups_at == len(groups):
-                groups.append([])
-            groups[groups_at].append(position)
-    keys = list(by_terms)
-    touched = [any(changed[p] for p in members) for members in groups]
+    keys, groups, touched = _group(term_sets, changed)
+    prefixes, shared_from = _rank(keys)
+    sizes = list(map(len, keys))
+    lengths = {size: prefix_length(size, threshold) for size in set(sizes)}
+    plans = {size: _probe_plan(size, threshold) for size in lengths}
+    # index[term][(set size, position in its prefix)] -> groups: a probe looks up only the
+    # sizes that can reach the threshold and the positions the positional filter allows, and
+    # one miss on a term skips all of them.
+    slots = {size: [(size, p) for p in range(n)] for size, n in lengths.items()}
+    index: dict[int, dict[tuple[int, int], list[int]]] = {}
 
-    frequency = Counter(term for key in keys for term in key)
-    order = {term: n for n, term in enumerate(sorted(frequency, key=lambda t: (frequency[t], t)))}
-    rank = order.__getitem__
-    prefixes = [sorted(map(rank, key))[: prefix_length(len(key), threshold)] for key in keys]
-    sizes = [len(key) for key in keys]
-    # Entries are keyed by (term, set size, position in its prefix): a probe looks up only
-    # the sizes that can reach the threshold and the positions the positional filter allows,
-    # never walking the entries it would reject.
-    index: defaultdict[tuple[int, int, int], list[int]] = defaultdict(list)
+    def insert(group: int) -> None:
+        for slot, token in zip(slots[sizes[group]], prefixes[group], strict=False):
+            if token < shared_from:
+                continue
+            entries = index.get(token)
+            if entries is None:
+                index[token] = {slot: [group]}
+            elif (members := entries.get(slot)) is None:
+                entries[slot] = [group]
+            else:
+                members.append(group)
+
     # Probe, then insert: unchanged groups are indexed up front and each changed group joins
     # after probing, so every pair is met once and two unchanged groups never meet.
-    for group, prefix in enumerate(prefixes):
-        if not touched[group]:
-            for position, token in enumerate(prefix):
-                index[(token, sizes[group], position)].append(group)
-
+    for group, was_touched in enumerate(touched):
+        if not was_touched:
+            insert(group)
     edges: defaultdict[int, list[tuple[int, float]]] = defaultdict(list)
     checked = 0
     lookup = index.get
-    partners_of: dict[int, list[tuple[int, int, int]]] = {}
     for a, key in enumerate(keys):
         if not touched[a]:
             continue
         if len(groups[a]) > 1:
             edges[a].append((a, 1.0))
         size = sizes[a]
-        partners = partners_of.get(size)
-        if partners is None:
-            partners = partners_of[size] = _partners(size, threshold)
-        candidates: set[int] = set()
-        for i, token in enumerate(prefixes[a]):
-            for other, need, positions in partners:
-                # Positional filter (PPJoin): a pair at the threshold meets first at its first
-                # shared term, and shares at most that one plus what follows it in each set:
-                # 1 + min(size - i - 1, other - j - 1) >= need.
-                if size - i < need:
-                    continue
-                for j in range(positions):
-                    members = lookup((token, other, j))
-                    if members:
+        prefix = prefixes[a]
+        candidates: set[int] | None = None
+        for i, wanted in plans[size]:
+            if prefix[i] < shared_from or (entries := lookup(prefix[i])) is None:
+                continue
+            for slot in wanted:
+                if (members := entries.get(slot)) is not None:
+                    if candidates is None:
+                        candidates = set(members)
+                    else:
                         candidates.update(members)
-        for b in candidates:
+        for b in candidates or ():
             checked += 1
             # Exactly store.text.jaccard (|A | B| = |A| + |B| - |A & B|), without building
             # the union set: this is the hot loop.
@@ -399,8 +445,7 @@ def similar_groups(
             if score >= threshold:
                 edges[a].append((b, score))
                 edges[b].append((a, score))
-        for position, token in enumerate(prefixes[a]):
-            index[(token, size, position)].append(a)
+        insert(a)
     return Candidates(
         groups=groups, edges={g: sorted(found) for g, found in edges.items()}, checked=checked
     )
@@ -472,14 +517,35 @@ class _Scan:
     terms: list[frozenset[str]]
 
 
-def _load_scope(session: Session, scope: Scope) -> _Scan:
-    # Straight through the connection: plain rows, none of the ORM's per-statement work.
-    rows = session.connection().execute(_LOAD, {"kind": scope.kind, "sid": scope.id}).all()
-    return _Scan(
-        ids=[row[0] for row in rows],
-        seqs=[row[3] for row in rows],
-        terms=[similarity_terms(title, topics) for _, title, topics, _ in rows],
-    )
+def _scans(session: Session, scopes: Sequence[Scope]) -> Iterator[tuple[Scope, _Scan]]:
+    """Each scope's live notes, in order.
+
+    On PostgreSQL, with more than one scope, the next scope is read on a second connection
+    while the caller works on this one, so the database's time hides behind Python's. Plain
+    reads are enough: ``_supersede`` writes a pair only if both notes are still as read,
+    whichever connection read them.
+    """
+
+    def read(conn: Connection, scope: Scope) -> _Scan:
+        rows = conn.execute(_LOAD, {"kind": scope.kind, "sid": scope.id}).all()
+        return _Scan(
+            ids=[row[0] for row in rows],
+            seqs=[row[3] for row in rows],
+            terms=[similarity_terms(title, topics) for _, title, topics, _ in rows],
+        )
+
+    if len(scopes) < 2 or session.get_bind().dialect.name != "postgresql":
+        for scope in scopes:
+            # Straight through the connection: plain rows, none of the ORM's statement work.
+            yield scope, read(session.connection(), scope)
+        return
+    with session.get_bind().engine.connect() as reader, ThreadPoolExecutor(1) as ahead:
+        pending = ahead.submit(read, reader, scopes[0])
+        for scope, following in zip(scopes, [*scopes[1:], None], strict=True):
+            scan = pending.result()
+            if following is not None:
+                pending = ahead.submit(read, reader, following)
+            yield scope, scan
 
 
 def _involved_rows(session: Session, scan: _Scan, found: Candidates) -> dict[int, _Row]:
@@ -627,9 +693,7 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
         )
         plan.clear()
 
-    for kind, scope_id in scopes:
-        scope = Scope(kind=kind, id=scope_id)
-        scan = _load_scope(session, scope)
+    for scope, scan in _scans(session, [Scope(kind=kind, id=sid) for kind, sid in scopes]):
         fresh = [seq > since for seq in scan.seqs]
         found = similar_groups(scan.terms, fresh, settings.duplicate_threshold)
         scanned += len(scan.ids)

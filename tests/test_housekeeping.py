@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, insert, select, text
 
-from store import Scope, Store
+from store import Scope, Store, housekeeping
 from store.housekeeping import Candidates, DedupeResult, similar_groups
 from store.models import HousekeepingState, Memory, MemoryTerm
 from store.text import content_hash, jaccard, similarity_terms
@@ -251,6 +251,47 @@ def test_below_threshold_and_other_scopes_are_untouched(store: Store) -> None:
     statuses = [s for scope in (ALICE, BOB) for s, _, _ in notes(store, scope).values()]
     assert statuses == ["live"] * 4
     assert supersedes(store) == set()
+
+
+def test_every_scope_is_read_and_deduplicated_on_its_own(store: Store) -> None:
+    # Several scopes: on PostgreSQL each next scope is read ahead on a second connection.
+    owners = [Scope.owner(f"user{n}") for n in range(7)]
+    for n, scope in enumerate(owners):
+        put(store, BASE, scope=scope, slug=f"base-{n}")
+        put(store, NEAR if n % 2 else FAR, scope=scope, slug=f"other-{n}")
+
+    result = store.dedupe()
+
+    assert (result.scopes_scanned, result.notes_scanned) == (7, 14)
+    # Only the odd scopes hold a near-duplicate; the newer note (written second) keeps.
+    assert supersedes(store) == {(f"other-{n}", f"base-{n}") for n in (1, 3, 5)}
+    assert result.superseded == 3
+
+
+def test_a_failure_in_a_later_scope_leaves_every_scope_as_it_was(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owners = [Scope.owner(f"user{n}") for n in range(4)]
+    for scope in owners:
+        put(store, BASE, scope=scope)
+        put(store, NEAR, scope=scope)
+    real = housekeeping.similar_groups
+    calls = []
+
+    def fail_on_the_third(*args: Any) -> Candidates:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return real(*args)
+
+    monkeypatch.setattr(housekeeping, "similar_groups", fail_on_the_third)
+    monkeypatch.setattr(housekeeping, "SUPERSEDE_BATCH", 1)  # the first scopes are written
+    with pytest.raises(RuntimeError, match="boom"):
+        store.dedupe()
+    monkeypatch.undo()
+
+    assert supersedes(store) == set()  # one transaction: nothing of the run is left
+    assert store.dedupe().superseded == 4  # and the store works on
 
 
 def test_superseded_and_archived_notes_are_ignored(store: Store) -> None:
