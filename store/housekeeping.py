@@ -548,19 +548,45 @@ def _scans(session: Session, scopes: Sequence[Scope]) -> Iterator[tuple[Scope, _
             yield scope, scan
 
 
-def _involved_rows(session: Session, scan: _Scan, found: Candidates) -> dict[int, _Row]:
-    """``_Row`` by position for every note that has an edge."""
-    positions = sorted({p for g in found.edges for p in found.groups[g]})
+# A planned ``keeper supersedes loser`` pair, with its scope and score.
+_Pair = tuple[Scope, _Row, _Row, float]
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A scope's duplicate edges, waiting for its notes' details: ``(id, seq)`` by position
+    for every note with an edge."""
+
+    scope: Scope
+    candidates: Candidates
+    notes: dict[int, tuple[int, int]]
+
+
+def _found(scope: Scope, scan: _Scan, found: Candidates) -> _Found:
+    positions = {p for g in found.edges for p in found.groups[g]}
+    return _Found(scope, found, {p: (scan.ids[p], scan.seqs[p]) for p in sorted(positions)})
+
+
+def _plan_pairs(session: Session, waiting: Sequence[_Found]) -> list[_Pair]:
+    """Read the details of every waiting scope's notes (many scopes per statement) and pair
+    each duplicate with its keeper. A note deleted since its scope was read is left out."""
+    ids = sorted(note_id for found in waiting for note_id, _ in found.notes.values())
     details: dict[int, tuple[str, bool, datetime, float | None]] = {}
-    ids = [scan.ids[p] for p in positions]
     for start in range(0, len(ids), ID_CHUNK):
-        rows = session.connection().execute(_DETAILS, {"ids": ids[start : start + ID_CHUNK]})
-        details.update({row[0]: (row[1], bool(row[2]), row[3], row[4]) for row in rows})
-    return {
-        p: _Row(scan.ids[p], *details[scan.ids[p]], seq=scan.seqs[p])
-        for p in positions
-        if scan.ids[p] in details
-    }
+        result = session.connection().execute(_DETAILS, {"ids": ids[start : start + ID_CHUNK]})
+        details.update({row[0]: (row[1], bool(row[2]), row[3], row[4]) for row in result})
+    pairs: list[_Pair] = []
+    for found in waiting:
+        rows = {
+            p: _Row(note_id, *details[note_id], seq=seq)
+            for p, (note_id, seq) in found.notes.items()
+            if note_id in details
+        }
+        pairs.extend(
+            (found.scope, rows[keep], rows[lose], score)
+            for keep, lose, score in _choose_keepers(rows, found.candidates)
+        )
+    return pairs
 
 
 _SUPERSEDE_PG = text(
@@ -571,9 +597,7 @@ _SUPERSEDE_PG = text(
 )
 
 
-def _supersede(
-    session: Session, plan: Sequence[tuple[Scope, _Row, _Row, float]]
-) -> list[tuple[Scope, _Row, _Row, float]]:
+def _supersede(session: Session, plan: Sequence[_Pair]) -> list[_Pair]:
     """Write the planned ``keeper supersedes loser`` links in bulk; return those written.
 
     ``store.links.link``'s rules hold because a pair is written only when both notes are as
@@ -675,7 +699,7 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
 
     scanned = changed = checked = superseded = skipped = 0
     reported: list[DuplicatePair] = []
-    plan: list[tuple[Scope, _Row, _Row, float]] = []
+    plan: list[_Pair] = []
 
     def write_plan() -> None:
         nonlocal superseded, skipped
@@ -693,6 +717,7 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
         )
         plan.clear()
 
+    waiting: list[_Found] = []  # scopes with duplicates, their notes' details not yet read
     for scope, scan in _scans(session, [Scope(kind=kind, id=sid) for kind, sid in scopes]):
         fresh = [seq > since for seq in scan.seqs]
         found = similar_groups(scan.terms, fresh, settings.duplicate_threshold)
@@ -700,13 +725,13 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
         changed += sum(fresh)
         checked += found.checked
         if found.edges:
-            rows = _involved_rows(session, scan, found)
-            plan.extend(
-                (scope, rows[keep], rows[lose], score)
-                for keep, lose, score in _choose_keepers(rows, found)
-            )
+            waiting.append(_found(scope, scan, found))
+            if sum(len(w.notes) for w in waiting) >= ID_CHUNK:  # a few scopes: short
+                plan.extend(_plan_pairs(session, waiting))
+                waiting.clear()
         if len(plan) >= SUPERSEDE_BATCH:
             write_plan()  # many scopes' pairs in one set of statements
+    plan.extend(_plan_pairs(session, waiting))
     write_plan()
     result = DedupeResult(
         dry_run=dry_run,
