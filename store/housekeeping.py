@@ -426,6 +426,8 @@ def similar_groups(
             edges[a].append((a, 1.0))
         size = sizes[a]
         prefix = prefixes[a]
+        if prefix[lengths[size] - 1] < shared_from:
+            continue  # no term of its prefix is in another set: it pairs with nothing
         candidates: set[int] | None = None
         for i, wanted in plans[size]:
             if prefix[i] < shared_from or (entries := lookup(prefix[i])) is None:
@@ -528,11 +530,8 @@ def _scans(session: Session, scopes: Sequence[Scope]) -> Iterator[tuple[Scope, _
 
     def read(conn: Connection, scope: Scope) -> _Scan:
         rows = conn.execute(_LOAD, {"kind": scope.kind, "sid": scope.id}).all()
-        return _Scan(
-            ids=[row[0] for row in rows],
-            seqs=[row[3] for row in rows],
-            terms=[similarity_terms(title, topics) for _, title, topics, _ in rows],
-        )
+        ids, titles, topics, seqs = zip(*rows, strict=True) if rows else ((), (), (), ())
+        return _Scan(list(ids), list(seqs), list(map(similarity_terms, titles, topics)))
 
     if len(scopes) < 2 or session.get_bind().dialect.name != "postgresql":
         for scope in scopes:

@@ -107,6 +107,10 @@ def words(text: str) -> list[str]:
 
 MAX_TERM_CHARS = 64
 _TERM = re.compile(rf"\b\w{{1,{MAX_TERM_CHARS}}}\b", re.UNICODE)
+# For ASCII text, \w is exactly [A-Za-z0-9_]: everything else becomes a space.
+_ASCII_NON_WORD = str.maketrans(
+    {c: " " for c in map(chr, range(128)) if not (c.isalnum() or c == "_")}
+)
 
 
 def similarity_terms(title: str, topic_string: str) -> frozenset[str]:
@@ -115,9 +119,16 @@ def similarity_terms(title: str, topic_string: str) -> frozenset[str]:
     Words over 64 characters (hashes, blobs) are left out, so the set stored in the term
     index is exactly the set compared.
     """
-    # One pass over both (a space keeps their words apart), and only whole words of at most
-    # MAX_TERM_CHARS match: housekeeping calls this for every note it scans.
-    return frozenset(_TERM.findall(f"{title} {topic_string.replace('-', ' ')}".lower()))
+    # One pass over both (a space keeps their words apart): housekeeping calls this for
+    # every note it scans. ASCII text (most of it) is split without the regex, to the same
+    # words the regex finds; a word over MAX_TERM_CHARS needs a text longer than that.
+    text = f"{title} {topic_string.replace('-', ' ')}".lower()
+    if not text.isascii():
+        return frozenset(_TERM.findall(text))
+    found = text.translate(_ASCII_NON_WORD).split()
+    if len(text) > MAX_TERM_CHARS:
+        return frozenset(word for word in found if len(word) <= MAX_TERM_CHARS)
+    return frozenset(found)
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
