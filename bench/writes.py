@@ -6,13 +6,15 @@ harvest's ``write_candidates`` calls it. Raw: plain SQL through the driver into 
 ``memories`` table (its generated tsvector + GIN on PostgreSQL, FTS5 triggers on SQLite):
 single = INSERT ... RETURNING id, the note's ``memory_terms`` rows, COMMIT; batched = one
 ``executemany`` of the notes and one of their ``memory_terms`` rows, COMMIT. The tables are
-emptied before each measurement, so every run starts from the same state.
+emptied before each measurement, so every run starts from the same state; raw and ours
+alternate over a few rounds and the best rate of each is kept.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from sqlalchemy import text
@@ -148,6 +150,25 @@ def single_writes(store: Store, items: list[dict[str, object]]) -> float:
     return time.perf_counter() - started
 
 
+def best_rates(
+    store: Store,
+    count: int,
+    raw: Callable[[], float],
+    ours: Callable[[], float],
+    rounds: int,
+) -> tuple[float, float]:
+    """Best notes/s of each side over alternating rounds (raw, ours, raw, ours, ...), each
+    from empty tables: a burst of load from a neighbour on this shared machine then costs
+    one round, not the ratio."""
+    best_raw = best_ours = 0.0
+    for _ in range(rounds):
+        _empty(store)
+        best_raw = max(best_raw, count / raw())
+        _empty(store)
+        best_ours = max(best_ours, count / ours())
+    return best_raw, best_ours
+
+
 def measure(ctx: Context, backend: str) -> None:
     if backend == "postgresql":
         url = ctx.fresh_pg("gleaner_bench_writes")
@@ -160,10 +181,13 @@ def measure(ctx: Context, backend: str) -> None:
     n_batch = ctx.size(10_000, 1_000)
     try:
         single = attrs_list(n_single, 1)
-        _empty(store)
-        raw_s = n_single / raw_writes(store, single, 1)
-        _empty(store)
-        ours_s = n_single / single_writes(store, single)
+        raw_s, ours_s = best_rates(
+            store,
+            n_single,
+            lambda: raw_writes(store, single, 1),
+            lambda: single_writes(store, single),
+            rounds=ctx.size(3, 2),  # the noisiest pair: one note per transaction
+        )
         ctx.add(Row(NAME, f"{label} raw single INSERT+terms+COMMIT", raw_s, "notes/s"))
         ctx.add(
             Row(
@@ -180,10 +204,13 @@ def measure(ctx: Context, backend: str) -> None:
         many = attrs_list(n_batch, 2)
         for size in (100, 4):
             count = n_batch if size == 100 else n_batch // 5
-            _empty(store)
-            raw_b = count / raw_writes(store, many[:count], size)
-            _empty(store)
-            ours_b = count / batch_writes(store, many[:count], size)
+            raw_b, ours_b = best_rates(
+                store,
+                count,
+                lambda: raw_writes(store, many[:count], size),  # noqa: B023 - called at once
+                lambda: batch_writes(store, many[:count], size),  # noqa: B023
+                rounds=ctx.size(2, 1),
+            )
             ctx.add(Row(NAME, f"{label} raw executemany, {size} notes/txn", raw_b, "notes/s"))
             main = size == 100
             ctx.add(
