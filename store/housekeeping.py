@@ -18,7 +18,7 @@ import hashlib
 import logging
 import math
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -45,7 +45,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Row
 from sqlalchemy.orm import Session
 
 from store.links import scope_lock_key
@@ -519,32 +519,40 @@ class _Scan:
     terms: list[frozenset[str]]
 
 
+# Scopes read ahead of the one being scanned (PostgreSQL): enough to keep the reader busy
+# through a large scope, few enough to keep memory at a few scopes' rows.
+READ_AHEAD = 3
+
+
 def _scans(session: Session, scopes: Sequence[Scope]) -> Iterator[tuple[Scope, _Scan]]:
     """Each scope's live notes, in order.
 
-    On PostgreSQL, with more than one scope, the next scope is read on a second connection
-    while the caller works on this one, so the database's time hides behind Python's. Plain
+    On PostgreSQL, with more than one scope, the next scopes are read on a second connection
+    while the caller works on this one, so the database's time hides behind Python's; the
+    reading thread only fetches (terms are extracted here), as it is the one waited on. Plain
     reads are enough: ``_supersede`` writes a pair only if both notes are still as read,
     whichever connection read them.
     """
 
-    def read(conn: Connection, scope: Scope) -> _Scan:
-        rows = conn.execute(_LOAD, {"kind": scope.kind, "sid": scope.id}).all()
+    def read(conn: Connection, scope: Scope) -> Sequence[Row[int, str, str, int]]:
+        return conn.execute(_LOAD, {"kind": scope.kind, "sid": scope.id}).all()
+
+    def scan(rows: Sequence[Row[int, str, str, int]]) -> _Scan:
         ids, titles, topics, seqs = zip(*rows, strict=True) if rows else ((), (), (), ())
         return _Scan(list(ids), list(seqs), list(map(similarity_terms, titles, topics)))
 
     if len(scopes) < 2 or session.get_bind().dialect.name != "postgresql":
         for scope in scopes:
             # Straight through the connection: plain rows, none of the ORM's statement work.
-            yield scope, read(session.connection(), scope)
+            yield scope, scan(read(session.connection(), scope))
         return
     with session.get_bind().engine.connect() as reader, ThreadPoolExecutor(1) as ahead:
-        pending = ahead.submit(read, reader, scopes[0])
-        for scope, following in zip(scopes, [*scopes[1:], None], strict=True):
-            scan = pending.result()
-            if following is not None:
-                pending = ahead.submit(read, reader, following)
-            yield scope, scan
+        pending = deque(ahead.submit(read, reader, scope) for scope in scopes[:READ_AHEAD])
+        for n, scope in enumerate(scopes):
+            rows = pending.popleft().result()
+            if n + READ_AHEAD < len(scopes):
+                pending.append(ahead.submit(read, reader, scopes[n + READ_AHEAD]))
+            yield scope, scan(rows)
 
 
 # A planned ``keeper supersedes loser`` pair, with its scope and score.
