@@ -20,7 +20,7 @@ import math
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -524,6 +524,11 @@ class _Scan:
 READ_AHEAD = 3
 
 
+def _reads_apart(session: Session, scopes: Sequence[Scope]) -> bool:
+    """Whether ``_scans`` reads on a connection of its own (PostgreSQL, several scopes)."""
+    return len(scopes) > 1 and session.get_bind().dialect.name == "postgresql"
+
+
 def _scans(session: Session, scopes: Sequence[Scope]) -> Iterator[tuple[Scope, _Scan]]:
     """Each scope's live notes, in order.
 
@@ -541,7 +546,7 @@ def _scans(session: Session, scopes: Sequence[Scope]) -> Iterator[tuple[Scope, _
         ids, titles, topics, seqs = zip(*rows, strict=True) if rows else ((), (), (), ())
         return _Scan(list(ids), list(seqs), list(map(similarity_terms, titles, topics)))
 
-    if len(scopes) < 2 or session.get_bind().dialect.name != "postgresql":
+    if not _reads_apart(session, scopes):
         for scope in scopes:
             # Straight through the connection: plain rows, none of the ORM's statement work.
             yield scope, scan(read(session.connection(), scope))
@@ -678,6 +683,82 @@ def _supersede(session: Session, plan: Sequence[_Pair]) -> list[_Pair]:
     return done
 
 
+class _Settler:
+    """Turns found duplicates into superseded notes: reads their notes' details, pairs each
+    duplicate with its keeper and writes the pairs, many scopes per statement.
+
+    With ``apart`` (the scan reads on a connection of its own), this happens on a thread of
+    its own, so the session's statements run while the next scopes are scanned; the session
+    is then used by that thread alone until :meth:`finish` has returned.
+    """
+
+    def __init__(self, session: Session, *, dry_run: bool, apart: bool) -> None:
+        self.session = session
+        self.dry_run = dry_run
+        self.superseded = self.skipped = 0
+        self.reported: list[DuplicatePair] = []
+        self._plan: list[_Pair] = []
+        self._waiting: list[_Found] = []  # scopes whose notes' details are not read yet
+        self._noted = 0
+        self._thread = ThreadPoolExecutor(1) if apart else None
+        self._running: list[Future[None]] = []
+        self._failed = False
+
+    def add(self, found: _Found) -> None:
+        self._waiting.append(found)
+        self._noted += len(found.notes)
+        if self._noted >= ID_CHUNK:
+            self._run(self._waiting, last=False)
+            self._waiting, self._noted = [], 0
+
+    def finish(self) -> None:
+        self._run(self._waiting, last=True)
+        for future in self._running:
+            future.result()  # a failed write raises here
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)  # nothing touches the session after this
+
+    def _run(self, batch: list[_Found], *, last: bool) -> None:
+        if self._thread is None:
+            self._settle(batch, last=last)
+            return
+        for future in self._running:
+            if future.done():
+                future.result()  # stop at the first failed write, not at the end
+        self._running = [f for f in self._running if not f.done()]
+        self._running.append(self._thread.submit(self._settle, batch, last=last))
+
+    def _settle(self, batch: list[_Found], *, last: bool) -> None:
+        if self._failed:
+            return  # queued behind a failed write: the run is over
+        try:
+            self._plan.extend(_plan_pairs(self.session, batch))
+            if last or len(self._plan) >= SUPERSEDE_BATCH:  # many scopes' pairs per statement
+                self._write()
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _write(self) -> None:
+        plan = self._plan
+        applied = plan if self.dry_run or not plan else _supersede(self.session, plan)
+        if len(applied) < len(plan):
+            log.warning(
+                "dedupe skipped %d pair(s): notes changed during the run; the next run looks again",
+                len(plan) - len(applied),
+            )
+            self.skipped += len(plan) - len(applied)
+        self.superseded += len(applied)
+        room = MAX_REPORTED_PAIRS - len(self.reported)
+        self.reported.extend(
+            DuplicatePair(scope=scope, keeper=keeper.slug, loser=loser.slug, score=score)
+            for scope, keeper, loser, score in applied[:room]
+        )
+        self._plan = []
+
+
 def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> DedupeResult:
     """Supersede near-duplicates among live notes changed since the last run, scope by scope.
 
@@ -704,42 +785,22 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
         .order_by(Memory.scope_kind, Memory.scope_id)
     ).all()
 
-    scanned = changed = checked = superseded = skipped = 0
-    reported: list[DuplicatePair] = []
-    plan: list[_Pair] = []
-
-    def write_plan() -> None:
-        nonlocal superseded, skipped
-        applied = plan if dry_run or not plan else _supersede(session, plan)
-        if len(applied) < len(plan):
-            log.warning(
-                "dedupe skipped %d pair(s): notes changed during the run; the next run looks again",
-                len(plan) - len(applied),
-            )
-            skipped += len(plan) - len(applied)
-        superseded += len(applied)
-        reported.extend(
-            DuplicatePair(scope=scope, keeper=keeper.slug, loser=loser.slug, score=score)
-            for scope, keeper, loser, score in applied[: MAX_REPORTED_PAIRS - len(reported)]
-        )
-        plan.clear()
-
-    waiting: list[_Found] = []  # scopes with duplicates, their notes' details not yet read
-    for scope, scan in _scans(session, [Scope(kind=kind, id=sid) for kind, sid in scopes]):
-        fresh = [seq > since for seq in scan.seqs]
-        found = similar_groups(scan.terms, fresh, settings.duplicate_threshold)
-        scanned += len(scan.ids)
-        changed += sum(fresh)
-        checked += found.checked
-        if found.edges:
-            waiting.append(_found(scope, scan, found))
-            if sum(len(w.notes) for w in waiting) >= ID_CHUNK:  # a few scopes: short
-                plan.extend(_plan_pairs(session, waiting))
-                waiting.clear()
-        if len(plan) >= SUPERSEDE_BATCH:
-            write_plan()  # many scopes' pairs in one set of statements
-    plan.extend(_plan_pairs(session, waiting))
-    write_plan()
+    scanned = changed = checked = 0
+    in_scopes = [Scope(kind=kind, id=sid) for kind, sid in scopes]
+    settler = _Settler(session, dry_run=dry_run, apart=_reads_apart(session, in_scopes))
+    try:
+        for scope, scan in _scans(session, in_scopes):
+            fresh = [seq > since for seq in scan.seqs]
+            found = similar_groups(scan.terms, fresh, settings.duplicate_threshold)
+            scanned += len(scan.ids)
+            changed += sum(fresh)
+            checked += found.checked
+            if found.edges:
+                settler.add(_found(scope, scan, found))
+        settler.finish()
+    finally:
+        settler.close()
+    superseded, skipped = settler.superseded, settler.skipped
     result = DedupeResult(
         dry_run=dry_run,
         scopes_scanned=len(scopes),
@@ -748,7 +809,7 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
         candidates_checked=checked,
         superseded=superseded,
         skipped=skipped,
-        pairs=reported,
+        pairs=settler.reported,
         since_seq=since,
         watermark=since if dry_run or skipped else max(since, top),
         seconds=_since(started),

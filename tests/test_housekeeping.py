@@ -294,6 +294,35 @@ def test_a_failure_in_a_later_scope_leaves_every_scope_as_it_was(
     assert store.dedupe().superseded == 4  # and the store works on
 
 
+def test_a_failed_write_fails_the_run_and_leaves_every_scope_as_it_was(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On PostgreSQL the pairs are written on a thread of their own while scopes are scanned:
+    # its failure must still reach the caller and roll the whole run back.
+    for n in range(5):
+        put(store, BASE, scope=Scope.owner(f"user{n}"))
+        put(store, NEAR, scope=Scope.owner(f"user{n}"))
+    real = housekeeping._supersede
+    writes = []
+
+    def fail_on_the_second(*args: Any) -> Any:
+        writes.append(1)
+        if len(writes) == 2:
+            raise RuntimeError("disk full")
+        return real(*args)
+
+    monkeypatch.setattr(housekeeping, "_supersede", fail_on_the_second)
+    monkeypatch.setattr(housekeeping, "SUPERSEDE_BATCH", 1)
+    monkeypatch.setattr(housekeeping, "ID_CHUNK", 1)  # a write after every scope
+    with pytest.raises(RuntimeError, match="disk full"):
+        store.dedupe()
+    monkeypatch.undo()
+
+    assert len(writes) == 2  # it stopped at the failed write
+    assert supersedes(store) == set()
+    assert store.dedupe().superseded == 5
+
+
 def test_superseded_and_archived_notes_are_ignored(store: Store) -> None:
     replaced = put(store, BASE)
     replacement = put(store, "a completely different way to ship the billing service")
