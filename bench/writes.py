@@ -209,7 +209,7 @@ def measure(ctx: Context, backend: str) -> None:
                 count,
                 lambda: raw_writes(store, many[:count], size),  # noqa: B023 - called at once
                 lambda: batch_writes(store, many[:count], size),  # noqa: B023
-                rounds=ctx.size(2, 1),
+                rounds=2,
             )
             ctx.add(Row(NAME, f"{label} raw executemany, {size} notes/txn", raw_b, "notes/s"))
             main = size == 100
