@@ -19,9 +19,9 @@ import logging
 import math
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, closing
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import chain
@@ -529,7 +529,7 @@ def _reads_apart(session: Session, scopes: Sequence[Scope]) -> bool:
     return len(scopes) > 1 and session.get_bind().dialect.name == "postgresql"
 
 
-def _scans(session: Session, scopes: Sequence[Scope]) -> Iterator[tuple[Scope, _Scan]]:
+def _scans(session: Session, scopes: Sequence[Scope]) -> Generator[tuple[Scope, _Scan], None, None]:
     """Each scope's live notes, in order.
 
     On PostgreSQL, with more than one scope, the next scopes are read on a second connection
@@ -788,18 +788,21 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
     scanned = changed = checked = 0
     in_scopes = [Scope(kind=kind, id=sid) for kind, sid in scopes]
     settler = _Settler(session, dry_run=dry_run, apart=_reads_apart(session, in_scopes))
-    try:
-        for scope, scan in _scans(session, in_scopes):
-            fresh = [seq > since for seq in scan.seqs]
-            found = similar_groups(scan.terms, fresh, settings.duplicate_threshold)
-            scanned += len(scan.ids)
-            changed += sum(fresh)
-            checked += found.checked
-            if found.edges:
-                settler.add(_found(scope, scan, found))
-        settler.finish()
-    finally:
-        settler.close()
+    # closing(): on an error the reading thread stops and its connection goes back at once,
+    # not whenever the traceback holding this frame is let go.
+    with closing(_scans(session, in_scopes)) as scans:
+        try:
+            for scope, scan in scans:
+                fresh = [seq > since for seq in scan.seqs]
+                found = similar_groups(scan.terms, fresh, settings.duplicate_threshold)
+                scanned += len(scan.ids)
+                changed += sum(fresh)
+                checked += found.checked
+                if found.edges:
+                    settler.add(_found(scope, scan, found))
+            settler.finish()
+        finally:
+            settler.close()
     superseded, skipped = settler.superseded, settler.skipped
     result = DedupeResult(
         dry_run=dry_run,
