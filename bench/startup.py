@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from bench.core import Context, Row
+from bench.data import drop_pg
 
 NAME = "startup"
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -104,7 +105,7 @@ def worker_memory(ctx: Context) -> None:
 
     count = ctx.size(1_000, 120)
     recycle = ctx.size(250, 40)
-    url = ctx.fresh_pg("gleaner_bench_startup")
+    url = ctx.fresh_pg("gleaner_bench_startup")  # dropped at the end
     store = Store(url, settings=test_settings())
     store.migrate()
     with LLMServer(answer([note("Prefers vim"), note("Uses PostgreSQL")])) as model:
@@ -146,6 +147,7 @@ def worker_memory(ctx: Context) -> None:
             cluster.stop()
             cluster.redis().flushdb()
     store.dispose()
+    drop_pg("gleaner_bench_startup")
     peak = max(peaks.values()) / 1024
     ctx.add(
         Row(
