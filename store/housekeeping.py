@@ -337,11 +337,12 @@ def _probe_plan(size: int, threshold: float) -> list[tuple[int, list[tuple[int, 
     Positional filter (PPJoin): a pair meets first at its first shared term, and shares at
     most that one plus what follows it in each set: ``1 + min(size - i - 1, ...) >= need``.
     """
+    partners = _partners(size, threshold)
     plan = []
     for i in range(prefix_length(size, threshold)):
         slots = [
             (other, j)
-            for other, need, positions in _partners(size, threshold)
+            for other, need, positions in partners
             if size - i >= need
             for j in range(positions)
         ]

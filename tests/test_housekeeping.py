@@ -268,6 +268,22 @@ def test_every_scope_is_read_and_deduplicated_on_its_own(store: Store) -> None:
     assert result.superseded == 3
 
 
+def fail_on_call(monkeypatch: pytest.MonkeyPatch, name: str, nth: int, message: str) -> list[int]:
+    """Make ``housekeeping.<name>`` raise RuntimeError(message) on its ``nth`` call; the
+    returned list grows by one per call."""
+    real = getattr(housekeeping, name)
+    calls: list[int] = []
+
+    def failing(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == nth:
+            raise RuntimeError(message)
+        return real(*args)
+
+    monkeypatch.setattr(housekeeping, name, failing)
+    return calls
+
+
 def test_a_failure_in_a_later_scope_leaves_every_scope_as_it_was(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -275,16 +291,7 @@ def test_a_failure_in_a_later_scope_leaves_every_scope_as_it_was(
     for scope in owners:
         put(store, BASE, scope=scope)
         put(store, NEAR, scope=scope)
-    real = housekeeping.similar_groups
-    calls = []
-
-    def fail_on_the_third(*args: Any) -> Candidates:
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("boom")
-        return real(*args)
-
-    monkeypatch.setattr(housekeeping, "similar_groups", fail_on_the_third)
+    fail_on_call(monkeypatch, "similar_groups", 3, "boom")
     monkeypatch.setattr(housekeeping, "SUPERSEDE_BATCH", 1)  # the first scopes are written
     with pytest.raises(RuntimeError, match="boom") as raised:
         store.dedupe()
@@ -304,16 +311,7 @@ def test_a_failed_write_fails_the_run_and_leaves_every_scope_as_it_was(
     for n in range(5):
         put(store, BASE, scope=Scope.owner(f"user{n}"))
         put(store, NEAR, scope=Scope.owner(f"user{n}"))
-    real = housekeeping._supersede
-    writes = []
-
-    def fail_on_the_second(*args: Any) -> Any:
-        writes.append(1)
-        if len(writes) == 2:
-            raise RuntimeError("disk full")
-        return real(*args)
-
-    monkeypatch.setattr(housekeeping, "_supersede", fail_on_the_second)
+    writes = fail_on_call(monkeypatch, "_supersede", 2, "disk full")
     monkeypatch.setattr(housekeeping, "SUPERSEDE_BATCH", 1)
     monkeypatch.setattr(housekeeping, "ID_CHUNK", 1)  # a write after every scope
     with pytest.raises(RuntimeError, match="disk full"):
