@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, text
 
 from bench import data
 from bench.core import Context, Row
-from store.text import similarity_terms
+from store.terms import similarity_terms
 
 NAME = "dedupe"
 

@@ -22,7 +22,8 @@ from sqlalchemy import text
 from bench import data
 from bench.core import Context, Row
 from store import Scope, Store, notes
-from store.text import content_hash, normalize_topics, similarity_terms, slugify
+from store.terms import similarity_terms
+from store.text import content_hash, normalize_topics, slugify
 
 NAME = "writes"
 SCOPES = 50

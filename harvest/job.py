@@ -25,7 +25,7 @@ from store import (
     strip_private,
 )
 from store.similar import Twin
-from store.text import jaccard, similarity_terms
+from store.terms import jaccard, similarity_terms
 
 # Bump when extraction changes enough that old transcripts deserve a new harvest.
 HARVESTER_VERSION = "1"

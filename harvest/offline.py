@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from harvest.candidate import NOTE_TYPES, NoteCandidate
 from harvest.redact import redact_text
 from harvest.transcript import Message, Transcript
-from store.text import REDACTED, jaccard, words
+from store.terms import jaccard
+from store.text import REDACTED, words
 
 
 def _word_set(text: str) -> frozenset[str]:

@@ -54,7 +54,7 @@ from store.models import ARCHIVED, LIVE, SUPERSEDED, HousekeepingState, Link, Me
 from store.notes import next_seq, next_seqs
 from store.schemas import Frozen, Scope
 from store.settings import Settings
-from store.text import similarity_terms
+from store.terms import similarity_terms
 
 log = logging.getLogger(__name__)
 

@@ -120,6 +120,37 @@ class MemoryTerm(Base):
     scope_id: Mapped[str] = mapped_column(String(255))
 
 
+class MemoryVersion(Base):
+    """A note's text as it was before a change: no rewrite destroys what it replaces.
+
+    ``written_*`` describe the replaced version (when and by which conversation and
+    provenance it was written); ``changed_*`` and ``reason`` describe the change that replaced
+    it. Deleted only with its note (``forget``).
+    """
+
+    __tablename__ = "memory_versions"
+    __table_args__ = (Index("ix_memory_versions_memory", "memory_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    memory_id: Mapped[int] = mapped_column(BigId, ForeignKey("memories.id", ondelete="CASCADE"))
+    scope_kind: Mapped[str] = mapped_column(String(16))
+    scope_id: Mapped[str] = mapped_column(String(255))
+    slug: Mapped[str] = mapped_column(String(120))
+    title: Mapped[str] = mapped_column(Text)
+    body: Mapped[str] = mapped_column(Text)
+    topics: Mapped[str] = mapped_column(Text, default="")
+    type: Mapped[str | None] = mapped_column(String(32))
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    confidence: Mapped[float | None] = mapped_column(Float)
+    written_provenance: Mapped[str] = mapped_column(String(16))
+    written_conversation_id: Mapped[str | None] = mapped_column(String(255))
+    written_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    reason: Mapped[str] = mapped_column(String(32))
+    changed_provenance: Mapped[str] = mapped_column(String(16))
+    changed_conversation_id: Mapped[str | None] = mapped_column(String(255))
+    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class Link(Base):
     """A ``related``, ``derived_from`` or ``supersedes`` edge between two notes."""
 

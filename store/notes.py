@@ -31,12 +31,12 @@ from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
 from store.schemas import Note, Scope, WriteResult
 from store.settings import Settings
 from store.similar import similar_notes
+from store.terms import similarity_terms
 from store.text import (
     check_text,
     content_hash,
     is_slug,
     normalize_topics,
-    similarity_terms,
     slugify,
 )
 

@@ -25,7 +25,7 @@ from sqlalchemy.sql.elements import ColumnElement, TextClause
 
 from store.models import LIVE, Memory, MemoryTerm
 from store.schemas import Scope, Similar
-from store.text import similarity_terms
+from store.terms import similarity_terms
 
 SIMILAR_LIMIT = 5
 # A term held by this many notes of the scope counts as common (its postings are not walked

@@ -1,4 +1,7 @@
-"""Pure text rules of the store: slugs, topics, the privacy strip, hashes, similarity, snippets."""
+"""Pure text rules of the store: slugs, topics, the privacy strip, hashes, snippets.
+
+Similarity (content terms, Jaccard, the same-fact rule) lives in ``store.terms``.
+"""
 
 from __future__ import annotations
 
@@ -103,38 +106,6 @@ def content_hash(text: str) -> str:
 def words(text: str) -> list[str]:
     """Lowercase word tokens (letters, digits, ``_``) of a text."""
     return _WORD.findall(text.lower())
-
-
-MAX_TERM_CHARS = 64
-_TERM = re.compile(rf"\b\w{{1,{MAX_TERM_CHARS}}}\b", re.UNICODE)
-# For ASCII text, \w is exactly [A-Za-z0-9_]: everything else becomes a space.
-_ASCII_NON_WORD = str.maketrans(
-    {c: " " for c in map(chr, range(128)) if not (c.isalnum() or c == "_")}
-)
-
-
-def similarity_terms(title: str, topic_string: str) -> frozenset[str]:
-    """The word set Jaccard similarity compares: title words plus topic words.
-
-    Words over 64 characters (hashes, blobs) are left out, so the set stored in the term
-    index is exactly the set compared.
-    """
-    # One pass over both (a space keeps their words apart): housekeeping calls this for
-    # every note it scans. ASCII text (most of it) is split without the regex, to the same
-    # words the regex finds; a word over MAX_TERM_CHARS needs a text longer than that.
-    text = f"{title} {topic_string.replace('-', ' ')}".lower()
-    if not text.isascii():
-        return frozenset(_TERM.findall(text))
-    found = text.translate(_ASCII_NON_WORD).split()
-    if len(text) > MAX_TERM_CHARS:
-        return frozenset(word for word in found if len(word) <= MAX_TERM_CHARS)
-    return frozenset(found)
-
-
-def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
-    """Size of the intersection over size of the union; 0.0 for two empty sets."""
-    union = len(a | b)
-    return len(a & b) / union if union else 0.0
 
 
 def snippet(body: str, query_words: Sequence[str], width: int = 160) -> str:

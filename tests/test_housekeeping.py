@@ -15,7 +15,8 @@ from sqlalchemy import event, func, insert, select, text
 from store import Scope, Store, housekeeping
 from store.housekeeping import Candidates, DedupeResult, similar_groups
 from store.models import HousekeepingState, Memory, MemoryTerm
-from store.text import content_hash, jaccard, similarity_terms
+from store.terms import jaccard, similarity_terms
+from store.text import content_hash
 
 ALICE = Scope.owner("alice")
 BOB = Scope.owner("bob")

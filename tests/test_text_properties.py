@@ -1,5 +1,4 @@
-"""Property tests of the pure text rules: slugify, normalize_topics, the privacy strip, snippet,
-similarity terms."""
+"""Property tests of the pure text rules: slugify, normalize_topics, the privacy strip, snippet."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from store.text import (
     REDACTED,
     content_hash,
     normalize_topics,
-    similarity_terms,
     slugify,
     snippet,
     strip_private,
@@ -96,21 +94,3 @@ def test_snippet_is_bounded_collapsed_and_shows_the_word(
 def test_snippet_without_a_match_is_the_start() -> None:
     body = "start " + "word " * 100
     assert snippet(body, ["absent"], 20) == "start word word word…"
-
-
-# The rule similarity_terms implements, written the plain way: whole words of at most 64
-# word characters, of title and topics (hyphens split topic words), lowercased.
-WORD_RULE = re.compile(r"\b\w{1,64}\b")
-ascii_texts = st.text(st.characters(max_codepoint=127), max_size=200)
-
-
-@given(st.one_of(texts, ascii_texts), st.one_of(texts, ascii_texts))
-@example("Use tabs, not spaces!", "editor-setup")
-@example("a" * 64 + " " + "b" * 65 + "_c", "x-" + "y" * 70)
-@example("\x1cword\x1fother\x00end", "")
-@example("Straße İstanbul \u212a", "ümlaut-topic")
-def test_similarity_terms_are_the_whole_words_of_title_and_topics(
-    title: str, topic_string: str
-) -> None:
-    text = f"{title} {topic_string.replace('-', ' ')}".lower()
-    assert similarity_terms(title, topic_string) == frozenset(WORD_RULE.findall(text))

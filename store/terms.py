@@ -1,0 +1,187 @@
+"""What "the same fact" means: content words, their Jaccard score, and what contradicts it.
+
+Similarity compares **content terms**: a text's words, lowercased, with apostrophes dropped
+and hyphenated compounds joined (``don't`` -> ``dont``, ``front-end`` -> ``frontend``),
+English stop words left out (the classic list of the ``stopwords`` package) and each word
+reduced by the Snowball English stemmer (``answers`` -> ``answer``, ``binding`` -> ``bind``).
+Words that flip a fact are never stop words here: negations (all read as ``not``) and the
+few words of direction, order and amount listed in ``POLAR_WORDS``.
+
+The seed's score stays the Jaccard similarity of a note's title and topic terms
+(``similarity_terms``). Two notes hold **the same fact** (``same_fact``) when that score
+reaches the threshold and nothing in them disagrees (``disagreement``):
+
+- titles: neither title has a term the other lacks on *both* sides (a word swapped for
+  another is a different fact; a word added is a detail);
+- the terms both titles share come in the same order (``Kafka over Polars`` is not
+  ``Polars over Kafka``);
+- a negation or polar word in one title or body and not in the other;
+- bodies: the same three tests, so a fact held only in the body is kept apart too.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import snowballstemmer
+import stopwords
+
+MAX_TERM_CHARS = 64
+# Negations, whatever their spelling, become this one term.
+NOT = "not"
+_NEGATIONS = frozenset(
+    {
+        "no",
+        "not",
+        "nor",
+        "never",
+        "none",
+        "neither",
+        "nobody",
+        "nothing",
+        "cannot",
+        "cant",
+        "without",
+    }
+)
+# Words that reverse or move a fact ("turned on/off", "before/after lunch", "more/less
+# logging"): kept as terms even where the stop-word list has them, and a difference in any
+# of them is a disagreement. Matched after stemming.
+POLAR_WORDS = frozenset(
+    {
+        "above",
+        "after",
+        "against",
+        "before",
+        "below",
+        "down",
+        "few",
+        "fewer",
+        "least",
+        "less",
+        "more",
+        "most",
+        "off",
+        "only",
+        "out",
+        "over",
+        "under",
+        "up",
+    }
+)
+
+_APOSTROPHES = re.compile(r"(?<=\w)['\u2019](?=\w)")
+_HYPHENS = re.compile(r"(?<=\w)[-\u2010\u2011](?=\w)")
+_WORD = re.compile(r"\w+", re.UNICODE)
+_STEMMER = snowballstemmer.stemmer("english")
+
+
+def _unquoted(word: str) -> str:
+    return word.replace("'", "").replace("\u2019", "")
+
+
+def _negative(word: str) -> bool:
+    return word in _NEGATIONS or (word.endswith("nt") and word[:-2] + "n't" in _CONTRACTIONS)
+
+
+_CONTRACTIONS = frozenset(w for w in stopwords.get_stopwords("english") if w.endswith("n't"))
+STOP_WORDS = (
+    frozenset(
+        _unquoted(w) for w in stopwords.get_stopwords("english") if w and not w.endswith("n't")
+    )
+    - _NEGATIONS
+    - POLAR_WORDS
+)
+POLAR_TERMS = frozenset({NOT} | set(POLAR_WORDS))
+
+
+@functools.lru_cache(maxsize=65_536)
+def _term(word: str) -> str | None:
+    """The content term of one lowercased, unquoted word; None for a stop word."""
+    if _negative(word):
+        return NOT
+    if word in STOP_WORDS or len(word) > MAX_TERM_CHARS:
+        return None
+    if word in POLAR_WORDS or not word.isalpha():
+        return word  # numbers, versions and identifiers are compared as written
+    return str(_STEMMER.stemWord(word))
+
+
+def content_terms(text: str) -> list[str]:
+    """A text's content terms in order of first appearance, each once."""
+    text = _HYPHENS.sub("", _APOSTROPHES.sub("", text.lower()))
+    seen: dict[str, None] = {}
+    for word in _WORD.findall(text):
+        term = _term(word)
+        if term is not None:
+            seen.setdefault(term)
+    return list(seen)
+
+
+def similarity_terms(title: str, topic_string: str) -> frozenset[str]:
+    """The term set Jaccard similarity compares: title plus topic content terms.
+
+    This is exactly the set stored in the term index (``memory_terms``).
+    """
+    return frozenset(content_terms(f"{title} {topic_string}"))
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    """Size of the intersection over size of the union; 0.0 for two empty sets."""
+    union = len(a | b)
+    return len(a & b) / union if union else 0.0
+
+
+@dataclass(frozen=True)
+class FactText:
+    """What the same-fact rule reads of a note: title, body, normalized topic string."""
+
+    title: str
+    body: str
+    topics: str = ""
+
+
+def _disagree(a: Sequence[str], b: Sequence[str]) -> str | None:
+    """Why two ordered term lists state different things, or None when one only adds to the
+    other."""
+    set_a, set_b = set(a), set(b)
+    if (set_a ^ set_b) & POLAR_TERMS:
+        return "polarity"
+    if set_a - set_b and set_b - set_a:
+        return "substitution"
+    if [t for t in a if t in set_b] != [t for t in b if t in set_a]:
+        return "order"
+    return None
+
+
+def disagreement(a: FactText, b: FactText) -> str | None:
+    """Why two notes hold different facts (``title-substitution``, ``body-order``, ...), or
+    None when neither title nor body contradicts the other."""
+    for part, x, y in (("title", a.title, b.title), ("body", a.body, b.body)):
+        why = _disagree(content_terms(x), content_terms(y))
+        if why is not None:
+            return f"{part}-{why}"
+    return None
+
+
+def score(a: FactText, b: FactText) -> float:
+    """The seed's similarity: Jaccard of title + topic content terms."""
+    return jaccard(similarity_terms(a.title, a.topics), similarity_terms(b.title, b.topics))
+
+
+def same_fact(a: FactText, b: FactText, threshold: float) -> bool:
+    """True when ``a`` and ``b`` score at least ``threshold`` and nothing disagrees."""
+    return score(a, b) >= threshold - 1e-9 and disagreement(a, b) is None
+
+
+def first_same(
+    probe: FactText, candidates: Iterable[tuple[FactText, object]], threshold: float
+) -> object | None:
+    """The payload of the first candidate holding the same fact as ``probe``, or None."""
+    for text, payload in candidates:
+        if same_fact(probe, text, threshold):
+            return payload
+    return None
