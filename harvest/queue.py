@@ -33,15 +33,19 @@ LIVE_QUEUE, IMPORT_QUEUE = "harvest", "import"
 def new_jobs(
     transcripts: Iterable[Transcript], *, owner: str | None, provenance: str
 ) -> list[job_records.NewJob]:
-    """Job records for transcripts: owner resolved (HarvestError when none), text redacted."""
+    """Job records for transcripts: owner resolved (HarvestError when none), text redacted.
+
+    Only the redacted transcript is used, so the record's conversation id and an owner
+    error's message are redacted too.
+    """
     out = []
     for transcript in transcripts:
         redacted = redact_transcript(transcript)
         out.append(
             job_records.NewJob(
-                owner=resolve_owner(transcript, owner),
+                owner=resolve_owner(redacted, owner),
                 provenance=provenance,
-                conversation_id=transcript.conversation_id,
+                conversation_id=redacted.conversation_id,
                 transcript=redacted.model_dump(mode="json"),
             )
         )

@@ -20,10 +20,12 @@ REDACTED = "[REDACTED]"
 _SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _ASCII_WORD = re.compile(r"[a-z0-9]+")
 _WORD = re.compile(r"\w+", re.UNICODE)
-# A closed <private ...>...</private> span, across lines, any case.
-_PRIVATE_CLOSED = re.compile(r"<private(?:\s[^>]*)?>.*?</private\s*>", re.IGNORECASE | re.DOTALL)
-# An opening tag that is never closed (or cut off mid-tag): everything after it is private.
-_PRIVATE_OPEN = re.compile(r"<private(?:[\s>].*)?\Z", re.IGNORECASE | re.DOTALL)
+# The start of a privacy tag, opening or closing, any case. What may follow is checked by hand
+# (see redact_private), so no pattern ever scans ahead more than once: linear on any input.
+_PRIVATE_TAG = re.compile(r"<(/?)private", re.IGNORECASE)
+_SPACE = re.compile(r"\s")
+_CLOSE_END = re.compile(r"\s*>")
+_OPEN_END = re.compile(r"[<>]")
 
 
 def slugify(title: str) -> str:
@@ -84,17 +86,64 @@ def topics(normalized: str) -> list[str]:
 
 
 def strip_private(text: str) -> str:
-    """Replace every ``<private>...</private>`` span with ``[REDACTED]``.
+    """Replace every ``<private>...</private>`` span with ``[REDACTED]`` (the rule of
+    redact_private, on a text that stands alone)."""
+    return redact_private(text)[0]
 
-    Case-insensitive and across lines; an opening tag that is never closed redacts to the end
-    of the text, so a cut-off transcript fails closed.
+
+def redact_private(text: str, depth: int = 0) -> tuple[str, int]:
+    """Redact the ``<private>`` spans of one piece of a stream: the text, and the depth left open.
+
+    ``depth`` is how many spans are open where ``text`` starts (0 for a text that stands
+    alone; the depth an earlier message of the same transcript left). Tags are matched in any
+    case and across lines: an opening tag is ``<private>``, or ``<private`` + whitespace +
+    attributes up to ``>`` (or up to a ``<``, where another tag may start); a closing tag is
+    ``</private>`` with optional whitespace before ``>``. Spans nest: an opening tag adds one
+    to the depth, a closing tag takes one off, and text is private while the depth is above 0,
+    so the outermost span is redacted whole. Each outermost span opened in ``text`` becomes
+    one ``[REDACTED]``; text that is private from the start (``depth > 0``) up to the closing
+    tag leaves nothing. Fails closed: an opening tag that is never closed, or is cut off before
+    its ``>``, makes the rest private, and the returned depth says so. A closing tag with no
+    span open is left as text (it hides nothing). Linear in ``len(text)``.
     """
-    previous = None
-    while previous != text:
-        previous = text
-        text = _PRIVATE_CLOSED.sub(REDACTED, text)
-        text = _PRIVATE_OPEN.sub(REDACTED, text)
-    return text
+    out: list[str] = []
+    kept_from = 0 if depth == 0 else None  # where the current run of visible text started
+    position = 0
+    while (tag := _PRIVATE_TAG.search(text, position)) is not None:
+        end = tag.end()
+        if tag.group(1):  # </private
+            close = _CLOSE_END.match(text, end)
+            if close is None:
+                position = end  # "</privateer", "</private x>": not a tag
+                continue
+            position = close.end()
+            if depth > 0:
+                depth -= 1
+                if depth == 0:
+                    kept_from = position
+            continue
+        if end < len(text) and text[end] == ">":
+            position = end + 1
+        elif end < len(text) and _SPACE.match(text, end):
+            # Attributes run to ">"; a "<" ends them too, so a tag inside them still counts.
+            # A tag cut off before its ">" opens a span all the same: fail closed.
+            stop = _OPEN_END.search(text, end)
+            position = len(text) if stop is None else stop.start()
+            if stop is not None and stop[0] == ">":
+                position += 1
+        elif end == len(text):
+            position = end  # "<private" cut off at the very end
+        else:
+            position = end  # "<privateer>", "<private/>": not a tag
+            continue
+        if depth == 0 and kept_from is not None:
+            out.append(text[kept_from : tag.start()])
+            out.append(REDACTED)
+            kept_from = None
+        depth += 1
+    if depth == 0 and kept_from is not None:
+        out.append(text[kept_from:])
+    return "".join(out), depth
 
 
 def content_hash(text: str) -> str:

@@ -12,6 +12,7 @@ import pytest
 
 from harvest.errors import TranscriptFormatError
 from harvest.readers import ReadResult, iter_paths, read_path
+from harvest.redact import redact_transcript
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -170,7 +171,10 @@ def test_native_list_skips_one_bad_conversation_and_reads_the_rest(tmp_path: Pat
     labels = [label for label, _ in result.errors]
     assert labels == [f"{path}[1] c2", f"{path}[2] c3", f"{path}[3] c4"]
     reasons = dict(result.errors)
-    assert "robot" in reasons[f"{path}[1] c2"]
+    assert reasons[f"{path}[1] c2"] == (
+        "message 1: role must be one of user, assistant, system, tool "
+        "(got a string of 5 characters)"
+    )
     assert "empty conversation" in reasons[f"{path}[2] c3"]
     assert "scope kind" in reasons[f"{path}[3] c4"]
 
@@ -496,3 +500,99 @@ def test_chatgpt_example_resolves_its_edited_message() -> None:
     assert "FastAPI and a small React admin" in text
     assert "Django and its built-in admin" not in text
     assert "file-service://" not in text
+
+
+# errors and labels never repeat what the file says ------------------------------------------
+
+PRIVATE_VALUE = "<private>SECRET-1</private> SECRET-2"
+
+
+def _with_message_field(key: str, value: object) -> dict[str, Any]:
+    obj = native()
+    obj["messages"][1][key] = value
+    return obj
+
+
+def _chatgpt_with_node_time(value: object) -> dict[str, Any]:
+    obj = chatgpt_branching_conversation()
+    obj["mapping"]["a2-new"]["message"]["create_time"] = value
+    return obj
+
+
+def _claude_with_message_time(value: object) -> dict[str, Any]:
+    obj = claude_conversation()
+    obj["chat_messages"][2]["created_at"] = value
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("obj", "says"),
+    [
+        (native(ended_at=PRIVATE_VALUE), "ended_at is not an ISO 8601 timestamp (got a string of"),
+        (native(started_at=["SECRET"]), "started_at is not a timestamp (got a list of 1 items)"),
+        (native(ended_at=1e300), "ended_at is not a timestamp (got a number out of range)"),
+        (_with_message_field("at", PRIVATE_VALUE), "message 2 at is not an ISO 8601 timestamp"),
+        (_with_message_field("role", PRIVATE_VALUE), "message 2: role must be one of user,"),
+        (_with_message_field("content", 42), "message 2 content must be text or a list of parts"),
+        (native(owner=["SECRET"]), "owner must be a non-empty string (got a list of 1 items)"),
+        (native(scope="SECRET-bob"), "owner and scope name different owners"),
+        (native(scope={"kind": PRIVATE_VALUE}), "scope kind must be 'owner' (got a string of"),
+        (native(scope={"kind": "owner", "id": {"SECRET": 1}}), "(got an object of 1 keys)"),
+        (native(title=["SECRET"]), "title must be a string (got a list of 1 items)"),
+        (native("<private>SECRET</private>" + "x" * 300), "conversation_id: String should have at"),
+        ({**native(), "conversation_id": ["SECRET"]}, "conversation_id must be a string"),
+        ({**chatgpt_branching_conversation(), "update_time": PRIVATE_VALUE}, "update_time is"),
+        (_chatgpt_with_node_time(PRIVATE_VALUE), "node 6 create_time is not an ISO 8601"),
+        (_claude_with_message_time(PRIVATE_VALUE), "chat message 3 created_at is not an ISO"),
+        ({**claude_conversation(), "name": {"SECRET": True}}, "name must be a string (got an"),
+    ],
+)
+def test_a_reader_error_names_field_and_position_not_the_value(
+    tmp_path: Path, obj: dict[str, Any], says: str
+) -> None:
+    path = write_json(tmp_path / "conversations.json", [native("fine"), obj])
+    result = read_path(path)
+    assert [t.conversation_id for t in result.transcripts] == ["fine"]
+    ((label, reason),) = result.errors
+    assert label.startswith(f"{path}[1]")
+    assert says in reason
+    assert "SECRET" not in label + reason
+    assert "private" not in (label + reason).lower()
+
+
+def test_a_label_shows_the_conversation_id_under_the_privacy_rule(tmp_path: Path) -> None:
+    broken = native("chat-<private>SECRET</private>", messages="not a list")
+    long_id = native("y" * 400 + "SECRET", messages="not a list")
+    path = write_json(tmp_path / "t.json", [broken, long_id])
+    labels = [label for label, _ in read_path(path).errors]
+    assert labels == [f"{path}[0] chat-[REDACTED]", f"{path}[1] {'y' * 255}…"]
+    lines = tmp_path / "t.jsonl"
+    lines.write_text(json.dumps(broken) + "\n", encoding="utf-8")
+    assert read_path(lines).errors == [
+        (f"{lines}:1 chat-[REDACTED]", "line 1: messages must be a list")
+    ]
+
+
+def test_a_damaged_zip_error_does_not_repeat_member_names(tmp_path: Path) -> None:
+    path = tmp_path / "export.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("conversations.json", json.dumps([claude_conversation()]))
+    data = path.read_bytes()
+    # The local header's name no longer matches the directory's, which zipfile reports by
+    # quoting both names.
+    path.write_bytes(data.replace(b"conversations.json", b"SECRETsations.json", 1))
+    with pytest.raises(TranscriptFormatError) as info:
+        read_path(path)
+    assert "damaged zip archive" in str(info.value)
+    assert "SECRET" not in str(info.value)
+
+
+def test_a_private_conversation_id_is_redacted_as_it_is_read(tmp_path: Path) -> None:
+    partly = native("chat-<private>SECRET</private>")
+    wholly = native("<private>SECRET</private>")
+    path = write_json(tmp_path / "t.json", [partly, wholly])
+    first, second = read_path(path).transcripts
+    assert first.conversation_id == "chat-[REDACTED]"
+    assert second.conversation_id.startswith("redacted-")
+    assert second.conversation_id == redact_transcript(second).conversation_id
+    assert first.messages[0].content == "I prefer tabs over spaces."  # text stays as it is

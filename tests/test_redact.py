@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from harvest.errors import HarvestError
+from harvest.queue import new_jobs
 from harvest.readers import read_path
-from harvest.redact import redact_text, redact_transcript, transcript_hash
+from harvest.redact import REDACTED_ID_PREFIX, redact_text, redact_transcript, transcript_hash
 from harvest.transcript import Message, Transcript
+from store.text import REDACTED, redact_private, strip_private
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 INDEX_BLOCK = (
@@ -205,3 +211,198 @@ def test_native_example_private_span_is_stripped() -> None:
     redacted = redact_transcript(t)
     assert all("hunter2" not in m.content for m in redacted.messages)
     assert any("[REDACTED]" in m.content for m in redacted.messages)
+
+
+# the rule: nesting, stray tags, hostile input -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<private><private>a</private>SECRET</private>", "[REDACTED]"),
+        ("x <private>a <PRIVATE>b</private> SECRET </Private > y", "x [REDACTED] y"),
+        (
+            "<private>a<private>b<private>c</private>SECRET</private>SECRET</private>ok",
+            "[REDACTED]ok",
+        ),
+        ("<private>a<private>b</private> SECRET never closed", "[REDACTED]"),
+        ("<private note='x'>\n<private>\n</private>\nSECRET\n</private>\nend", "[REDACTED]\nend"),
+        ("<private>a</private><private>b</private>", "[REDACTED][REDACTED]"),
+        # An opening tag's attributes end at a "<": a tag there still counts.
+        ("<private a <private b>c</private> SECRET</private>d", "[REDACTED]d"),
+        ("<private a <private b>c</private> SECRET", "[REDACTED]"),
+        # A closing tag with no span open hides nothing: it stays, and opens nothing.
+        ("plain </private> text", "plain </private> text"),
+        ("a</private><private>SECRET</private>b", "a</private>[REDACTED]b"),
+        # Tags cut off before their ">" fail closed.
+        ("tail <private", "tail [REDACTED]"),
+        ("tail <private reason='pw' SECRET", "tail [REDACTED]"),
+        # Not privacy tags.
+        ("<privateer> </privately> <private/> ok", "<privateer> </privately> <private/> ok"),
+        ("<private>SECRET</private x>", "[REDACTED]"),  # not a closing tag: fails closed
+    ],
+)
+def test_outermost_span_is_redacted_whole_nesting_counted(text: str, expected: str) -> None:
+    assert strip_private(text) == expected
+    assert strip_private(expected) == expected
+
+
+def test_redact_private_carries_the_depth_of_an_open_span() -> None:
+    assert redact_private("a <private>b <private>c</private>") == ("a [REDACTED]", 1)
+    assert redact_private("SECRET</private> after", 1) == (" after", 0)
+    assert redact_private("SECRET</private> SECRET", 2) == ("", 1)
+    assert redact_private("plain", 0) == ("plain", 0)
+
+
+@pytest.mark.parametrize(
+    ("unit", "expected"),
+    [
+        ("<private>", REDACTED),
+        ("<", None),
+        ("<private ", REDACTED),
+        ("<private", None),
+        ("</private", None),
+        ("</private ", None),
+        ("<private x=", REDACTED),
+        ("<private><private></private>", REDACTED),
+    ],
+)
+def test_hostile_megabyte_inputs_are_redacted_in_one_pass(unit: str, expected: str | None) -> None:
+    # Each of these took the old regexes quadratic time (a lazy or [^>]* scan to the end from
+    # every tag); the scanner reads the text once.
+    text = unit * (1_000_000 // len(unit))
+    out = strip_private(text)
+    if expected is not None:
+        assert out == expected
+    else:
+        assert len(out) >= len(text) - len("<private")  # left alone, or cut at a final tag
+        assert not re.search(r"<private(\s|>|$)", out, re.IGNORECASE)
+
+
+# a transcript is one stream -------------------------------------------------------------------
+
+
+def test_a_span_open_at_the_end_of_a_message_goes_on_into_the_next_ones() -> None:
+    t = transcript(
+        ("user", "My keys: <private>first SECRET-1"),
+        ("assistant", "SECRET-2, noted"),
+        ("user", "and SECRET-3</private> I prefer tabs."),
+        ("assistant", "Tabs it is."),
+    )
+    r = redact_transcript(t)
+    assert [(m.role, m.content) for m in r.messages] == [
+        ("user", "My keys: [REDACTED]"),
+        ("user", " I prefer tabs."),
+        ("assistant", "Tabs it is."),
+    ]
+    assert redact_transcript(r) == r
+
+
+def test_a_nested_span_across_messages_closes_at_its_outermost_tag() -> None:
+    t = transcript(
+        ("user", "<private>a <private>b"),
+        ("assistant", "c</private> SECRET"),
+        ("user", "SECRET</private>kept"),
+    )
+    assert [m.content for m in redact_transcript(t).messages] == ["[REDACTED]", "kept"]
+
+
+def test_a_span_never_closed_redacts_the_rest_of_the_transcript() -> None:
+    t = transcript(("user", "ok <private>SECRET"), ("assistant", "SECRET"), ("user", "SECRET"))
+    assert [m.content for m in redact_transcript(t).messages] == ["ok [REDACTED]"]
+
+
+def test_the_title_is_its_own_stream() -> None:
+    t = transcript(("user", "hello"), ("assistant", "hi"), title="Plan <private>SECRET")
+    r = redact_transcript(t)
+    assert r.title == "Plan [REDACTED]"
+    assert [m.content for m in r.messages] == ["hello", "hi"]
+
+
+def test_an_index_block_in_a_private_stream_does_not_close_or_open_spans() -> None:
+    t = transcript(
+        ("user", "key <private>SECRET"),
+        ("system", INDEX_BLOCK),
+        ("user", "SECRET</private> I prefer tabs."),
+    )
+    assert [m.content for m in redact_transcript(t).messages] == [
+        "key [REDACTED]",
+        " I prefer tabs.",
+    ]
+
+
+def test_hash_sees_a_span_across_messages() -> None:
+    one = transcript(("user", "a <private>AAA"), ("assistant", "AAA</private> ok"))
+    two = transcript(("user", "a <private>BBB"), ("assistant", "BBB</private> ok"))
+    assert transcript_hash(one) == transcript_hash(two)
+
+
+# ids and other stored fields ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cid", "expected"),
+    [
+        ("chat-<private>SECRET</private>", "chat-[REDACTED]"),
+        ("chat-<private>SECRET", "chat-[REDACTED]"),
+        ("<private>a<private>b</private>SECRET</private>-7", "[REDACTED]-7"),
+        ("plain-id", "plain-id"),
+    ],
+)
+def test_a_conversation_id_gets_the_same_rule(cid: str, expected: str) -> None:
+    r = redact_transcript(transcript(*SAID, conversation_id=cid))
+    assert r.conversation_id == expected
+    assert redact_transcript(r) == r
+
+
+@pytest.mark.parametrize(
+    "cid", ["<private>SECRET</private>", " <private>SECRET", "<gleaner-memory-index>SECRET"]
+)
+def test_an_id_that_is_all_private_becomes_a_stable_hash_id(cid: str) -> None:
+    r = redact_transcript(transcript(*SAID, conversation_id=cid))
+    assert r.conversation_id == f"{REDACTED_ID_PREFIX}{transcript_hash(transcript(*SAID))[:16]}"
+    assert "SECRET" not in r.conversation_id
+    again = redact_transcript(transcript(*SAID, conversation_id="<private>OTHER</private>"))
+    assert again.conversation_id == r.conversation_id  # same conversation, same id
+    assert redact_transcript(r) == r
+
+
+def test_an_id_that_would_outgrow_its_column_becomes_a_hash_id() -> None:
+    cid = "x" * 247 + "<private"  # 255 characters; "[REDACTED]" makes it 257
+    r = redact_transcript(transcript(*SAID, conversation_id=cid))
+    assert r.conversation_id.startswith(REDACTED_ID_PREFIX)
+    Transcript.model_validate(r.model_dump(mode="json"))  # still a valid transcript
+
+
+def test_the_source_path_is_redacted_and_the_owner_is_not() -> None:
+    t = transcript(
+        *SAID, owner="alice", source_path="/in/<private>client-SECRET</private>/chat.json"
+    )
+    r = redact_transcript(t)
+    assert r.source_path == "/in/[REDACTED]/chat.json"
+    assert r.owner == "alice"
+    assert "SECRET" not in json.dumps(r.model_dump(mode="json"))
+
+
+def test_job_records_hold_no_private_text_in_any_field() -> None:
+    t = transcript(
+        ("user", "deploy key <private>SECRET-1"),
+        ("assistant", "SECRET-2</private>ok"),
+        ("user", "I prefer tabs."),
+        conversation_id="conv-<private>SECRET-3</private>",
+        title="<private>SECRET-4",
+        owner="alice",
+    )
+    (job,) = new_jobs([t], owner=None, provenance="compaction")
+    assert job.conversation_id == "conv-[REDACTED]"
+    assert job.owner == "alice"
+    assert "SECRET" not in json.dumps(job.transcript)
+    assert "SECRET" not in job.conversation_id
+
+
+def test_an_owner_error_does_not_repeat_a_private_conversation_id() -> None:
+    t = transcript(*SAID, conversation_id="<private>SECRET</private>")
+    with pytest.raises(HarvestError) as info:
+        new_jobs([t], owner=None, provenance="compaction")
+    assert info.value.reason == "no_owner"
+    assert "SECRET" not in str(info.value)

@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harvest.errors import TranscriptFormatError
+from harvest.redact import redact_text, redact_transcript
 from harvest.transcript import Message, Role, Transcript
 
 # Roles as the formats spell them -> the transcript's four. OpenAI's "developer" is its new
@@ -26,8 +27,30 @@ TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 
 
 def bad(message: str) -> TranscriptFormatError:
-    """A TranscriptFormatError for one conversation (the caller adds which one)."""
+    """A TranscriptFormatError for one conversation (the caller adds which one).
+
+    Messages name the field and its position and describe a bad value (see ``described``),
+    never quote it: they end up in job records, import reports and logs, and a value may be
+    private text.
+    """
     return TranscriptFormatError(message)
+
+
+def described(value: object) -> str:
+    """What a bad value is, without its text: ``a string of 12 characters``, ``a number``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters"
+    if isinstance(value, Mapping):
+        return f"an object of {len(value)} keys"
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    return type(value).__name__
 
 
 def parse_time(value: object, field: str) -> datetime | None:
@@ -38,19 +61,19 @@ def parse_time(value: object, field: str) -> datetime | None:
     if value is None or value == "":
         return None
     if isinstance(value, bool):
-        raise bad(f"{field} is not a timestamp: {value!r}")
+        raise bad(f"{field} is not a timestamp (got a boolean)")
     if isinstance(value, int | float):
         try:
             return datetime.fromtimestamp(value, UTC)
         except (OverflowError, OSError, ValueError):
-            raise bad(f"{field} is not a timestamp: {value!r}") from None
+            raise bad(f"{field} is not a timestamp (got a number out of range)") from None
     if isinstance(value, str):
         try:
             parsed = datetime.fromisoformat(value.strip())
         except ValueError:
-            raise bad(f"{field} is not an ISO 8601 timestamp: {value!r}") from None
+            raise bad(f"{field} is not an ISO 8601 timestamp (got {described(value)})") from None
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    raise bad(f"{field} is not a timestamp: {value!r}")
+    raise bad(f"{field} is not a timestamp (got {described(value)})")
 
 
 def text_of(content: object, field: str) -> str:
@@ -74,7 +97,7 @@ def text_of(content: object, field: str) -> str:
                 if isinstance(text, str):
                     texts.append(text)
         return "\n".join(texts)
-    raise bad(f"{field} must be text or a list of parts, got {type(content).__name__}")
+    raise bad(f"{field} must be text or a list of parts (got {described(content)})")
 
 
 def optional_str(value: object, field: str) -> str | None:
@@ -82,7 +105,7 @@ def optional_str(value: object, field: str) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise bad(f"{field} must be a string, got {type(value).__name__}")
+        raise bad(f"{field} must be a string (got {described(value)})")
     return value
 
 
@@ -106,13 +129,16 @@ def build(
 ) -> Transcript:
     """A Transcript, refused when it holds no user or assistant text.
 
-    Blank messages are dropped here so every reader treats them alike.
+    Blank messages are dropped here so every reader treats them alike. Text is kept as it is,
+    except the conversation id, which gets the privacy rule at once (see
+    ``harvest.redact.redact_conversation_id``): it names the conversation in reports and
+    errors long before the transcript is redacted.
     """
     kept = [m for m in messages if m.content.strip()]
     if not any(m.role in ("user", "assistant") for m in kept):
         raise bad("empty conversation: no user or assistant text")
     try:
-        return Transcript(
+        transcript = Transcript(
             conversation_id=conversation_id,
             owner=owner,
             title=title,
@@ -126,3 +152,8 @@ def build(
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise bad(f"{where}: {first['msg']}") from None
+    if redact_text(conversation_id) != conversation_id:
+        # The id is printed and stored from here on, before any job redacts the transcript.
+        redacted = redact_transcript(transcript).conversation_id
+        transcript = transcript.model_copy(update={"conversation_id": redacted})
+    return transcript

@@ -13,6 +13,7 @@ from harvest.errors import TranscriptFormatError
 from harvest.readers.chatgpt import read_chatgpt
 from harvest.readers.claude import read_claude
 from harvest.readers.native import read_native, read_openai
+from harvest.redact import redact_text
 from harvest.transcript import Transcript
 
 SUFFIXES = frozenset({".json", ".jsonl", ".zip"})
@@ -37,6 +38,8 @@ EXPECTED = (
     "a ChatGPT or Claude export conversations.json, or the export .zip holding it"
 )
 
+# A conversation id is at most this long (the transcript refuses longer ones).
+_MAX_LABEL_ID_CHARS = 255
 _JSON_NAMES = {str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 Reader = Callable[..., Transcript]
 _READERS: dict[str, Reader] = {
@@ -80,10 +83,15 @@ def kind_of(obj: object) -> str | None:
 
 
 def _label(base: str, obj: object) -> str:
+    """``base`` and the conversation's id, under the privacy rule and cut to 255 characters
+    (a label is printed and stored whether or not the conversation could be read)."""
     for key in ("conversation_id", "uuid", "id"):
         value = obj.get(key) if isinstance(obj, Mapping) else None
         if isinstance(value, str | int) and not isinstance(value, bool) and value != "":
-            return f"{base} {value}"
+            shown = redact_text(str(value))
+            if len(shown) > _MAX_LABEL_ID_CHARS:
+                shown = shown[:_MAX_LABEL_ID_CHARS] + "…"
+            return f"{base} {shown}"
     return base
 
 
@@ -196,8 +204,9 @@ def _read_zip(path: Path) -> str:
             # The shallowest one is the export's own; deeper ones belong to nested folders.
             member = min(members, key=lambda i: (i.filename.count("/"), i.filename))
             return _decode(archive.read(member), path)
-    except zipfile.BadZipFile as exc:
-        raise not_a_transcript(path, f"a damaged zip archive: {exc}") from None
+    except zipfile.BadZipFile:
+        # Not its message: some name members of the archive, which are the file's own text.
+        raise not_a_transcript(path, "a damaged zip archive") from None
 
 
 def _read_text(path: Path) -> str:

@@ -12,6 +12,7 @@ from harvest.readers._common import (
     ROLES,
     bad,
     build,
+    described,
     identifier,
     optional_str,
     parse_time,
@@ -27,14 +28,17 @@ def _owner(obj: Mapping[str, Any], default_owner: str | None) -> str | None:
         kind = scope.get("kind")
         if kind != "owner":
             # The transcript belongs to one principal; a global scope is not a conversation's.
-            raise bad(f"scope kind must be 'owner', got {kind!r}")
+            raise bad(f"scope kind must be 'owner' (got {described(kind)})")
         scope = scope.get("id")
     if scope is not None and not (isinstance(scope, str) and scope):
-        raise bad(f"scope must be an owner name or {{'kind': 'owner', 'id': ...}}, got {scope!r}")
+        raise bad(
+            "scope must be an owner name or {'kind': 'owner', 'id': ...} "
+            f"(got {described(scope)})"
+        )
     if owner is not None and not (isinstance(owner, str) and owner):
-        raise bad(f"owner must be a non-empty string, got {owner!r}")
+        raise bad(f"owner must be a non-empty string (got {described(owner)})")
     if owner and scope and owner != scope:
-        raise bad(f"owner {owner!r} and scope {scope!r} disagree")
+        raise bad("owner and scope name different owners")
     return owner or scope or default_owner
 
 
@@ -49,8 +53,8 @@ def _messages(raw: object, *, strict_roles: bool) -> list[Message]:
         if role is None:
             if strict_roles:
                 raise bad(
-                    f"message {number}: role {item.get('role')!r} is not one of "
-                    "user, assistant, system, tool"
+                    f"message {number}: role must be one of user, assistant, system, tool "
+                    f"(got {described(item.get('role'))})"
                 )
             continue
         messages.append(
