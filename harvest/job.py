@@ -25,7 +25,7 @@ from store import (
     strip_private,
 )
 from store.similar import Twin
-from store.terms import jaccard, similarity_terms
+from store.terms import FactText, adds_to, jaccard, similarity_terms
 
 # Bump when extraction changes enough that old transcripts deserve a new harvest.
 HARVESTER_VERSION = "1"
@@ -229,23 +229,19 @@ def harvest_transcript(
 
 def _kept(
     candidates: list[NoteCandidate], settings: Settings, report: TranscriptReport
-) -> list[tuple[NoteCandidate, str, str, str | None]]:
-    """The candidates to write, up to the cap and of known types, with private text stripped:
-    ``(candidate, title, body, topic string)``; the topic string is None for a topic-key
-    upsert (no duplicate lookup)."""
+) -> list[tuple[NoteCandidate, FactText]]:
+    """The candidates to write, up to the cap and of known types, with private text stripped
+    from title, body and topics: ``(candidate, its text)``."""
     kept = []
     for candidate in candidates[: settings.harvest_max_facts]:
         if candidate.type not in settings.observation_types:
             report.items_dropped += 1
             continue
-        kept.append(
-            (
-                candidate,
-                strip_private(candidate.title),
-                strip_private(candidate.body),
-                None if candidate.topic_key is not None else normalize_topics(candidate.topics),
-            )
+        topics = [strip_private(topic) for topic in candidate.topics]
+        text = FactText(
+            strip_private(candidate.title), strip_private(candidate.body), normalize_topics(topics)
         )
+        kept.append((candidate.model_copy(update={"topics": topics}), text))
     return kept
 
 
@@ -259,46 +255,65 @@ def write_candidates(
     provenance: str,
     report: TranscriptReport,
 ) -> None:
-    """Write candidates as unpinned notes; a near-duplicate of a live note updates it instead.
+    """Write candidates as unpinned notes; one holding a fact the scope already holds does not
+    add a twin.
 
-    A candidate whose title+topic Jaccard score with a live note reaches
-    ``duplicate_threshold`` rewrites that note in place (``notes_updated``), unless the note
-    is pinned or was written by a person (``user`` provenance): then the candidate is
-    skipped, since harvested text never overrides them. A candidate with a topic key
-    upserts the note holding that key. Candidates go through ``notes.write_batch`` in
-    segments that give the same outcome as writing them one by one.
+    - With a topic key: upserts the note holding that key (its text goes to history), unless
+      that note is pinned or person-written (``user``): then the candidate is skipped.
+    - Without: the live note holding **the same fact** (``store.terms.same_fact``: title+topic
+      Jaccard at ``duplicate_threshold`` and nothing in title or body contradicts) is
+      rewritten only when the candidate adds to it (``adds_to``; the old text goes to
+      history, reason ``harvest_same_fact``); a candidate that adds nothing, or whose twin is
+      pinned or person-written, is skipped. Any other candidate is a new note under a fresh
+      slug, so no note is ever overwritten by a different fact.
+
+    Candidates go through ``notes.write_batch`` in segments that give the same outcome as
+    writing them one by one.
     """
     writer = _SegmentWriter(
         session, settings, scope, transcript=transcript, provenance=provenance, report=report
     )
     writer.kept = _kept(candidates, settings, report)
-    for position, (candidate, title, body, topic_string) in enumerate(writer.kept):
+    keyed = [c.topic_key for c, _ in writer.kept if c.topic_key is not None]
+    protected = similar.protected_keys(session, scope, keyed) if keyed else set()
+    for position, (candidate, text) in enumerate(writer.kept):
         attrs: dict[str, object] = {
-            "title": title,
-            "body": body,
+            "title": text.title,
+            "body": text.body,
             "topics": candidate.topics,
             "confidence": candidate.confidence,
             "pinned": False,
         }
-        if topic_string is not None:
-            terms = similarity_terms(title, topic_string)
+        reason = None
+        if candidate.topic_key is not None:
+            if candidate.topic_key in protected:
+                report.notes_skipped += 1
+                continue
+        else:
+            terms = similarity_terms(text.title, text.topics)
             # A near-duplicate of an earlier candidate must see that one written, as
             # one-by-one writes would: close the segment first.
             if any(jaccard(terms, other) >= writer.threshold for other in writer.seen):
                 writer.flush()
             twin = writer.twin_of(position)
-            if twin is not None and twin.id in writer.targets:
+            if twin is not None and twin[0].id in writer.targets:
                 writer.flush()  # that note is being rewritten: look again at what it becomes
                 twin = writer.twin_of(position)
             if twin is not None:
-                if twin.pinned or twin.provenance == "user":
+                note, held = twin
+                if note.pinned or note.provenance == "user" or not adds_to(text, held):
                     report.notes_skipped += 1
                     continue
-                attrs["slug"] = twin.slug
-                writer.targets.add(twin.id)
+                attrs["slug"], reason = note.slug, "harvest_same_fact"
+                writer.targets.add(note.id)
             writer.seen.append(terms)
         writer.items.append(
-            notes.BatchItem(attrs=attrs, note_type=candidate.type, topic_key=candidate.topic_key)
+            notes.BatchItem(
+                attrs=attrs,
+                note_type=candidate.type,
+                topic_key=candidate.topic_key,
+                reason=reason,
+            )
         )
         if candidate.topic_key is not None:
             writer.flush()  # its upsert may rewrite any note: later lookups must see the result
@@ -307,8 +322,8 @@ def write_candidates(
 
 
 class _SegmentWriter:
-    """``write_candidates``' state: the open segment, and the twins looked up for the
-    candidates as the store stood after the last segment was written."""
+    """``write_candidates``' state: the open segment, and the same-fact twins looked up for
+    the candidates as the store stood after the last segment was written."""
 
     def __init__(
         self,
@@ -323,11 +338,11 @@ class _SegmentWriter:
         self.session, self.settings, self.scope = session, settings, scope
         self.transcript, self.provenance, self.report = transcript, provenance, report
         self.threshold = settings.duplicate_threshold
-        self.kept: list[tuple[NoteCandidate, str, str, str | None]] = []
+        self.kept: list[tuple[NoteCandidate, FactText]] = []
         self.items: list[notes.BatchItem] = []
         self.seen: list[frozenset[str]] = []  # term sets of this segment's candidates
         self.targets: set[int] = set()  # notes this segment already rewrites
-        self.twins: dict[int, Twin | None] = {}  # by position in ``kept``
+        self.twins: dict[int, tuple[Twin, FactText] | None] = {}  # by position in ``kept``
         self.stale = True  # a segment was written since ``twins`` was looked up
 
     def flush(self) -> None:
@@ -353,19 +368,20 @@ class _SegmentWriter:
         self.seen.clear()
         self.targets.clear()
 
-    def twin_of(self, position: int) -> Twin | None:
-        """The candidate's twin. After a write, the twins of this and every later candidate
-        are looked up again, all in one go (a handful of statements, not a few per note)."""
+    def twin_of(self, position: int) -> tuple[Twin, FactText] | None:
+        """The candidate's same-fact twin and its text. After a write, the twins of this and
+        every later candidate are looked up again, all in one go (a handful of statements,
+        not a few per note)."""
         if self.stale:
-            later = [n for n in range(position, len(self.kept)) if self.kept[n][3] is not None]
-            found = similar.similar_twins_many(
+            later = [
+                n for n in range(position, len(self.kept)) if self.kept[n][0].topic_key is None
+            ]
+            found = similar.same_fact_twins(
                 self.session,
                 self.scope,
-                [(self.kept[n][1], str(self.kept[n][3])) for n in later],
+                [self.kept[n][1] for n in later],
                 threshold=self.threshold,
-                limit=1,
             )
-            pairs = zip(later, found, strict=True)
-            self.twins = {n: hits[0] if hits else None for n, hits in pairs}
+            self.twins = dict(zip(later, found, strict=True))
             self.stale = False
         return self.twins[position]

@@ -13,6 +13,7 @@ from store.errors import (
 from store.schemas import (
     LinkResult,
     Note,
+    NoteVersion,
     NoteWithLinks,
     SaveResult,
     Scope,
@@ -30,6 +31,7 @@ __all__ = [
     "LinkResult",
     "NotFound",
     "Note",
+    "NoteVersion",
     "NoteWithLinks",
     "SaveResult",
     "Scope",

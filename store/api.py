@@ -10,10 +10,19 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from store import index, links, mem, notes, search
+from store import history, index, links, mem, notes, search
 from store.db import make_engine, migrate
 from store.errors import NotFound, StorageFailure, StoreError
-from store.schemas import LinkResult, Note, NoteWithLinks, SaveResult, Scope, SearchHit, WriteResult
+from store.schemas import (
+    LinkResult,
+    Note,
+    NoteVersion,
+    NoteWithLinks,
+    SaveResult,
+    Scope,
+    SearchHit,
+    WriteResult,
+)
 from store.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -95,6 +104,11 @@ class Store:
     def read(self, scope: Scope | tuple[str, str], slug: str) -> NoteWithLinks:
         """The note with links, backlinks and superseder; NotFound when there is none."""
         return self._run(links.read, scope, slug)
+
+    def history(self, scope: Scope | tuple[str, str], slug: str) -> list[NoteVersion]:
+        """The note's earlier texts, newest first, each with when, why and by whom it was
+        replaced; NotFound when there is no such note."""
+        return self._run(history.history, scope, slug)
 
     def link(
         self, scope: Scope | tuple[str, str], from_slug: str, to_slug: str, rel: str

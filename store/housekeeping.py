@@ -7,9 +7,11 @@ are being written, and neither deletes anything.
             ``weight = 0.5 ** (age_days / half_life_days)`` in SQL (age from ``updated_at``).
             With ``archive_below_weight`` set, unpinned live notes under it are archived.
 ``dedupe``  per scope, finds live notes whose title+topic Jaccard score reaches
-            ``duplicate_threshold`` and has each superseded by its best keeper. Candidates
-            come from a prefix-filtered inverted index, only for notes changed since the last
-            run's ``updated_seq`` watermark; every pair acted on is scored exactly.
+            ``duplicate_threshold`` and has each superseded by its best keeper when the two
+            hold the same fact (``store.terms``: nothing in title or body contradicts).
+            Candidates come from a prefix-filtered inverted index, only for notes changed
+            since the last run's ``updated_seq`` watermark; every pair acted on is scored
+            exactly.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from store.models import ARCHIVED, LIVE, SUPERSEDED, HousekeepingState, Link, Me
 from store.notes import next_seq, next_seqs
 from store.schemas import Frozen, Scope
 from store.settings import Settings
-from store.terms import similarity_terms
+from store.terms import FactText, disagreement, similarity_terms
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +281,7 @@ class _Row:
     pinned: bool
     updated_at: datetime
     confidence: float | None
+    text: FactText
     seq: int
 
     @property
@@ -476,7 +479,7 @@ def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[i
         for group, score in found.edges[group_of[keeper]]:
             if group in drained:
                 continue
-            drained.add(group)
+            contradicted = False
             for loser in found.groups[group]:
                 if (
                     loser in place
@@ -484,8 +487,14 @@ def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[i
                     and not rows[loser].pinned
                     and loser not in claimed
                 ):
+                    # The score says near-duplicate; only the same fact is superseded.
+                    if disagreement(rows[keeper].text, rows[loser].text) is not None:
+                        contradicted = True
+                        continue
                     claimed.add(loser)
                     plan.append((keeper, loser, score))
+            if not contradicted:
+                drained.add(group)
     return plan
 
 
@@ -507,7 +516,14 @@ _LOAD = (
     .order_by(Memory.id)
 )
 _DETAILS = select(
-    Memory.id, Memory.slug, Memory.pinned, Memory.updated_at, Memory.confidence
+    Memory.id,
+    Memory.slug,
+    Memory.pinned,
+    Memory.updated_at,
+    Memory.confidence,
+    Memory.title,
+    Memory.body,
+    Memory.topics,
 ).where(Memory.id.in_(bindparam("ids", expanding=True)))
 
 
@@ -584,10 +600,15 @@ def _plan_pairs(session: Session, waiting: Sequence[_Found]) -> list[_Pair]:
     """Read the details of every waiting scope's notes (many scopes per statement) and pair
     each duplicate with its keeper. A note deleted since its scope was read is left out."""
     ids = sorted(note_id for found in waiting for note_id, _ in found.notes.values())
-    details: dict[int, tuple[str, bool, datetime, float | None]] = {}
+    details: dict[int, tuple[str, bool, datetime, float | None, FactText]] = {}
     for start in range(0, len(ids), ID_CHUNK):
         result = session.connection().execute(_DETAILS, {"ids": ids[start : start + ID_CHUNK]})
-        details.update({row[0]: (row[1], bool(row[2]), row[3], row[4]) for row in result})
+        details.update(
+            {
+                row[0]: (row[1], bool(row[2]), row[3], row[4], FactText(row[5], row[6], row[7]))
+                for row in result
+            }
+        )
     pairs: list[_Pair] = []
     for found in waiting:
         rows = {

@@ -136,6 +136,7 @@ def _save(session: Session, settings: Settings, obs: Observation) -> SaveResult:
         note_type=obs.type,
         topic_key=obs.topic_key,
         session_id=session_id,
+        reason="mem_save_upsert",
     )
     return SaveResult(id=row.id, outcome=outcome, session_id=session_id, topic_key=obs.topic_key)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, cast
 
@@ -26,6 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from store import history
 from store.errors import InvalidInput, StorageFailure
 from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
 from store.schemas import Note, Scope, WriteResult
@@ -258,6 +259,15 @@ def _next_free_slug(session: Session, scope: Scope, base: str) -> str:
     return f"{base}-{n}"
 
 
+def base_slug_of(title: str, topic_key: str | None) -> str:
+    """The slug a new note derives: from its topic key when it has one, else its title.
+
+    A topic-keyed note is rewritten in place as its fact changes ("Lives in Lisbon" ->
+    "Moved to Porto"): a slug naming the key stays true, one naming the first title would not.
+    """
+    return slugify(topic_key if topic_key is not None else title)
+
+
 def _by_key(session: Session, scope: Scope, **key: str) -> Memory | None:
     conditions = [Memory.scope_kind == scope.kind, Memory.scope_id == scope.id]
     conditions += [getattr(Memory, name) == value for name, value in key.items()]
@@ -299,11 +309,14 @@ def save_note(
     topic_key: str | None = None,
     session_id: str | None = None,
     occurred_at: datetime | None = None,
+    reason: str | None = None,
 ) -> tuple[Memory, Outcome]:
     """Insert or update one validated note and its terms; the caller owns the transaction.
 
     An explicit slug or a topic key upserts; a derived slug takes the next free ``-N``; with a
-    session and no topic key, content already saved in that session is ``deduped``.
+    session and no topic key, content already saved in that session is ``deduped``. An update
+    that changes the title or body keeps the text it replaces (``store.history``) with
+    ``reason`` (default: ``slug_upsert`` or ``topic_key_upsert``).
     """
     now = utcnow()
     terms = sorted(similarity_terms(draft.title, draft.topics))
@@ -316,13 +329,21 @@ def save_note(
         key = {"slug": draft.slug}
     elif topic_key is not None:
         key = {"topic_key": topic_key}
-    base_slug = draft.slug or slugify(draft.title)
+    base_slug = draft.slug or base_slug_of(draft.title, topic_key)
     candidate = base_slug
 
     for _ in range(MAX_WRITE_ATTEMPTS):
         # A derived slug never overwrites: no lookup, the insert below is the whole write.
         existing = _by_key(session, scope, **key) if key else None
         if existing is not None:
+            if history.changes_text(history.of_note(existing), draft.title, draft.body):
+                change = history.Change(
+                    history.upsert_reason(reason, explicit_slug=draft.slug is not None),
+                    provenance,
+                    conversation_id,
+                    now,
+                )
+                history.keep(session, [history.version_values(history.of_note(existing), change)])
             for name, value in fields.items():
                 setattr(existing, name, value)
             if conversation_id is not None:
@@ -500,6 +521,8 @@ class BatchItem:
     attrs: Mapping[str, object]
     note_type: str | None = None
     topic_key: str | None = None
+    # Why an update replaces a note's text (history); default slug_upsert / topic_key_upsert.
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -522,6 +545,10 @@ class _Op:
     row_id: int | None = None
     revive: bool = False  # an archived note rewritten is live again
     inserted: bool = False
+    # The note's text as the last write left it (``history.VERSIONED`` columns), and the
+    # versions its writes replace (``memory_id`` filled in once an inserted row has an id).
+    current: dict[str, Any] | None = None
+    versions: list[dict[str, Any]] = field(default_factory=list)
 
 
 def write_batch(
@@ -612,9 +639,17 @@ def _plan(
     by_topic: dict[str, _Op] = {}
     by_row: dict[int, _Op] = {}
 
-    def update_op(row_id: int, slug: str, status: str) -> _Op:
+    def update_op(row: dict[str, Any]) -> _Op:
+        row_id = int(row["id"])
         if row_id not in by_row:
-            by_row[row_id] = _Op(slug, {}, [], row_id=row_id, revive=status == ARCHIVED)
+            by_row[row_id] = _Op(
+                row["slug"],
+                {},
+                [],
+                row_id=row_id,
+                revive=row["status"] == ARCHIVED,
+                current={c.key: row[c.key] for c in history.VERSIONED},
+            )
             ops.append(by_row[row_id])
         return by_row[row_id]
 
@@ -631,18 +666,20 @@ def _plan(
         if draft.slug is not None:
             target = by_slug.get(draft.slug)
             if target is None and draft.slug in by_slug_row:
-                target = update_op(*by_slug_row[draft.slug])
+                target = update_op(by_slug_row[draft.slug])
                 by_slug[draft.slug] = target
         elif item.topic_key is not None:
             target = by_topic.get(item.topic_key)
             if target is None and item.topic_key in by_topic_row:
-                target = update_op(*by_topic_row[item.topic_key])
+                target = update_op(by_topic_row[item.topic_key])
                 by_topic[item.topic_key] = by_slug[target.slug] = target
         if target is not None:
-            target.values.update(values)  # the later write wins, as in sequence
+            _write_over(
+                target, scope, draft, item, values, conversation_id=conversation_id, now=now
+            )
             target.items.append((n, draft, item))
             continue
-        slug = draft.slug if draft.slug is not None else _free_slug(slugify(draft.title), taken)
+        slug = draft.slug or _free_slug(base_slug_of(draft.title, item.topic_key), taken)
         taken.add(slug)
         op = _Op(
             slug,
@@ -656,11 +693,52 @@ def _plan(
             [(n, draft, item)],
             inserted=True,
         )
+        _write_over(op, scope, draft, item, {}, conversation_id=conversation_id, now=now)
         ops.append(op)
         by_slug[slug] = op
         if item.topic_key is not None:
             by_topic.setdefault(item.topic_key, op)
     return ops
+
+
+def _write_over(
+    op: _Op,
+    scope: Scope,
+    draft: Draft,
+    item: BatchItem,
+    values: dict[str, Any],
+    *,
+    conversation_id: str | None,
+    now: datetime,
+) -> None:
+    """Fold a later write of the same note into ``op``, keeping the text it replaces."""
+    if op.current is not None and history.changes_text(op.current, draft.title, draft.body):
+        reason = history.upsert_reason(item.reason, explicit_slug=draft.slug is not None)
+        change = history.Change(reason, str(values["provenance"]), conversation_id, now)
+        op.versions.append(history.version_values(op.current, change))
+    op.values.update(values)  # the later write wins, as in sequence
+    op.current = {
+        **(op.current or {}),
+        **{key: op.values[key] for key in _TEXT_KEYS if key in op.values},
+        "id": op.row_id,
+        "scope_kind": scope.kind,
+        "scope_id": scope.id,
+        "slug": op.slug,
+        "updated_at": now,
+    }
+
+
+# What a version needs of a planned write besides the note's identity.
+_TEXT_KEYS = (
+    "title",
+    "body",
+    "topics",
+    "type",
+    "pinned",
+    "confidence",
+    "provenance",
+    "conversation_id",
+)
 
 
 def _apply(session: Session, scope: Scope, ops: list[_Op]) -> list[_Op]:
@@ -722,6 +800,11 @@ def _apply(session: Session, scope: Scope, ops: list[_Op]) -> list[_Op]:
             for term in sorted(similarity_terms(op.values["title"], op.values["topics"]))
         ],
     )
+    # The texts the batch replaced (an inserted note's id is known only now).
+    history.keep(
+        session,
+        [{**v, "memory_id": op.row_id} for op in ops if op not in retry for v in op.versions],
+    )
     return retry
 
 
@@ -738,7 +821,7 @@ _IN_SCOPE = (Memory.scope_kind == bindparam("kind"), Memory.scope_id == bindpara
 # Built once: only the parameters change from batch to batch. Rows are locked as ``_by_key``
 # locks them.
 _BY_SLUGS, _BY_TOPIC_KEYS = (
-    select(Memory.id, Memory.slug, Memory.status, column)
+    select(*history.VERSIONED, Memory.status, column.label("wanted_value"))
     .where(*_IN_SCOPE, column.in_(bindparam("wanted", expanding=True)))
     .order_by(Memory.id)
     .with_for_update()
@@ -751,20 +834,21 @@ _TAKEN_SLUGS = select(Memory.slug).where(
 
 def _batch_lookup(
     session: Session, scope: Scope, valid: Sequence[tuple[int, Draft, BatchItem, str]]
-) -> tuple[dict[str, tuple[int, str, str]], dict[str, tuple[int, str, str]], set[str]]:
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], set[str]]:
     """The scope's rows holding the batch's explicit slugs and topic keys (locked, as
-    ``_by_key`` does), and every slug taken among the derived bases and their ``-N`` forms."""
+    ``_by_key`` does; what history keeps of each, and ``status``), and every slug taken among
+    the derived bases and their ``-N`` forms."""
     explicit = sorted({d.slug for _, d, _, _ in valid if d.slug is not None})
     keys = sorted({i.topic_key for _, d, i, _ in valid if d.slug is None and i.topic_key})
-    bases = sorted({slugify(d.title) for _, d, _, _ in valid if d.slug is None})
+    bases = sorted({base_slug_of(d.title, i.topic_key) for _, d, i, _ in valid if d.slug is None})
     in_scope = {"kind": scope.kind, "sid": scope.id}
-    by_slug: dict[str, tuple[int, str, str]] = {}
-    by_topic: dict[str, tuple[int, str, str]] = {}
+    by_slug: dict[str, dict[str, Any]] = {}
+    by_topic: dict[str, dict[str, Any]] = {}
     for stmt, wanted, found in ((_BY_SLUGS, explicit, by_slug), (_BY_TOPIC_KEYS, keys, by_topic)):
         for start in range(0, len(wanted), ID_CHUNK):
             rows = session.execute(stmt, {**in_scope, "wanted": wanted[start : start + ID_CHUNK]})
-            for row_id, slug, status, value in rows:
-                found[str(value)] = (int(row_id), slug, status)
+            for row in rows:
+                found[str(row.wanted_value)] = dict(row._mapping)
     taken: set[str] = set(by_slug)
     # Most bases are free: look them up exactly (an index probe each), and only for the
     # taken ones list their -N forms.

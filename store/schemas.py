@@ -173,3 +173,32 @@ class SaveResult(Frozen):
     outcome: Literal["created", "updated", "deduped"]
     session_id: str
     topic_key: str | None
+
+
+class NoteVersion(Frozen):
+    """A note's text as it was before a change, and the change that replaced it.
+
+    ``written_*``: when, by which provenance and which conversation this text was written;
+    ``changed_*`` and ``reason``: the change that replaced it (``reason`` one of
+    ``slug_upsert``, ``topic_key_upsert``, ``mem_save_upsert``, ``harvest_same_fact``).
+    """
+
+    slug: str
+    title: str
+    body: str
+    topics: list[str]
+    type: str | None
+    pinned: bool
+    confidence: float | None
+    written_provenance: str
+    written_conversation_id: str | None
+    written_at: datetime
+    reason: str
+    changed_provenance: str
+    changed_conversation_id: str | None
+    changed_at: datetime
+
+    @field_validator("written_at", "changed_at")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        return _aware(value) or value

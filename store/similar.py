@@ -25,7 +25,7 @@ from sqlalchemy.sql.elements import ColumnElement, TextClause
 
 from store.models import LIVE, Memory, MemoryTerm
 from store.schemas import Scope, Similar
-from store.terms import similarity_terms
+from store.terms import FactText, disagreement, similarity_terms
 
 SIMILAR_LIMIT = 5
 # A term held by this many notes of the scope counts as common (its postings are not walked
@@ -364,3 +364,68 @@ def similar_notes(
             limit=limit,
         )
     ]
+
+
+_FACT_TEXTS = select(Memory.id, Memory.title, Memory.body, Memory.topics).where(
+    Memory.id.in_(bindparam("ids", expanding=True))
+)
+
+
+def fact_texts(session: Session, ids: Sequence[int]) -> dict[int, FactText]:
+    """What the same-fact rule reads of each note in ``ids``."""
+    found: dict[int, FactText] = {}
+    ordered = sorted(set(ids))
+    for start in range(0, len(ordered), ID_CHUNK):
+        rows = session.execute(_FACT_TEXTS, {"ids": ordered[start : start + ID_CHUNK]})
+        found.update(
+            {int(i): FactText(title, body, topics or "") for i, title, body, topics in rows}
+        )
+    return found
+
+
+def same_fact_twins(
+    session: Session, scope: Scope, probes: Sequence[FactText], *, threshold: float
+) -> list[tuple[Twin, FactText] | None]:
+    """For each probe, the live note of the scope holding the same fact (``store.terms``):
+    the best-scoring of its near-duplicates that nothing in title or body contradicts.
+
+    A probe's near-duplicates are the ``SIMILAR_LIMIT`` best by the seed's Jaccard score at
+    ``threshold``; their texts are read in one statement for all probes.
+    """
+    near = similar_twins_many(
+        session, scope, [(p.title, p.topics) for p in probes], threshold=threshold
+    )
+    texts = fact_texts(session, [twin.id for twins in near for twin in twins])
+    found: list[tuple[Twin, FactText] | None] = []
+    for probe, twins in zip(probes, near, strict=True):
+        match = next(
+            (
+                (twin, texts[twin.id])
+                for twin in twins
+                if twin.id in texts and disagreement(probe, texts[twin.id]) is None
+            ),
+            None,
+        )
+        found.append(match)
+    return found
+
+
+_KEY_HOLDERS = select(Memory.topic_key, Memory.pinned, Memory.provenance).where(
+    Memory.scope_kind == bindparam("kind"),
+    Memory.scope_id == bindparam("sid"),
+    Memory.topic_key.in_(bindparam("keys", expanding=True)),
+)
+
+
+def protected_keys(session: Session, scope: Scope, keys: Sequence[str]) -> set[str]:
+    """The topic keys of ``keys`` held by a pinned or person-written (``user``) note: no
+    harvested text may rewrite those, whatever key it names."""
+    wanted = sorted(set(keys))
+    held: set[str] = set()
+    for start in range(0, len(wanted), ID_CHUNK):
+        rows = session.execute(
+            _KEY_HOLDERS,
+            {"kind": scope.kind, "sid": scope.id, "keys": wanted[start : start + ID_CHUNK]},
+        )
+        held.update(str(key) for key, pinned, provenance in rows if pinned or provenance == "user")
+    return held

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import snowballstemmer
@@ -167,6 +167,16 @@ def disagreement(a: FactText, b: FactText) -> str | None:
     return None
 
 
+def adds_to(new: FactText, old: FactText) -> bool:
+    """Whether ``new`` says all that ``old`` says and more: old's title and body terms are all
+    in new's, and new has some more. (Of two notes holding the same fact, one that adds
+    nothing leaves the other as it is: a rewording alone is not worth a new version.)"""
+    old_title, new_title = set(content_terms(old.title)), set(content_terms(new.title))
+    old_body, new_body = set(content_terms(old.body)), set(content_terms(new.body))
+    covers = old_title <= new_title and old_body <= new_body
+    return covers and (old_title < new_title or old_body < new_body)
+
+
 def score(a: FactText, b: FactText) -> float:
     """The seed's similarity: Jaccard of title + topic content terms."""
     return jaccard(similarity_terms(a.title, a.topics), similarity_terms(b.title, b.topics))
@@ -175,13 +185,3 @@ def score(a: FactText, b: FactText) -> float:
 def same_fact(a: FactText, b: FactText, threshold: float) -> bool:
     """True when ``a`` and ``b`` score at least ``threshold`` and nothing disagrees."""
     return score(a, b) >= threshold - 1e-9 and disagreement(a, b) is None
-
-
-def first_same(
-    probe: FactText, candidates: Iterable[tuple[FactText, object]], threshold: float
-) -> object | None:
-    """The payload of the first candidate holding the same fact as ``probe``, or None."""
-    for text, payload in candidates:
-        if same_fact(probe, text, threshold):
-            return payload
-    return None

@@ -26,6 +26,7 @@ PG_BASE_URL = os.environ.get(
 TABLES = (
     "memory_terms",
     "memory_links",
+    "memory_versions",
     "sessions",
     "harvest_ledger",
     "jobs",

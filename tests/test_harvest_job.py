@@ -190,9 +190,13 @@ def test_more_than_max_facts_are_capped_highest_confidence_first(
     assert sorted(n.title for n in rows(store, Memory)) == ["Fact number 1", "Fact number 3"]
 
 
-def test_near_duplicates_update_instead_of_adding_a_twin(make_store, backend, server) -> None:
+def test_the_same_fact_updates_its_note_and_a_different_one_is_a_new_note(
+    make_store, backend, server
+) -> None:
     store = make_store(backend, **model_settings(server))
-    server.script(answer([note("Prefers dark roast coffee", body="v1", topics=["coffee"])]))
+    server.script(
+        answer([note("Prefers dark roast coffee", body="Brews it daily.", topics=["coffee"])])
+    )
     harvest_transcript(store, transcript("first", cid="c1"))
     store.write(
         ALICE,
@@ -207,19 +211,36 @@ def test_near_duplicates_update_instead_of_adding_a_twin(make_store, backend, se
     server.script(
         answer(
             [
-                note("Prefers dark roast coffee", body="v2", topics=["coffee"]),  # harvested twin
-                note("Prefers green tea", body="harvested", topics=["tea"]),  # a person's note
-                note("Standing rule", body="harvested", topics=["rule"]),  # pinned
+                # the same fact with more said: rewrites the note, the old text to history
+                note(
+                    "Prefers the dark roast coffee",
+                    body="Brews it daily with a French press.",
+                    topics=["coffee"],
+                ),
+                note("Prefers green tea", body="own words", topics=["tea"]),  # a person's note
+                note("Standing rule", body="pinned", topics=["rule"]),  # pinned
+                # same title, a fact the body contradicts: a note of its own
+                note("Prefers dark roast coffee", body="Brews it weekly.", topics=["coffee"]),
             ]
         )
     )
     report = harvest_transcript(store, transcript("second", cid="c2"))
-    assert (report.notes_written, report.notes_updated, report.notes_skipped) == (0, 1, 2)
+    assert (report.notes_written, report.notes_updated, report.notes_skipped) == (1, 1, 2)
     coffee = store.get(ALICE, "prefers-dark-roast-coffee")
-    assert coffee is not None and coffee.body == "v2" and coffee.conversation_id == "c2"
+    assert coffee is not None and coffee.conversation_id == "c2"
+    assert coffee.body == "Brews it daily with a French press."
+    [old] = store.history(ALICE, "prefers-dark-roast-coffee")
+    assert (old.body, old.reason, old.written_conversation_id, old.changed_conversation_id) == (
+        "Brews it daily.",
+        "harvest_same_fact",
+        "c1",
+        "c2",
+    )
+    weekly = store.get(ALICE, "prefers-dark-roast-coffee-2")
+    assert weekly is not None and weekly.body == "Brews it weekly."
     assert store.get(ALICE, "prefers-green-tea").body == "own words"  # type: ignore[union-attr]
     assert store.get(ALICE, "standing-rule").pinned  # type: ignore[union-attr]
-    assert store.fingerprint(ALICE)[0] == 3
+    assert store.fingerprint(ALICE)[0] == 4
 
 
 def test_topic_key_upserts_across_transcripts(make_store, backend, server) -> None:
