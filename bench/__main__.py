@@ -21,6 +21,7 @@ from bench.core import Context, write_report
 # In the order they run; cheap ones first so a failure shows early.
 SCENARIOS: list[str] = [
     "cost",
+    "same_fact",
     "startup",
     # Store scenarios (4-7); dedupe and decay reuse the stores search builds. Dedupe goes
     # first, so every size it compares is as loaded (decay rewrites every row of the 1M

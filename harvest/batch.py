@@ -94,16 +94,23 @@ def harvest_paths(
     provenance: str = "compaction",
     llm: HarvestLLM | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    reassign_owner: bool = False,
 ) -> Summary:
     """Harvest every conversation in ``paths`` in process; one bad conversation never stops
-    the rest. ``on_progress(done, total)`` is called after each conversation."""
+    the rest. ``on_progress(done, total)`` is called after each conversation. ``owner`` fills
+    in conversations that name no owner; ``reassign_owner`` puts every one in its scope."""
     summary = Summary()
     transcripts = read_all(paths, summary)
     check_owners(transcripts, owner)
     for done, transcript in enumerate(transcripts, start=1):
         try:
             report = harvest_transcript(
-                store, transcript, owner=owner, provenance=provenance, llm=llm
+                store,
+                transcript,
+                owner=owner,
+                provenance=provenance,
+                llm=llm,
+                reassign_owner=reassign_owner,
             )
         except (HarvestError, StoreError) as exc:
             summary.transcripts += 1

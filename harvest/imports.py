@@ -31,9 +31,16 @@ class PlannedImport:
 
 
 def plan_import(
-    store: Store, path: str | Path, *, owner: str | None, provenance: str = "import"
+    store: Store,
+    path: str | Path,
+    *,
+    owner: str | None,
+    provenance: str = "import",
+    reassign_owner: bool = False,
 ) -> PlannedImport:
     """Read an export and record one pending job per conversation, in batches.
+
+    ``owner`` fills in conversations that name none; ``reassign_owner`` overrides every one.
 
     Conversations that cannot be read are counted on the import and listed; a missing owner
     (exports carry none) raises HarvestError(reason="no_owner") before anything is recorded.
@@ -60,6 +67,7 @@ def plan_import(
             provenance=provenance,
             queue=IMPORT_QUEUE,
             import_id=import_id,
+            reassign_owner=reassign_owner,
         )
     return planned
 

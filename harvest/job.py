@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -25,7 +27,7 @@ from store import (
     strip_private,
 )
 from store.similar import Twin
-from store.terms import FactText, adds_to, jaccard, similarity_terms
+from store.terms import FactText, adds_to, content_terms, jaccard, similarity_terms
 
 # Bump when extraction changes enough that old transcripts deserve a new harvest.
 HARVESTER_VERSION = "1"
@@ -68,9 +70,17 @@ def harvester_version(settings: Settings) -> str:
     return f"{HARVESTER_VERSION}:{settings.harvest_model or 'offline'}"
 
 
-def resolve_owner(transcript: Transcript, owner: str | None) -> str:
-    """The owner given by the caller, else the transcript's own; HarvestError when neither."""
-    chosen = owner or transcript.owner
+def resolve_owner(
+    transcript: Transcript, owner: str | None, *, reassign_owner: bool = False
+) -> str:
+    """Whose scope the transcript's notes go to; HarvestError when nobody's.
+
+    A transcript that names its owner keeps it: ``owner`` only fills in one that names none
+    (exports), unless ``reassign_owner`` says to put every transcript in ``owner``'s scope.
+    """
+    if reassign_owner and not owner:
+        raise HarvestError("reassigning needs the owner to reassign to", reason="no_owner")
+    chosen = owner if reassign_owner else (transcript.owner or owner)
     if not chosen:
         raise HarvestError(
             f"conversation {transcript.conversation_id!r} has no owner: pass --owner NAME",
@@ -79,16 +89,25 @@ def resolve_owner(transcript: Transcript, owner: str | None) -> str:
     return chosen
 
 
+def uses_model(settings: Settings, llm: HarvestLLM | None = None) -> bool:
+    """Whether extraction calls a model (else the offline extractor runs)."""
+    return bool(settings.harvest_model) or llm is not None
+
+
 def run_extraction(
-    transcript: Transcript, settings: Settings, llm: HarvestLLM | None = None
+    transcript: Transcript,
+    settings: Settings,
+    llm: HarvestLLM | None = None,
+    known_keys: Sequence[tuple[str, str]] = (),
 ) -> Extraction:
-    """Ask the configured model (or, with none, the offline extractor) for candidate notes."""
-    if not settings.harvest_model and llm is None:
+    """Ask the configured model (or, with none, the offline extractor) for candidate notes;
+    ``known_keys`` are the owner's ``(topic_key, title)`` pairs the model is shown."""
+    if not uses_model(settings, llm):
         found = offline_extract(
             transcript, settings.harvest_max_facts, tuple(settings.observation_types)
         )
         return Extraction(found, 0, "offline", 0, 0, 0)
-    result = extract(transcript, ModelOptions.from_settings(settings), llm)
+    result = extract(transcript, ModelOptions.from_settings(settings), llm, known_keys)
     return Extraction(
         result.notes,
         result.dropped,
@@ -109,19 +128,29 @@ class Plan:
     version: str
     provenance: str
     report: TranscriptReport
+    # The owner's topic keys shown to the model (``recall_keys``): (key, title).
+    known_keys: list[tuple[str, str]] = field(default_factory=list)
 
 
 def plan_harvest(
-    settings: Settings, transcript: Transcript, *, owner: str | None, provenance: str
+    settings: Settings,
+    transcript: Transcript,
+    *,
+    owner: str | None,
+    provenance: str,
+    reassign_owner: bool = False,
 ) -> Plan:
-    """Check the provenance, resolve the owner and redact (HarvestError when one is bad)."""
+    """Check the provenance, resolve the owner (``resolve_owner``) and redact (HarvestError
+    when one is bad)."""
     if provenance not in PROVENANCES:
         raise HarvestError(
             f"provenance must be compaction or import, got {provenance!r}",
             reason="bad_provenance",
         )
-    name = resolve_owner(transcript, owner)
+    # Redacted first: the owner error and the report (logged, stored as the job's result)
+    # see only the redacted conversation id.
     redacted = redact_transcript(transcript)
+    name = resolve_owner(redacted, owner, reassign_owner=reassign_owner)
     return Plan(
         scope=Scope.owner(name),
         transcript=redacted,
@@ -129,7 +158,7 @@ def plan_harvest(
         version=harvester_version(settings),
         provenance=provenance,
         report=TranscriptReport(
-            conversation_id=transcript.conversation_id, owner=name, status="skipped"
+            conversation_id=redacted.conversation_id, owner=name, status="skipped"
         ),
     )
 
@@ -139,12 +168,37 @@ def harvested_before(session: Session, plan: Plan) -> bool:
     return ledger.already_harvested(session, plan.scope, plan.digest, plan.version)
 
 
+# Transcript terms matched against the owner's keyed notes: the most frequent ones.
+RECALL_TERMS = 200
+
+
+def recall_keys(
+    session: Session, settings: Settings, plan: Plan, llm: HarvestLLM | None = None
+) -> None:
+    """Fill ``plan.known_keys``: at most ``harvest_known_keys`` of the owner's topic keys,
+    those whose notes share the transcript's words first, then the most recently changed.
+
+    Shown to the model so a fact that changes (a move, a new editor) reuses its key and
+    replaces the old note, whose text goes to history. Nothing is read for the offline
+    extractor, which keeps its own fixed keys.
+    """
+    if not uses_model(settings, llm) or settings.harvest_known_keys == 0:
+        return
+    counts: Counter[str] = Counter()
+    for message in plan.transcript.messages:
+        if message.role == "user":
+            counts.update(content_terms(message.content))
+    terms = [term for term, _ in counts.most_common(RECALL_TERMS)]
+    found = similar.keyed_notes(session, plan.scope, terms, limit=settings.harvest_known_keys)
+    plan.known_keys = [(note.topic_key, note.title) for note in found]
+
+
 def extract_notes(
     plan: Plan, settings: Settings, llm: HarvestLLM | None = None
 ) -> Extraction | None:
     """The model's candidates; None (and a ``failed`` report) when the model failed."""
     try:
-        return run_extraction(plan.transcript, settings, llm)
+        return run_extraction(plan.transcript, settings, llm, plan.known_keys)
     except HarvestError as exc:
         plan.report.status, plan.report.error = "failed", f"{exc.reason}: {exc}"
         return None
@@ -206,8 +260,12 @@ def harvest_transcript(
     owner: str | None = None,
     provenance: str = "compaction",
     llm: HarvestLLM | None = None,
+    reassign_owner: bool = False,
 ) -> TranscriptReport:
     """Harvest one transcript into its owner's scope, at most once.
+
+    ``owner`` is the owner of a transcript that names none; ``reassign_owner`` puts this one
+    in ``owner``'s scope whatever it names (``resolve_owner``).
 
     The transcript is redacted before anything else sees it. A transcript this scope already
     harvested (same redacted text, same harvester) makes no model call and writes nothing.
@@ -215,11 +273,18 @@ def harvest_transcript(
     The (scope, transcript) lock makes a concurrent duplicate wait and then find the ledger
     row instead of calling the model again.
     """
-    plan = plan_harvest(store.settings, transcript, owner=owner, provenance=provenance)
+    plan = plan_harvest(
+        store.settings,
+        transcript,
+        owner=owner,
+        provenance=provenance,
+        reassign_owner=reassign_owner,
+    )
     with transcript_lock(store.engine, plan.scope, plan.digest):
         with store.transaction() as session:
             if harvested_before(session, plan):
                 return plan.report
+            recall_keys(session, store.settings, plan, llm)
         found = extract_notes(plan, store.settings, llm)
         if found is not None:
             with store.transaction() as session:
@@ -230,18 +295,22 @@ def harvest_transcript(
 def _kept(
     candidates: list[NoteCandidate], settings: Settings, report: TranscriptReport
 ) -> list[tuple[NoteCandidate, FactText]]:
-    """The candidates to write, up to the cap and of known types, with private text stripped
-    from title, body and topics: ``(candidate, its text)``."""
+    """The candidates to write, up to the cap and of known types, with private text stripped:
+    ``(candidate, its text)``. A topic or topic key that held a private span is dropped, not
+    redacted: ``[REDACTED]`` is no topic, and two secrets' redacted keys would be one key."""
     kept = []
     for candidate in candidates[: settings.harvest_max_facts]:
         if candidate.type not in settings.observation_types:
             report.items_dropped += 1
             continue
-        topics = [strip_private(topic) for topic in candidate.topics]
+        topics = [topic for topic in candidate.topics if strip_private(topic) == topic]
+        key = candidate.topic_key
+        if key is not None and strip_private(key) != key:
+            key = None
         text = FactText(
             strip_private(candidate.title), strip_private(candidate.body), normalize_topics(topics)
         )
-        kept.append((candidate.model_copy(update={"topics": topics}), text))
+        kept.append((candidate.model_copy(update={"topics": topics, "topic_key": key}), text))
     return kept
 
 

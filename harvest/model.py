@@ -713,7 +713,10 @@ class _Meter:
 
 
 def extract(
-    transcript: Transcript, options: ModelOptions, llm: HarvestLLM | None = None
+    transcript: Transcript,
+    options: ModelOptions,
+    llm: HarvestLLM | None = None,
+    known_keys: Sequence[tuple[str, str]] = (),
 ) -> ModelResult:
     """Ask the harvest model for the notes of one (already redacted) transcript.
 
@@ -721,7 +724,8 @@ def extract(
     is one call (retried on transient errors). An unparseable answer is asked again once,
     then UnparseableAnswer is raised; a context-window error halves the chunks (a bounded
     number of times). The notes of all chunks are merged: deduplicated by title, highest
-    confidence first, at most ``options.max_facts``.
+    confidence first, at most ``options.max_facts``. ``known_keys`` (the owner's topic keys
+    and their notes' titles) are shown with every chunk so a changed fact reuses its key.
     """
     meter = _Meter(llm or resolve_llm(options), options)
     blocks = [render_message(m) for m in transcript.messages if m.content.strip()]
@@ -733,7 +737,7 @@ def extract(
         chunk = pending.popleft()
         part = (done + 1, done + 1 + len(pending))
         try:
-            parsed = _ask_chunk(meter, chunk, part, options)
+            parsed = _ask_chunk(meter, chunk, part, options, known_keys)
         except ContextWindowExceeded:
             halvings += 1
             budget = min(budget, count_tokens(chunk)) // 2
@@ -759,9 +763,15 @@ def extract(
 
 
 def _ask_chunk(
-    meter: _Meter, chunk: str, part: tuple[int, int], options: ModelOptions
+    meter: _Meter,
+    chunk: str,
+    part: tuple[int, int],
+    options: ModelOptions,
+    known_keys: Sequence[tuple[str, str]],
 ) -> ParsedNotes:
-    messages = build_messages(chunk, max_facts=options.max_facts, types=options.types, part=part)
+    messages = build_messages(
+        chunk, max_facts=options.max_facts, types=options.types, part=part, known_keys=known_keys
+    )
     answer = meter.ask(messages)
     try:
         return parse_answer(answer.text, options.types)

@@ -18,6 +18,7 @@ from harvest.job import (
     extract_notes,
     harvested_before,
     plan_harvest,
+    recall_keys,
     record_harvest,
     resolve_owner,
 )
@@ -31,7 +32,11 @@ LIVE_QUEUE, IMPORT_QUEUE = "harvest", "import"
 
 
 def new_jobs(
-    transcripts: Iterable[Transcript], *, owner: str | None, provenance: str
+    transcripts: Iterable[Transcript],
+    *,
+    owner: str | None,
+    provenance: str,
+    reassign_owner: bool = False,
 ) -> list[job_records.NewJob]:
     """Job records for transcripts: owner resolved (HarvestError when none), text redacted.
 
@@ -43,7 +48,7 @@ def new_jobs(
         redacted = redact_transcript(transcript)
         out.append(
             job_records.NewJob(
-                owner=resolve_owner(redacted, owner),
+                owner=resolve_owner(redacted, owner, reassign_owner=reassign_owner),
                 provenance=provenance,
                 conversation_id=redacted.conversation_id,
                 transcript=redacted.model_dump(mode="json"),
@@ -60,9 +65,15 @@ def record_jobs(
     provenance: str,
     queue: str,
     import_id: str | None = None,
+    reassign_owner: bool = False,
 ) -> list[str]:
-    """Record pending jobs in one transaction; enqueue the returned ids only after this."""
-    records = new_jobs(transcripts, owner=owner, provenance=provenance)
+    """Record pending jobs in one transaction; enqueue the returned ids only after this.
+
+    ``owner`` fills in transcripts that name none; ``reassign_owner`` overrides every one.
+    """
+    records = new_jobs(
+        transcripts, owner=owner, provenance=provenance, reassign_owner=reassign_owner
+    )
     with store.transaction() as session:
         return job_records.add_jobs(session, queue, records, import_id=import_id)
 
@@ -94,6 +105,7 @@ def run_job(store: Store, job_id: str) -> dict[str, Any] | None:
                     Transcript.model_validate(job.transcript),
                     owner=job.owner,
                     provenance=job.provenance,
+                    reassign_owner=True,  # the job's owner was settled when it was recorded
                 )
             except (HarvestError, ValueError) as exc:
                 job_records.fail(session, job_id, format_error(exc))
@@ -110,6 +122,8 @@ def run_job(store: Store, job_id: str) -> dict[str, Any] | None:
                 if harvested_before(session, plan):
                     return _record_outcome(session, job_id, plan.report)
         try:
+            with store.transaction() as session:
+                recall_keys(session, store.settings, plan)
             found = extract_notes(plan, store.settings)
             with store.transaction() as session:
                 if found is not None:

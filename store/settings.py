@@ -57,6 +57,12 @@ class Settings(BaseSettings):
     harvest_max_facts: int = Field(
         default=5, gt=0, le=50, description="Most notes one transcript may yield."
     )
+    harvest_known_keys: int = Field(
+        default=30,
+        ge=0,
+        le=100,
+        description="Most of the owner's topic keys shown to the model (0: none).",
+    )
     harvest_llm: str = Field(
         default="litellm",
         description="Callable that talks to the model: 'litellm' or 'module:function'.",

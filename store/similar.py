@@ -429,3 +429,61 @@ def protected_keys(session: Session, scope: Scope, keys: Sequence[str]) -> set[s
         )
         held.update(str(key) for key, pinned, provenance in rows if pinned or provenance == "user")
     return held
+
+
+@dataclass(frozen=True)
+class KeyedNote:
+    """A live note that holds a topic key: the key and the note's title."""
+
+    topic_key: str
+    title: str
+
+
+# Keyed notes sharing terms with a text, most shared first (then the most recently changed).
+_KEYED_BY_TERMS = (
+    select(Memory.topic_key, Memory.title, func.count().label("shared"))
+    .join(MemoryTerm, MemoryTerm.memory_id == Memory.id)
+    .where(
+        MemoryTerm.scope_kind == bindparam("kind"),
+        MemoryTerm.scope_id == bindparam("sid"),
+        MemoryTerm.term.in_(bindparam("terms", expanding=True)),
+        Memory.status == LIVE,
+        Memory.topic_key.is_not(None),
+    )
+    .group_by(Memory.id, Memory.topic_key, Memory.title, Memory.updated_seq)
+    .order_by(func.count().desc(), Memory.updated_seq.desc())
+    .limit(bindparam("limit", type_=Integer))
+)
+_KEYED_RECENT = (
+    select(Memory.topic_key, Memory.title)
+    .where(
+        Memory.scope_kind == bindparam("kind"),
+        Memory.scope_id == bindparam("sid"),
+        Memory.status == LIVE,
+        Memory.topic_key.is_not(None),
+    )
+    .order_by(Memory.updated_seq.desc())
+    .limit(bindparam("limit", type_=Integer))
+)
+
+
+def keyed_notes(
+    session: Session, scope: Scope, terms: Sequence[str], *, limit: int
+) -> list[KeyedNote]:
+    """At most ``limit`` of the scope's live topic-keyed notes: those sharing the most of
+    ``terms`` first, then the most recently changed (a fact that changes, "moved to Porto",
+    often shares no word with the note it replaces, "Based in Lisbon")."""
+    if limit <= 0:
+        return []
+    params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id, "limit": limit}
+    found: dict[str, str] = {}
+    wanted = sorted(set(terms))[:TERM_CHUNK]
+    if wanted:
+        for key, title, _ in session.execute(_KEYED_BY_TERMS, {**params, "terms": wanted}):
+            found.setdefault(str(key), title)
+    if len(found) < limit:
+        for key, title in session.execute(_KEYED_RECENT, params):
+            if len(found) >= limit:
+                break
+            found.setdefault(str(key), title)
+    return [KeyedNote(key, title) for key, title in found.items()]

@@ -21,7 +21,6 @@ reaches the threshold and nothing in them disagrees (``disagreement``):
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,7 +97,16 @@ STOP_WORDS = (
 POLAR_TERMS = frozenset({NOT} | set(POLAR_WORDS))
 
 
-@functools.lru_cache(maxsize=65_536)
+# Term of each word seen (None: a stop word); words repeat across notes, so this saves the
+# stemmer nearly every call. Cleared when it grows past TERM_CACHE_SIZE entries.
+_TERMS: dict[str, str | None] = {}
+TERM_CACHE_SIZE = 200_000
+# For ASCII text, \w is exactly [A-Za-z0-9_]: everything else becomes a space.
+_ASCII_NON_WORD = str.maketrans(
+    {c: " " for c in map(chr, range(128)) if not (c.isalnum() or c == "_")}
+)
+
+
 def _term(word: str) -> str | None:
     """The content term of one lowercased, unquoted word; None for a stop word."""
     if _negative(word):
@@ -112,12 +120,24 @@ def _term(word: str) -> str | None:
 
 def content_terms(text: str) -> list[str]:
     """A text's content terms in order of first appearance, each once."""
-    text = _HYPHENS.sub("", _APOSTROPHES.sub("", text.lower()))
+    text = text.lower()
+    if "'" in text or "\u2019" in text:
+        text = _APOSTROPHES.sub("", text)
+    if "-" in text or "\u2010" in text or "\u2011" in text:
+        text = _HYPHENS.sub("", text)
+    # ASCII text (most of it) is split without the regex, to the same words.
+    words = text.translate(_ASCII_NON_WORD).split() if text.isascii() else _WORD.findall(text)
+    cache = _TERMS
+    if len(cache) > TERM_CACHE_SIZE:
+        cache.clear()
     seen: dict[str, None] = {}
-    for word in _WORD.findall(text):
-        term = _term(word)
+    for word in words:
+        try:
+            term = cache[word]
+        except KeyError:
+            term = cache[word] = _term(word)
         if term is not None:
-            seen.setdefault(term)
+            seen[term] = None
     return list(seen)
 
 

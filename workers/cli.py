@@ -75,12 +75,16 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     store = _store()
-    found = store.read(_scope(args), args.slug)
+    scope = _scope(args)
+    found = store.read(scope, args.slug)
+    versions = store.history(scope, args.slug) if args.history else []
     if args.json:
         out = note_json(found.memory)
         out["links"] = [{"rel": ln.rel, "slug": ln.note.slug} for ln in found.links]
         out["backlinks"] = [{"rel": ln.rel, "slug": ln.note.slug} for ln in found.backlinks]
         out["superseded_by"] = found.superseded_by
+        if args.history:
+            out["history"] = [v.model_dump(mode="json") for v in versions]
         print(json.dumps(out, ensure_ascii=False, indent=2))
         return EXIT_OK
     note = found.memory
@@ -97,7 +101,28 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"<- {ln.rel} {ln.note.slug}")
     print()
     print(note.body)
+    if args.history:
+        _print_history(versions)
     return EXIT_OK
+
+
+def _print_history(versions: Sequence[Any]) -> None:
+    """Earlier versions, newest first: when and why each was replaced, then its text."""
+    print()
+    if not versions:
+        print("history: no earlier version (the text was never changed)")
+        return
+    print(f"history: {len(versions)} earlier version(s), newest first")
+    for version in versions:
+        by = version.changed_conversation_id or "-"
+        print(
+            f"\n-- replaced {version.changed_at:%Y-%m-%d %H:%M:%S} UTC by {version.reason} "
+            f"({version.changed_provenance}, conversation {by}); written "
+            f"{version.written_at:%Y-%m-%d %H:%M:%S} UTC ({version.written_provenance}, "
+            f"conversation {version.written_conversation_id or '-'})"
+        )
+        print(f"{version.title}")
+        print(version.body)
 
 
 def _progress_bar(total_hint: str) -> tuple[Any, Callable[[int, int], None]]:
@@ -158,11 +183,12 @@ def cmd_harvest(args: argparse.Namespace) -> int:
     for path in paths:
         if not path.exists():
             raise UsageError(f"no such file or folder: {path}")
+    owners = _owner_options(args)
     store = _store()
     progress, update = _progress_bar("harvesting")
     with progress:
         summary = harvest_paths(
-            store, paths, owner=args.owner, provenance=args.provenance, on_progress=update
+            store, paths, provenance=args.provenance, on_progress=update, **owners
         )
     print_summary(summary, args.json)
     return EXIT_FAILED if summary.failed else EXIT_OK
@@ -201,15 +227,14 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     from workers.enqueue import send_jobs
 
     settings = _require_broker("enqueue")
+    owners = _owner_options(args)
     paths = _existing(args.paths)
     summary = Summary()
     transcripts = read_all(paths, summary)
     check_owners(transcripts, args.owner)
     make_celery(settings)
     store = _store()
-    job_ids = record_jobs(
-        store, transcripts, owner=args.owner, provenance="compaction", queue=LIVE_QUEUE
-    )
+    job_ids = record_jobs(store, transcripts, provenance="compaction", queue=LIVE_QUEUE, **owners)
     sent = send_jobs(LIVE_QUEUE, job_ids)
     out = {
         "enqueued": sent,
@@ -227,37 +252,41 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     return EXIT_FAILED if summary.failed else EXIT_OK
 
 
-def cmd_import(args: argparse.Namespace) -> int:
-    import time
+def _dry_run_import(paths: list[Any], settings: Any, *, as_json: bool) -> int:
     from dataclasses import asdict
 
+    from harvest.imports import estimate
+
+    found = estimate(paths, settings)
+    if as_json:
+        print(json.dumps(asdict(found), indent=2))
+    else:
+        cost = "unknown" if found.cost_usd is None else f"${found.cost_usd:.4f}"
+        print(
+            f"{found.conversations} conversation(s), {found.messages} messages, "
+            f"{found.unreadable} unreadable\n"
+            f"model {found.model}: ~{found.model_calls} call(s), ~{found.prompt_tokens} "
+            f"prompt + ~{found.completion_tokens} completion tokens, cost {cost}\n"
+            "nothing was run (dry run)"
+        )
+    return EXIT_OK
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    import time
+
     settings = _settings()
+    owners = _owner_options(args)
     paths = _existing([args.path])
     if args.dry_run:
-        from harvest.imports import estimate
-
-        found = estimate(paths, settings)
-        if args.json:
-            print(json.dumps(asdict(found), indent=2))
-        else:
-            cost = "unknown" if found.cost_usd is None else f"${found.cost_usd:.4f}"
-            print(
-                f"{found.conversations} conversation(s), {found.messages} messages, "
-                f"{found.unreadable} unreadable\n"
-                f"model {found.model}: ~{found.model_calls} call(s), ~{found.prompt_tokens} "
-                f"prompt + ~{found.completion_tokens} completion tokens, cost {cost}\n"
-                "nothing was run (dry run)"
-            )
-        return EXIT_OK
+        return _dry_run_import(paths, settings, as_json=args.json)
     if not settings.broker_url:
         from harvest.batch import harvest_paths
 
         store = _store()
         progress, update = _progress_bar("importing")
         with progress:
-            summary = harvest_paths(
-                store, paths, owner=args.owner, provenance="import", on_progress=update
-            )
+            summary = harvest_paths(store, paths, provenance="import", on_progress=update, **owners)
         print_summary(summary, args.json)
         return EXIT_FAILED if summary.failed else EXIT_OK
 
@@ -268,7 +297,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     make_celery(settings)
     store = _store()
-    planned = plan_import(store, paths[0], owner=args.owner)
+    planned = plan_import(store, paths[0], **owners)
     send_jobs(planned.queue, planned.job_ids)
     total = len(planned.job_ids)
     progress, update = _progress_bar(f"import {planned.import_id[:8]}")
@@ -484,6 +513,27 @@ def _add_scope_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_owner_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--owner",
+        metavar="NAME",
+        help="owner of the conversations that name none (ChatGPT and Claude exports carry "
+        "none: then it is required); a conversation that names its owner keeps it",
+    )
+    parser.add_argument(
+        "--reassign-owner",
+        action="store_true",
+        help="put EVERY conversation in --owner's scope, even one that names another owner",
+    )
+
+
+def _owner_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``owner`` and ``reassign_owner`` as the harvest and import functions take them."""
+    if args.reassign_owner and not args.owner:
+        raise UsageError("--reassign-owner needs --owner NAME: the owner to reassign to")
+    return {"owner": args.owner, "reassign_owner": args.reassign_owner}
+
+
 def _add_harvest_commands(sub: Any) -> None:
     harvest = sub.add_parser(
         "harvest",
@@ -497,12 +547,7 @@ def _add_harvest_commands(sub: Any) -> None:
         ),
     )
     harvest.add_argument("paths", nargs="+", metavar="PATH", help="transcript files or folders")
-    harvest.add_argument(
-        "--owner",
-        metavar="NAME",
-        help="whose notes these are; defaults to each transcript's own owner, required for "
-        "exports (ChatGPT, Claude) which carry none",
-    )
+    _add_owner_flags(harvest)
     harvest.add_argument(
         "--provenance",
         choices=("compaction", "import"),
@@ -519,7 +564,7 @@ def _add_harvest_commands(sub: Any) -> None:
         "database and send its id to the `harvest` queue. Workers do the rest.",
     )
     enqueue.add_argument("paths", nargs="+", metavar="PATH")
-    enqueue.add_argument("--owner", metavar="NAME", help="owner for transcripts without one")
+    _add_owner_flags(enqueue)
     enqueue.add_argument("--json", action="store_true", help="print the job ids as JSON")
     enqueue.set_defaults(func=cmd_enqueue)
 
@@ -531,7 +576,7 @@ def _add_harvest_commands(sub: Any) -> None:
         "progress. --dry-run counts conversations, tokens and cost without running anything.",
     )
     imp.add_argument("path", metavar="PATH", help="a file, an export .zip, or a folder")
-    imp.add_argument("--owner", metavar="NAME", help="whose notes; required for exports")
+    _add_owner_flags(imp)
     imp.add_argument("--dry-run", action="store_true", help="estimate only, run nothing")
     imp.add_argument("--no-wait", action="store_true", help="enqueue and return at once")
     imp.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -620,6 +665,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("slug")
     _add_scope_flags(show)
     show.add_argument("--json", action="store_true", help="print the note as JSON")
+    show.add_argument(
+        "--history",
+        action="store_true",
+        help="also print the note's earlier versions: each text a change replaced, with when, "
+        "why (slug_upsert, topic_key_upsert, mem_save_upsert, harvest_same_fact) and which "
+        "conversation changed it",
+    )
     show.set_defaults(func=cmd_show)
     _add_harvest_commands(sub)
     _add_operator_commands(sub)

@@ -1,0 +1,389 @@
+"""Memory that stays right: the same-fact rule, history, facts that change, owners.
+
+The labelled pairs in ``tests/data/same_fact_pairs.json`` were written by hand: paraphrases
+(surface, added detail, synonyms) and distinct facts one word apart in title or body,
+reversed, negated, with a changed value. No distinct fact may be taken for the same one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+
+from harvest.batch import harvest_paths
+from harvest.job import harvest_transcript
+from harvest.queue import record_jobs
+from harvest.readers.load import read_path
+from store import Scope, Store
+from store.models import Job, Memory, MemoryVersion
+from store.terms import FactText, content_terms, disagreement, same_fact, score
+from store.text import normalize_topics
+from tests.llm_server import LLMServer, answer, llm_server, note
+from tests.test_harvest_job import model_settings, transcript
+from workers.cli import main
+
+PAIRS = json.loads((Path(__file__).parent / "data" / "same_fact_pairs.json").read_text())["pairs"]
+EXAMPLES = Path(__file__).parent.parent / "examples"
+ALICE = Scope.owner("alice")
+THRESHOLD = 0.8  # the default duplicate_threshold
+# A lexical rule cannot see that "brief" means "short": these count against recall only.
+SYNONYMS = "paraphrase_synonym"
+
+
+def fact(side: dict[str, Any]) -> FactText:
+    return FactText(side["title"], side["body"], normalize_topics(side["topics"]))
+
+
+@pytest.fixture
+def server() -> Iterator[LLMServer]:
+    with llm_server() as running:
+        yield running
+
+
+# The rule on its own --------------------------------------------------------------------------
+
+
+def test_content_terms_drop_stop_words_and_meet_across_inflection_and_hyphens() -> None:
+    assert content_terms("Likes the short answers") == content_terms("Likes short answer")
+    assert content_terms("Works on the front-end team") == content_terms("works on frontend team")
+    assert content_terms("Binding keys") == content_terms("bind the key")
+    assert content_terms("Doesn't like emoji") == content_terms("Does not like emoji")
+    assert "not" in content_terms("Never uses tabs")
+    # Words that flip a fact are never dropped as stop words.
+    assert {"off", "before", "over"} <= set(content_terms("Turned off before lunch over it"))
+
+
+def test_labelled_pairs_no_distinct_fact_is_taken_for_the_same() -> None:
+    assert len(PAIRS) >= 100
+    kinds = {p["kind"] for p in PAIRS}
+    assert {"one_word_title", "one_word_body", "reversed", "changed_value", "negation"} <= kinds
+    wrong = [
+        (p["id"], p["a"]["title"], p["b"]["title"])
+        for p in PAIRS
+        if not p["same"] and same_fact(fact(p["a"]), fact(p["b"]), THRESHOLD)
+    ]
+    assert wrong == []  # precision 1.0
+    lexical = [p for p in PAIRS if p["same"] and p["kind"] != SYNONYMS]
+    found = [p for p in lexical if same_fact(fact(p["a"]), fact(p["b"]), THRESHOLD)]
+    # As high as a lexical rule allows: the misses are "bullet points" / "bullet-points"
+    # style compounds and details that take the score under the threshold.
+    assert len(found) / len(lexical) >= 0.85
+
+
+def test_the_seed_score_is_still_jaccard_of_title_and_topic_words() -> None:
+    a = FactText("Prefers dark roast coffee", "x", "coffee")
+    b = FactText("Prefers light roast coffee", "y", "coffee")
+    # {prefer, dark, roast, coffe} vs {prefer, light, roast, coffe}: 3 shared of 5
+    assert score(a, b) == pytest.approx(3 / 5)
+    assert disagreement(a, b) == "title-substitution"
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "why"),
+    [
+        ("Prefers Kafka over Pulsar", "Prefers Pulsar over Kafka", "title-order"),
+        ("Likes emoji in replies", "Does not like emoji in replies", "title-polarity"),
+        ("Turned on two-factor auth", "Turned off two-factor auth", "title-polarity"),
+    ],
+)
+def test_reversed_and_negated_titles_disagree(a: str, b: str, why: str) -> None:
+    assert disagreement(FactText(a, "same body"), FactText(b, "same body")) == why
+
+
+# Through the store: dedupe and harvest on both databases --------------------------------------
+
+
+def test_dedupe_on_the_labelled_pairs_supersedes_only_the_same_fact(store: Store) -> None:
+    for n, pair in enumerate(PAIRS):
+        scope = Scope.owner(f"pair-{n}")
+        for side in ("a", "b"):
+            store.write(scope, {k: pair[side][k] for k in ("title", "body", "topics")})
+    result = store.dedupe()
+    merged = {int(p.scope.id.removeprefix("pair-")) for p in result.pairs}
+    assert result.superseded == len(merged)
+    assert [PAIRS[n]["id"] for n in merged if not PAIRS[n]["same"]] == []
+    expected = {n for n, p in enumerate(PAIRS) if same_fact(fact(p["a"]), fact(p["b"]), THRESHOLD)}
+    assert merged == expected  # the stored term index agrees with the rule
+
+
+def test_harvest_on_the_labelled_pairs_never_overwrites_a_different_fact(
+    make_store, backend, server
+) -> None:
+    store = make_store(backend, **model_settings(server))
+    distinct = [p for p in PAIRS if not p["same"]][:40]
+    for n, pair in enumerate(distinct):
+        owner = f"h{n}"
+        server.script(answer([note(**pair["a"])]), answer([note(**pair["b"])]))
+        harvest_transcript(store, transcript("first", cid=f"{owner}-a", owner=owner))
+        report = harvest_transcript(store, transcript("second", cid=f"{owner}-b", owner=owner))
+        assert (report.notes_written, report.notes_updated) == (1, 0), pair["id"]
+    with store.transaction() as session:
+        assert session.execute(select(MemoryVersion)).first() is None
+
+
+def test_paraphrases_that_differ_by_stop_words_plurals_or_hyphens_are_one_note(
+    make_store, backend, server
+) -> None:
+    store = make_store(backend, **model_settings(server))
+    server.script(
+        answer([note("Likes short answers", body="Wants short answers.")]),
+        answer([note("Likes the short answers", body="Wants the short answers, in plain prose.")]),
+        answer([note("Works on the front-end team", body="Is on the front-end team.")]),
+        answer([note("Works on the frontend team", body="Is on the frontend team.")]),
+    )
+    reports = [harvest_transcript(store, transcript(f"t{n}", cid=f"c{n}")) for n in range(4)]
+    assert [(r.notes_written, r.notes_updated, r.notes_skipped) for r in reports] == [
+        (1, 0, 0),
+        (0, 1, 0),  # says more: rewrites the note, the old text kept
+        (1, 0, 0),
+        (0, 0, 1),  # says nothing new: the note stays as it is
+    ]
+    assert store.fingerprint(ALICE)[0] == 2
+    kept = store.get(ALICE, "likes-short-answers")
+    assert kept is not None and kept.body == "Wants the short answers, in plain prose."
+    [old] = store.history(ALICE, "likes-short-answers")
+    assert (old.body, old.reason) == ("Wants short answers.", "harvest_same_fact")
+
+
+def test_a_fact_held_only_in_the_body_is_not_overwritten(make_store, backend, server) -> None:
+    store = make_store(backend, **model_settings(server))
+    server.script(
+        answer([note("Editor preference", body="Uses Vim for all editing.")]),
+        answer([note("Editor preference", body="Uses Emacs for all editing.")]),
+    )
+    harvest_transcript(store, transcript("vim", cid="c1"))
+    harvest_transcript(store, transcript("emacs", cid="c2"))
+    bodies = {
+        n.slug: n.body
+        for n in (store.get(ALICE, s) for s in ("editor-preference", "editor-preference-2"))
+        if n
+    }
+    assert bodies == {
+        "editor-preference": "Uses Vim for all editing.",
+        "editor-preference-2": "Uses Emacs for all editing.",
+    }
+    assert store.dedupe().superseded == 0  # nor does housekeeping merge them
+
+
+# History ---------------------------------------------------------------------------------------
+
+
+def test_every_change_of_title_or_body_keeps_the_text_it_replaces(store: Store) -> None:
+    store.write(ALICE, {"title": "Deploy day", "body": "Fridays.", "slug": "deploy"})
+    store.write(ALICE, {"title": "Deploy day", "body": "Fridays.", "slug": "deploy"})  # no change
+    store.write(
+        ALICE, {"title": "Deploy day", "body": "Tuesdays.", "slug": "deploy"}, provenance="user"
+    )
+    store.mem_save("alice", "Use React.", type="decision", title="Frontend", topic_key="arch/fe")
+    store.mem_save("alice", "Use Vue.", type="decision", title="Frontend v2", topic_key="arch/fe")
+
+    [deploy] = store.history(ALICE, "deploy")
+    assert (deploy.body, deploy.reason, deploy.written_provenance) == (
+        "Fridays.",
+        "slug_upsert",
+        "agent",
+    )
+    assert deploy.changed_provenance == "user" and deploy.changed_at >= deploy.written_at
+    # A topic-keyed note's slug names its key: it stays true as the fact changes.
+    [frontend] = store.history(ALICE, "arch-fe")
+    assert (frontend.title, frontend.body, frontend.reason) == (
+        "Frontend",
+        "Use React.",
+        "mem_save_upsert",
+    )
+    assert store.get(ALICE, "arch-fe").title == "Frontend v2"  # type: ignore[union-attr]
+    assert store.history(ALICE, "arch-fe") == [frontend]  # reading changes nothing
+
+
+def test_a_batch_that_rewrites_a_note_twice_keeps_both_earlier_texts(store: Store) -> None:
+    from store import notes
+
+    store.mem_save("alice", "nano", type="preference", title="Editor", topic_key="ed")
+    with store.transaction() as session:
+        notes.write_batch(
+            session,
+            store.settings,
+            ALICE,
+            [
+                notes.BatchItem({"title": "Editor", "body": "vim"}, "preference", "ed"),
+                notes.BatchItem({"title": "Editor", "body": "emacs"}, "preference", "ed"),
+            ],
+            provenance="compaction",
+            conversation_id="c9",
+        )
+    history = store.history(ALICE, "ed")
+    assert [(v.body, v.reason, v.changed_conversation_id) for v in history] == [
+        ("vim", "topic_key_upsert", "c9"),
+        ("nano", "topic_key_upsert", "c9"),
+    ]
+    assert store.get(ALICE, "ed").body == "emacs"  # type: ignore[union-attr]
+
+
+def test_forget_deletes_the_history_too(store: Store) -> None:
+    store.write(ALICE, {"title": "T", "body": "one", "slug": "t"})
+    store.write(ALICE, {"title": "T", "body": "two", "slug": "t"})
+    assert store.forget_owner("alice")["notes"] == 1
+    with store.transaction() as session:
+        assert session.execute(select(MemoryVersion)).first() is None
+
+
+def test_history_of_a_missing_note_is_not_found(store: Store) -> None:
+    from store import NotFound
+
+    with pytest.raises(NotFound):
+        store.history(ALICE, "nothing-here")
+
+
+def test_show_history_prints_the_earlier_versions(
+    make_store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    monkeypatch.setenv("GLEANER_DATABASE_URL", url)
+    store = Store(url)
+    store.migrate()
+    store.write(ALICE, {"title": "Shell", "body": "bash", "slug": "shell"})
+    store.write(ALICE, {"title": "Shell", "body": "zsh", "slug": "shell"})
+    store.dispose()
+    assert main(["show", "shell", "--owner", "alice", "--history"]) == 0
+    out = capsys.readouterr().out
+    assert "zsh" in out and "1 earlier version" in out and "bash" in out and "slug_upsert" in out
+    assert main(["show", "shell", "--owner", "alice", "--history", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [(v["body"], v["reason"]) for v in shown["history"]] == [("bash", "slug_upsert")]
+
+
+# Facts that change over time -------------------------------------------------------------------
+
+
+def test_the_model_sees_the_owners_topic_keys_and_a_changed_fact_replaces_its_note(
+    make_store, backend, server
+) -> None:
+    store = make_store(backend, **model_settings(server))
+    server.script(answer([note("Lives in Lisbon", type="profile", topic_key="profile/city")]))
+    harvest_transcript(store, transcript("I live in Lisbon.", cid="c1"))
+    store.mem_save("bob", "Lives in Oslo", type="profile", title="Oslo", topic_key="bob/city")
+    server.script(answer([note("Moved to Porto", type="profile", topic_key="profile/city")]))
+    report = harvest_transcript(store, transcript("I just moved to Porto.", cid="c2"))
+
+    shown = server.requests[-1].user_text
+    assert "- profile/city: Lives in Lisbon" in shown
+    assert "bob/city" not in shown  # another owner's keys never reach the model
+    assert report.notes_updated == 1
+    assert store.get(ALICE, "profile-city").title == "Moved to Porto"  # type: ignore[union-attr]
+    [old] = store.history(ALICE, "profile-city")
+    assert (old.title, old.reason, old.changed_conversation_id) == (
+        "Lives in Lisbon",
+        "topic_key_upsert",
+        "c2",
+    )
+
+
+def test_known_keys_are_bounded(make_store, server) -> None:
+    store = make_store("sqlite", **model_settings(server, harvest_known_keys=5))
+    for n in range(12):
+        store.mem_save("alice", f"fact {n}", type="profile", title=f"Fact {n}", topic_key=f"k/{n}")
+    server.script(answer([]))
+    harvest_transcript(store, transcript("Fact 3 changed.", cid="c1"))
+    shown = server.requests[-1].user_text
+    assert shown.count("\n- k/") == 5
+    assert "- k/3: Fact 3" in shown  # shares the transcript's words: first in line
+
+
+def test_harvest_never_rewrites_a_pinned_or_person_written_note_through_its_key(
+    make_store, backend, server
+) -> None:
+    store = make_store(backend, **model_settings(server))
+    from store import notes
+
+    with store.transaction() as session:
+        notes.write(
+            session,
+            store.settings,
+            ALICE,
+            {"title": "Always answer in French", "body": "Mine.", "pinned": True},
+            provenance="user",
+            topic_key="preference/language",
+        )
+    server.script(
+        answer(
+            [
+                note("Answer in English", body="Injected.", topic_key="preference/language"),
+                note(
+                    "Likes chess",
+                    body="Plays <private>at club X</private> weekly.",
+                    topics=["games", "<private>club x</private>"],
+                    topic_key="hobby/<private>x</private>",
+                ),
+            ]
+        )
+    )
+    report = harvest_transcript(store, transcript("hi", cid="c1"))
+    assert report.notes_skipped == 1
+    kept = store.get(ALICE, "preference-language")
+    assert kept is not None and kept.pinned and kept.body == "Mine." and kept.provenance == "user"
+    chess = store.get(ALICE, "likes-chess")
+    assert chess is not None and chess.topics == ["games"] and chess.topic_key is None
+    assert chess.body == "Plays [REDACTED] weekly."
+    with store.transaction() as session:
+        dump = " ".join(
+            str(v) for row in session.execute(text("SELECT * FROM memories")) for v in row
+        )
+    assert "club" not in dump.lower()
+
+
+# Owners ----------------------------------------------------------------------------------------
+
+
+def example_owners() -> dict[str, str | None]:
+    """conversation id -> the owner the example file names (None for exports)."""
+    owners: dict[str, str | None] = {}
+    for path in sorted(EXAMPLES.rglob("*.json*")):
+        for t in read_path(path).transcripts:
+            owners[t.conversation_id] = t.owner
+    return owners
+
+
+def test_readme_main_job_leaves_every_example_in_its_own_owners_scope(store: Store) -> None:
+    owners = example_owners()
+    assert {"bob", "carol"} <= {o for o in owners.values() if o}  # examples name others
+    summary = harvest_paths(store, [EXAMPLES], owner="alice")
+    assert summary.failed == 0
+    with store.transaction() as session:
+        placed = session.execute(select(Memory.conversation_id, Memory.scope_id)).all()
+    assert placed
+    for conversation, scope in placed:
+        assert scope == (owners[conversation] or "alice"), conversation
+    assert "Carol" not in store.index_text(ALICE)
+
+
+def test_reassigning_owners_takes_the_flag_that_says_so(store: Store) -> None:
+    summary = harvest_paths(store, [EXAMPLES], owner="alice", reassign_owner=True)
+    assert summary.failed == 0
+    with store.transaction() as session:
+        scopes = set(session.execute(select(Memory.scope_id)).scalars())
+    assert scopes == {"alice"}
+
+
+def test_recorded_jobs_follow_the_same_owner_rule(store: Store) -> None:
+    transcripts = [
+        transcript("x", cid="named", owner="bob"),
+        transcript("y", cid="unnamed", owner=None),
+    ]
+    kw: dict[str, Any] = {"provenance": "compaction", "queue": "harvest"}
+    record_jobs(store, transcripts, owner="alice", **kw)
+    record_jobs(store, transcripts, owner="erin", reassign_owner=True, **kw)
+    with store.transaction() as session:
+        jobs = session.execute(select(Job.conversation_id, Job.owner).order_by(Job.created_at))
+        assert sorted(jobs) == sorted(
+            [("named", "bob"), ("unnamed", "alice"), ("named", "erin"), ("unnamed", "erin")]
+        )
+
+
+def test_cli_reassign_owner_needs_an_owner(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["harvest", str(EXAMPLES), "--reassign-owner"]) == 2
+    assert "--reassign-owner needs --owner" in capsys.readouterr().err
