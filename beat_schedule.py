@@ -9,7 +9,9 @@ from store import Settings
 
 
 def schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The beat schedule: decay hourly, dedupe every 10 minutes, lost-job sweep each minute."""
+    """The beat schedule: decay hourly, dedupe every 10 minutes, lost-job sweep each minute
+    (more often when GLEANER_JOB_LEASE_SECONDS or GLEANER_REQUEUE_AFTER_SECONDS is shorter,
+    so a lost job waits at most about one lease more)."""
     from workers.tasks import decay, dedupe, requeue_stale
 
     return {
@@ -17,6 +19,8 @@ def schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         "dedupe": {"task": dedupe.name, "schedule": timedelta(minutes=10)},
         "requeue-stale-jobs": {
             "task": requeue_stale.name,
-            "schedule": timedelta(seconds=min(60, settings.requeue_after_seconds)),
+            "schedule": timedelta(
+                seconds=min(60, settings.requeue_after_seconds, settings.job_lease_seconds)
+            ),
         },
     }

@@ -6,8 +6,11 @@ message (which carries only a job id) ever holds ``<private>`` text.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterable
 from dataclasses import asdict
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -78,9 +81,17 @@ def record_jobs(
         return job_records.add_jobs(session, queue, records, import_id=import_id)
 
 
-def run_job(store: Store, job_id: str) -> dict[str, Any] | None:
+def run_job(
+    store: Store, job_id: str, *, token: str | None = None, redelivered: bool = False
+) -> dict[str, Any] | None:
     """Harvest the transcript of one job and record the outcome; None when there is nothing
-    to do (the job is done already or gone).
+    to do (the job is done, failed, gone, or running elsewhere under a live lease).
+
+    ``token`` names the delivery (the Celery task id; a fresh one when None) and
+    ``redelivered`` is the broker's flag on it. The job is leased to that delivery and its
+    heartbeat renewed every GLEANER_JOB_HEARTBEAT_SECONDS while it runs, so a worker that dies
+    is noticed within GLEANER_JOB_LEASE_SECONDS whatever became of its message. A job whose
+    worker was lost GLEANER_JOB_MAX_CRASHES times is failed (``worker_lost``), not run again.
 
     A harvest failure (model error, bad transcript) marks the job failed with its reason; a
     database failure propagates so the queue can redeliver the message.
@@ -92,58 +103,86 @@ def run_job(store: Store, job_id: str) -> dict[str, Any] | None:
     ``harvest.locks``); only when another worker holds it does the check wait for it in a
     transaction of its own.
     """
+    settings = store.settings
     locks = locks_for(store.engine)
+    heartbeats = job_records.heartbeats_for(store.engine, settings.job_heartbeat_seconds)
     key: int | None = None
+    held = False
     try:
         with store.transaction() as session:
-            job = job_records.claim(session, job_id)
+            job = job_records.claim(
+                session,
+                job_id,
+                lease=timedelta(seconds=settings.job_lease_seconds),
+                token=token,
+                worker=_this_process(),
+                redelivered=redelivered,
+            )
             if job is None:
                 return None
+            token = job.token
+            if job.crashes >= settings.job_max_crashes:
+                error = job_records.worker_lost_error(job.crashes)
+                job_records.fail(session, job_id, error, token)
+                return {"status": "failed", "error": error}
             try:
                 plan = plan_harvest(
-                    store.settings,
+                    settings,
                     Transcript.model_validate(job.transcript),
                     owner=job.owner,
                     provenance=job.provenance,
                     reassign_owner=True,  # the job's owner was settled when it was recorded
                 )
             except (HarvestError, ValueError) as exc:
-                job_records.fail(session, job_id, format_error(exc))
+                job_records.fail(session, job_id, format_error(exc), token)
                 return {"status": "failed", "error": format_error(exc)}
             wanted = transcript_key(plan.scope, plan.digest)
             if locks.try_acquire(wanted):
                 key = wanted
                 if harvested_before(session, plan):
-                    return _record_outcome(session, job_id, plan.report)
+                    return _record_outcome(session, job_id, plan.report, token)
+        heartbeats.hold(job_id, token)  # the claim is committed: keep its lease alive
+        held = True
         if key is None:  # another worker is harvesting the same transcript: wait, look again
             locks.acquire(wanted)
             key = wanted
             with store.transaction() as session:
                 if harvested_before(session, plan):
-                    return _record_outcome(session, job_id, plan.report)
+                    return _record_outcome(session, job_id, plan.report, token)
         try:
             with store.transaction() as session:
-                recall_keys(session, store.settings, plan)
-            found = extract_notes(plan, store.settings)
+                recall_keys(session, settings, plan)
+            found = extract_notes(plan, settings)
             with store.transaction() as session:
                 if found is not None:
-                    record_harvest(session, store.settings, plan, found)
-                return _record_outcome(session, job_id, plan.report)
+                    record_harvest(session, settings, plan, found)
+                return _record_outcome(session, job_id, plan.report, token)
         except StorageFailure:
             raise
         except (HarvestError, ValueError) as exc:
             with store.transaction() as session:
-                job_records.fail(session, job_id, format_error(exc))
+                job_records.fail(session, job_id, format_error(exc), token)
             return {"status": "failed", "error": format_error(exc)}
     finally:
+        if held:
+            heartbeats.release(job_id)
         if key is not None:
             locks.release(key)
 
 
-def _record_outcome(session: Session, job_id: str, report: TranscriptReport) -> dict[str, Any]:
+def _this_process() -> str:
+    """Who holds a claim: ``host:pid`` (kept on the job for operators, never in output)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _record_outcome(
+    session: Session, job_id: str, report: TranscriptReport, token: str
+) -> dict[str, Any]:
+    # Recorded only while this delivery holds the job: a run presumed lost that comes back
+    # leaves the outcome to the run that took over (the ledger kept the notes single).
     result = asdict(report)
     if report.status == "failed":
-        job_records.fail(session, job_id, report.error or "failed")
+        job_records.fail(session, job_id, report.error or "failed", token)
     else:
-        job_records.finish(session, job_id, result)
+        job_records.finish(session, job_id, result, token)
     return result

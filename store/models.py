@@ -251,6 +251,10 @@ class Job(Base):
     """One transcript to harvest: the database, not the queue, is the record of every job.
 
     The transcript is stored already redacted; the queue message carries only the job id.
+    A ``running`` job is leased: ``lease_token`` names the delivery (Celery task id) that
+    claimed it, ``claimed_by`` the process (``host:pid``), and ``heartbeat_at`` is renewed
+    while it runs. ``crashes`` counts the times its worker was lost mid-run; ``enqueued_at``
+    is when a message for it was last sent.
     """
 
     __tablename__ = "jobs"
@@ -270,12 +274,16 @@ class Job(Base):
         String(32), ForeignKey("imports.id", ondelete="CASCADE")
     )
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    crashes: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     last_error: Mapped[str | None] = mapped_column(Text)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     enqueued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    claimed_by: Mapped[str | None] = mapped_column(String(255))
 
 
 class HousekeepingState(Base):

@@ -110,7 +110,24 @@ class Settings(BaseSettings):
         default=500, gt=0, description="Tasks before a worker child is replaced (bounds leaks)."
     )
     requeue_after_seconds: int = Field(
-        default=900, gt=0, description="A job pending this long is sent to its queue again."
+        default=900,
+        gt=0,
+        description="A pending job sent this long ago whose message is not on its queue is "
+        "sent again.",
+    )
+    job_heartbeat_seconds: int = Field(
+        default=30, gt=0, description="Seconds between a running job's heartbeats."
+    )
+    job_lease_seconds: int = Field(
+        default=120,
+        gt=0,
+        description="A running job with no heartbeat for this long is lost and recovered.",
+    )
+    job_max_crashes: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="A job whose worker was lost this many times is failed (worker_lost).",
     )
     observation_types: Annotated[tuple[str, ...], NoDecode] = Field(
         default=DEFAULT_OBSERVATION_TYPES,
@@ -139,6 +156,12 @@ class Settings(BaseSettings):
                 "GLEANER_BROKER_VISIBILITY_TIMEOUT must hold, got "
                 f"{self.task_soft_time_limit}, {self.task_time_limit}, "
                 f"{self.broker_visibility_timeout}"
+            )
+        # One late heartbeat (a busy database, a pause) must not make a live job look lost.
+        if self.job_lease_seconds <= 2 * self.job_heartbeat_seconds:
+            raise ValueError(
+                "GLEANER_JOB_LEASE_SECONDS must exceed twice GLEANER_JOB_HEARTBEAT_SECONDS, got "
+                f"{self.job_lease_seconds} and {self.job_heartbeat_seconds}"
             )
         return self
 

@@ -39,6 +39,12 @@ class Worker:
         )
         return [int(p) for p in out.stdout.split()]
 
+    def kill(self) -> None:
+        """kill -9 of the whole worker: its main process and every child, no clean-up."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -84,6 +90,31 @@ class Cluster:
         wait_for(lambda: "ready." in worker.text() or proc.poll() is not None, READY_TIMEOUT)
         assert proc.poll() is None, worker.text()
         return worker
+
+    def start_beat(self, **env: str) -> Worker:
+        """`gleaner beat` for this cluster (stopped with the workers); its log names each send."""
+        log = self.tmp / f"beat-{len(self.workers)}.log"
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "workers.cli",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule-file",
+                str(self.tmp / f"beat-schedule-{len(self.workers)}"),
+            ],
+            env={**self.env, **env},
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        beat = Worker(proc, log)
+        self.workers.append(beat)
+        wait_for(lambda: "beat: Starting" in beat.text() or proc.poll() is not None, READY_TIMEOUT)
+        assert proc.poll() is None, beat.text()
+        return beat
 
     def gleaner(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -7,8 +7,10 @@ Reliability choices (see README, "Running workers"):
 - ``broker_transport_options.visibility_timeout`` (GLEANER_BROKER_VISIBILITY_TIMEOUT) is
   longer than the hard time limit, so Redis never redelivers a task that is still running.
 - ``worker_prefetch_multiplier = 1``: harvests are long; a child reserves one at a time.
-- ``queue_order_strategy = "priority"``: a worker serving several queues always drains
-  ``harvest`` before ``import``, so a bulk import never starves live conversations.
+- ``queue_order_strategy = "priority"``: a worker serving several queues polls them in
+  ``QUEUES`` order: ``housekeeping`` first (a few short tasks an hour, among them the
+  lost-job sweep, which must not wait behind a backlog), then ``harvest`` before ``import``,
+  so a bulk import never starves live conversations.
 - JSON only, no pickle: messages carry job ids and small dicts.
 """
 
@@ -20,8 +22,9 @@ from kombu.entity import Queue
 from store import Settings, load_settings
 
 LIVE_QUEUE, IMPORT_QUEUE, HOUSEKEEPING_QUEUE = "harvest", "import", "housekeeping"
-# Order matters: with the priority strategy a worker polls them in this order.
-QUEUES = (LIVE_QUEUE, HOUSEKEEPING_QUEUE, IMPORT_QUEUE)
+# Order matters: with the priority strategy a worker polls them in this order. Housekeeping
+# is first so the minute's sweep that recovers lost jobs never waits behind a harvest backlog.
+QUEUES = (HOUSEKEEPING_QUEUE, LIVE_QUEUE, IMPORT_QUEUE)
 ROUTES = {
     "gleaner.harvest": {"queue": LIVE_QUEUE},
     "gleaner.import_file": {"queue": IMPORT_QUEUE},

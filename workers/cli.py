@@ -221,7 +221,7 @@ def _existing(paths: Sequence[str]) -> list[Any]:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    from harvest.batch import Summary, check_owners, read_all
+    from harvest.batch import Summary, judge_owners, read_all
     from harvest.queue import LIVE_QUEUE, record_jobs
     from workers.app import make_celery
     from workers.enqueue import send_jobs
@@ -230,8 +230,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     owners = _owner_options(args)
     paths = _existing(args.paths)
     summary = Summary()
-    transcripts = read_all(paths, summary)
-    check_owners(transcripts, args.owner)
+    transcripts = judge_owners(
+        read_all(paths, summary), args.owner, summary, reassign_owner=args.reassign_owner
+    )
     make_celery(settings)
     store = _store()
     job_ids = record_jobs(store, transcripts, provenance="compaction", queue=LIVE_QUEUE, **owners)
@@ -399,16 +400,20 @@ def cmd_housekeep(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
     from store import jobs as job_records
     from store import ledger
     from store.models import utcnow
 
     settings = _settings()
     store = _store()
+    lease = timedelta(seconds=settings.job_lease_seconds)
     with store.transaction() as session:
         by_queue = job_records.counts_by_queue(session)
         totals = job_records.counts(session)
         oldest = job_records.oldest_pending(session)
+        running = job_records.running(session, lease, limit=args.limit)
         failures = job_records.failures(session, limit=args.limit)
         harvested = ledger.totals(session)
     depths: dict[str, int | None] = {}
@@ -419,6 +424,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "queue_depths": depths,
         "jobs": totals,
         "jobs_by_queue": by_queue,
+        "running": running,
         "oldest_pending_seconds": None
         if oldest is None
         else round((utcnow() - oldest).total_seconds(), 1),
@@ -432,6 +438,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("jobs: " + ", ".join(f"{state} {n}" for state, n in totals.items()))
     if out["oldest_pending_seconds"] is not None:
         print(f"oldest pending: {out['oldest_pending_seconds']} s")
+    for job in running:
+        beat = job["heartbeat_age_seconds"]
+        print(
+            f"  RUNNING {job['id']} on {job['queue']} for {job['running_seconds']} s, "
+            + ("no heartbeat" if beat is None else f"last heartbeat {beat} s ago")
+            + (" (lease expired: the sweep recovers it)" if job["lease_expired"] else "")
+        )
     print(
         f"harvested transcripts {harvested['transcripts']}, model calls "
         f"{harvested['model_calls']}, tokens {harvested['prompt_tokens']} prompt + "
@@ -683,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from store.errors import ConfigError, InvalidInput, StoreError, format_error
 
-    usage_reasons = {"no_owner", "bad_provenance", "bad_config"}
+    usage_reasons = {"no_owner", "bad_owner", "bad_provenance", "bad_config"}
 
     func: Callable[[argparse.Namespace], int] = args.func
     try:

@@ -1,11 +1,45 @@
-"""Putting recorded jobs on their queue (after the commit that recorded them)."""
+"""Putting recorded jobs on their queue (after the commit that recorded them), and the sweep
+that recovers lost work.
+
+The sweep (``requeue_stale``, run by beat every minute on the ``housekeeping`` queue):
+
+1. A ``running`` job whose heartbeat is older than GLEANER_JOB_LEASE_SECONDS lost its worker;
+   it goes back to ``pending`` and is sent again (or is failed with ``worker_lost`` once its
+   workers were lost GLEANER_JOB_MAX_CRASHES times).
+2. A ``pending`` job is sent again only when its message can be presumed lost: it was last
+   sent more than GLEANER_REQUEUE_AFTER_SECONDS ago and its queue does not hold a message for
+   it. Up to ``SCAN_LIMIT`` waiting messages the queue is read and exactly the jobs without
+   one are sent; on a longer queue only the shortfall is sent (pending jobs minus waiting
+   messages, oldest-sent first, since Redis hands out the oldest messages first). A backlog
+   that is merely waiting is never duplicated.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import base64
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from store import Store, jobs
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+log = logging.getLogger(__name__)
+
+HARVEST_TASK = "gleaner.harvest"
+# Messages read per queue to tell which pending jobs have one (~1 KB each); beyond this the
+# sweep compares counts instead.
+SCAN_LIMIT = 10_000
+# At most this many jobs re-sent per queue per sweep; the next sweep takes the rest.
+SEND_LIMIT = 1_000
+# Kombu's Redis transport keeps a queue's messages of priority p > 0 under "<queue>\x06\x16p".
+_PRIORITY_SEP, _PRIORITY_STEPS = "\x06\x16", (3, 6, 9)
+_READ_CHUNK = 500
 
 
 def send_jobs(queue: str, job_ids: Iterable[str]) -> int:
@@ -19,15 +53,126 @@ def send_jobs(queue: str, job_ids: Iterable[str]) -> int:
     return sent
 
 
-def requeue_stale(store: Store) -> int:
-    """Send jobs pending longer than GLEANER_REQUEUE_AFTER_SECONDS to their queue again.
+@dataclass(frozen=True)
+class Waiting:
+    """What waits on one queue: how many messages, and (when read) the job ids they carry."""
 
-    Their message was lost (a Redis restart, a producer that died between commit and send);
-    the job row says what to redo. Returns how many were sent.
+    length: int
+    job_ids: frozenset[str] | None
+
+
+def waiting_messages(
+    broker_url: str, queues: Sequence[str], scan_limit: int = SCAN_LIMIT
+) -> dict[str, Waiting] | None:
+    """The messages waiting on each Redis queue (not those a worker has taken); None when the
+    broker is not Redis. Raises ``redis.RedisError`` when Redis cannot be reached."""
+    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    import redis
+
+    client = redis.Redis.from_url(broker_url, socket_timeout=10, socket_connect_timeout=5)
+    try:
+        out = {}
+        for queue in queues:
+            keys = [queue, *(f"{queue}{_PRIORITY_SEP}{p}" for p in _PRIORITY_STEPS)]
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.llen(key)
+            length = sum(int(n) for n in pipe.execute())
+            ids = _job_ids(client, keys) if length <= scan_limit else None
+            out[queue] = Waiting(length, ids)
+        return out
+    finally:
+        client.close()
+
+
+def _job_ids(client: Redis, keys: Sequence[str]) -> frozenset[str]:
+    """The job ids of the harvest messages under ``keys``, read in chunks.
+
+    Workers pop from the tail while this reads from the head, and new messages are pushed at
+    the head: a message can be read twice but one still waiting is never skipped.
     """
+    found: set[str] = set()
+    for key in keys:
+        start = 0
+        while True:
+            chunk = client.lrange(key, start, start + _READ_CHUNK - 1)
+            for raw in chunk:
+                job_id = _job_id(raw)
+                if job_id is not None:
+                    found.add(job_id)
+            if len(chunk) < _READ_CHUNK:
+                break
+            start += _READ_CHUNK
+    return frozenset(found)
+
+
+def _job_id(raw: bytes | str) -> str | None:
+    """The job id a kombu message (JSON, body base64-encoded JSON ``[args, kwargs, embed]``)
+    carries; None for any other task or a body that cannot be read."""
+    try:
+        message = json.loads(raw)
+        if message.get("headers", {}).get("task") != HARVEST_TASK:
+            return None
+        body = message["body"]
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        return str(args[0]) if args else None
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+
+
+def requeue_stale(store: Store, *, scan_limit: int = SCAN_LIMIT) -> int:
+    """Recover jobs whose worker was lost and re-send pending jobs whose message was lost
+    (see the module's docstring for the rule); returns how many messages were sent."""
+    settings = store.settings
     with store.transaction() as session:
-        stale = jobs.stale_pending(session, timedelta(seconds=store.settings.requeue_after_seconds))
+        recovered = jobs.recover_lost(
+            session,
+            timedelta(seconds=settings.job_lease_seconds),
+            settings.job_max_crashes,
+        )
+    if recovered.failed:
+        log.warning(
+            "%d job(s) failed: their worker was lost %d times",
+            len(recovered.failed),
+            settings.job_max_crashes,
+        )
+    sent = _send_by_queue(recovered.requeued)
+
+    older_than = timedelta(seconds=settings.requeue_after_seconds)
+    with store.transaction() as session:
+        queues = sorted(jobs.pending_counts(session, older_than))
+    if not queues:  # the usual case: nothing waited that long, Redis is not even asked
+        return sent
+    # Read the queues before the candidates: a message taken meanwhile belongs to a job that
+    # is being claimed, so the worst case is one harmless duplicate, never a lost job.
+    waiting = None
+    if settings.broker_url:
+        waiting = waiting_messages(settings.broker_url, queues, scan_limit)
+    lost: list[tuple[str, str]] = []
+    with store.transaction() as session:
+        pending = jobs.pending_counts(session)
+        for queue in queues:
+            found = None if waiting is None else waiting[queue]
+            if found is None:  # not Redis: nothing to compare with, every stale job is sent
+                ids = jobs.stale_pending(session, queue, older_than, most=SEND_LIMIT)
+            elif found.job_ids is not None:
+                ids = jobs.stale_pending(
+                    session, queue, older_than, skip=found.job_ids, most=SEND_LIMIT
+                )
+            else:
+                shortfall = pending.get(queue, 0) - found.length
+                ids = jobs.stale_pending(
+                    session, queue, older_than, most=min(SEND_LIMIT, shortfall)
+                )
+            lost.extend((job_id, queue) for job_id in ids)
+    return sent + _send_by_queue(lost)
+
+
+def _send_by_queue(found: Iterable[tuple[str, str]]) -> int:
     by_queue: dict[str, list[str]] = {}
-    for job_id, queue in stale:
+    for job_id, queue in found:
         by_queue.setdefault(queue, []).append(job_id)
     return sum(send_jobs(queue, ids) for queue, ids in by_queue.items())

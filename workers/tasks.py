@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from celery.utils.log import get_task_logger
 
 from store import StorageFailure
@@ -14,20 +14,28 @@ log = get_task_logger(__name__)
 
 
 @shared_task(
+    bind=True,
     name="gleaner.harvest",
-    autoretry_for=(StorageFailure,),  # the database was unreachable: the job is still pending
+    # The database was unreachable: the retry (same task id) takes its own claim back.
+    autoretry_for=(StorageFailure,),
     retry_backoff=5,
     retry_backoff_max=120,
     retry_jitter=True,
     max_retries=5,
 )
-def harvest(job_id: str) -> dict[str, Any] | None:
-    """Harvest the recorded job ``job_id`` (model retries happen inside, not here)."""
+def harvest(self: Task, job_id: str) -> dict[str, Any] | None:
+    """Harvest the recorded job ``job_id`` (model retries happen inside, not here).
+
+    The task id names the lease: a retry, or the message redelivered because its worker was
+    lost, takes its own claim back at once; any other message for a running job is a no-op.
+    """
     from harvest.queue import run_job
 
-    result = run_job(runtime.store(), job_id)
+    request = self.request
+    redelivered = bool((request.delivery_info or {}).get("redelivered"))
+    result = run_job(runtime.store(), job_id, token=request.id, redelivered=redelivered)
     if result is None:
-        log.info("job %s is done already or gone: nothing to do", job_id)
+        log.info("job %s is finished, gone or running elsewhere: nothing to do", job_id)
     return result
 
 
@@ -65,12 +73,12 @@ def dedupe() -> dict[str, Any]:
 
 @shared_task(name="gleaner.requeue_stale")
 def requeue_stale() -> int:
-    """Send jobs pending longer than GLEANER_REQUEUE_AFTER_SECONDS to their queue again."""
+    """Recover jobs whose worker was lost and re-send pending jobs whose message was lost."""
     from workers.enqueue import requeue_stale as sweep
 
     sent = sweep(runtime.store())
     if sent:
-        log.warning("re-enqueued %d stale pending job(s)", sent)
+        log.warning("re-enqueued %d lost job(s)", sent)
     return sent
 
 
