@@ -4,7 +4,8 @@ Words are pronounceable non-words with Zipf frequencies (the top word is in most
 tail in a handful of notes). A store of ``n`` notes has one big scope (``owner:big``, n/10
 notes) and 1,000 small ones; scopes are interleaved in id order, as real writes would be.
 About 1% of notes are planted near-duplicates of an earlier note of their scope (same title
-and topics plus one extra word: Jaccard >= 0.8), and 0.5% exact title copies.
+and topics plus one extra word: Jaccard >= 0.8; same body: the same fact restated), and 0.5%
+exact copies.
 
 PostgreSQL is loaded with COPY (the generated tsvector computed by the server), its GIN index
 built after the load; SQLite with executemany through the FTS5 triggers. The term index
@@ -111,6 +112,8 @@ def generate(n: int, seed: int = 1) -> Dataset:
             title = " ".join(pick(pool, k=rng.randint(*TITLE_WORDS))).capitalize()
             topics = " ".join(sorted(set(pick(TOPICS, k=rng.randint(1, 3)))))
         body = " ".join(pick(pool, k=rng.randint(*BODY_WORDS)))
+        if twin is not None and roll < 0.015:
+            body = twin.body  # drawn all the same: the other notes stay as they were
         counts[scope] = counts.get(scope, 0) + 1
         row = NoteRow(i + 1, scope, f"n{i + 1}", title, topics, body, start + step * i)
         notes.append(row)

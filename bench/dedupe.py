@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, text
 
 from bench import data
 from bench.core import Context, Row
-from store.terms import similarity_terms
+from store.terms import FactText, disagreement, similarity_terms
 
 NAME = "dedupe"
 
@@ -60,16 +60,27 @@ def run_child(url: str) -> dict[str, float]:
 
 
 def exact_pairs(dataset: data.Dataset, threshold: float) -> set[tuple[int, int]]:
-    """Every pair of notes of one scope at or over ``threshold``, by brute force."""
-    by_scope: defaultdict[str, list[tuple[int, frozenset[str]]]] = defaultdict(list)
+    """Every pair of notes of one scope holding the same fact (``store.terms.same_fact``:
+    at or over ``threshold``, nothing contradicting), by brute force."""
+    by_scope: defaultdict[str, list[tuple[int, frozenset[str], FactText]]] = defaultdict(list)
     for note in dataset.notes:
-        by_scope[note.scope].append((note.id, similarity_terms(note.title, note.topics)))
+        by_scope[note.scope].append(
+            (
+                note.id,
+                similarity_terms(note.title, note.topics),
+                FactText(note.title, note.body, note.topics),
+            )
+        )
     pairs = set()
     for notes in by_scope.values():
-        for i, (a, ta) in enumerate(notes):
-            for b, tb in notes[i + 1 :]:
+        for i, (a, ta, fa) in enumerate(notes):
+            for b, tb, fb in notes[i + 1 :]:
                 shared = len(ta & tb)
-                if shared and shared / (len(ta) + len(tb) - shared) >= threshold:
+                if (
+                    shared
+                    and shared / (len(ta) + len(tb) - shared) >= threshold
+                    and disagreement(fa, fb) is None
+                ):
                     pairs.add((a, b))
     return pairs
 

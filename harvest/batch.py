@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harvest.errors import HarvestError
-from harvest.job import TranscriptReport, harvest_transcript
+from harvest.job import TranscriptReport, harvest_transcript, resolve_owner
 from harvest.model import HarvestLLM
 from harvest.readers import iter_paths, read_path
 from harvest.transcript import Transcript
@@ -86,6 +86,29 @@ def check_owners(transcripts: Iterable[Transcript], owner: str | None) -> None:
         )
 
 
+def judge_owners(
+    transcripts: Iterable[Transcript],
+    owner: str | None,
+    summary: Summary,
+    *,
+    reassign_owner: bool = False,
+) -> list[Transcript]:
+    """The conversations whose owner passes the owner rule; each other one goes to the
+    summary's failures on its own (the rest of the batch goes on). No owner at all, with no
+    ``owner`` to fill it in, stays a usage error for the whole run (``check_owners``)."""
+    listed = list(transcripts)
+    check_owners(listed, owner)
+    kept = []
+    for transcript in listed:
+        try:
+            resolve_owner(transcript, owner, reassign_owner=reassign_owner)
+        except HarvestError as exc:
+            summary.fail(transcript.conversation_id, f"{exc.reason}: {exc}")
+            continue
+        kept.append(transcript)
+    return kept
+
+
 def harvest_paths(
     store: Store,
     paths: Iterable[Path],
@@ -100,8 +123,9 @@ def harvest_paths(
     the rest. ``on_progress(done, total)`` is called after each conversation. ``owner`` fills
     in conversations that name no owner; ``reassign_owner`` puts every one in its scope."""
     summary = Summary()
-    transcripts = read_all(paths, summary)
-    check_owners(transcripts, owner)
+    transcripts = judge_owners(
+        read_all(paths, summary), owner, summary, reassign_owner=reassign_owner
+    )
     for done, transcript in enumerate(transcripts, start=1):
         try:
             report = harvest_transcript(

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harvest.batch import Summary, check_owners, read_all
+from harvest.batch import Summary, judge_owners, read_all
 from harvest.errors import HarvestError
 from harvest.queue import IMPORT_QUEUE, record_jobs
 from harvest.transcript import Transcript
@@ -46,8 +46,9 @@ def plan_import(
     (exports carry none) raises HarvestError(reason="no_owner") before anything is recorded.
     """
     summary = Summary()
-    transcripts = read_all([Path(path)], summary)
-    check_owners(transcripts, owner)
+    transcripts = judge_owners(
+        read_all([Path(path)], summary), owner, summary, reassign_owner=reassign_owner
+    )
     if not transcripts and summary.failures:
         raise HarvestError(summary.failures[0]["error"], reason="bad_transcript")
     with store.transaction() as session:

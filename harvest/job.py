@@ -26,8 +26,10 @@ from store import (
     similar,
     strip_private,
 )
+from store.errors import InvalidInput
 from store.similar import Twin
 from store.terms import FactText, adds_to, content_terms, jaccard, similarity_terms
+from store.text import check_principal
 
 # Bump when extraction changes enough that old transcripts deserve a new harvest.
 HARVESTER_VERSION = "1"
@@ -86,7 +88,10 @@ def resolve_owner(
             f"conversation {transcript.conversation_id!r} has no owner: pass --owner NAME",
             reason="no_owner",
         )
-    return chosen
+    try:
+        return check_principal(chosen)  # the one owner rule (store.text)
+    except InvalidInput as exc:
+        raise HarvestError(str(exc), reason="bad_owner") from None
 
 
 def uses_model(settings: Settings, llm: HarvestLLM | None = None) -> bool:

@@ -222,8 +222,38 @@ def litellm_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
     try:
         response = litellm.completion(**kwargs)
     except Exception as exc:  # everything litellm raises is classified, nothing escapes raw
+        stop = stop_signal(exc)
+        if stop is not None:
+            raise stop from None  # the task is told to stop: no retry, no model error
         raise map_litellm_error(exc) from exc
     return _answer_from(response, options.model)
+
+
+# Exceptions that tell running code to stop (Celery's soft time limit, raised inside
+# whatever call is running), by name: harvest never imports Celery.
+STOP_SIGNALS = frozenset({"SoftTimeLimitExceeded"})
+
+
+def stop_signal(exc: BaseException) -> BaseException | None:
+    """The stop signal ``exc`` is or wraps, or None.
+
+    litellm wraps whatever its HTTP call raised, a soft time limit included, in its own
+    InternalServerError, which would be retried as transient until the hard kill.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if type(current).__name__ in STOP_SIGNALS:
+            return current
+        original = getattr(current, "original_exception", None)
+        pending += [current.__cause__, current.__context__]
+        if isinstance(original, BaseException):
+            pending.append(original)
+    return None
 
 
 def _answer_from(response: Any, default_model: str) -> LLMAnswer:

@@ -22,6 +22,7 @@ def forget_owner(session: Session, principal: str) -> dict[str, int]:
     Links and term rows go with their notes (ON DELETE CASCADE). Global notes are kept.
     """
     scope = Scope.owner(principal)
+    principal = scope.id  # as stored: normalized by the owner rule
     in_scope = (Memory.scope_kind == scope.kind, Memory.scope_id == scope.id)
     # Clear self-references first so no row points at one already deleted.
     session.execute(update(Memory).where(*in_scope).values(superseded_by_id=None))

@@ -14,7 +14,7 @@ from store.models import MemSession, utcnow
 from store.notes import Draft, save_note
 from store.schemas import SaveResult, Scope
 from store.settings import Settings
-from store.text import check_text, strip_private
+from store.text import check_principal, check_text, strip_private
 
 SUMMARY_TYPE = "summary"
 MAX_TOPIC_KEY_CHARS = 255
@@ -72,6 +72,7 @@ def check_observation(
     user = check_text(user_id, "user_id", max_bytes=255)
     if not user.strip():
         raise InvalidInput("user_id is empty", reason="empty_user_id")
+    user = check_principal(user, "user_id")
     body = check_text(content, "content", max_bytes=settings.max_body_bytes)
     if not body.strip():
         raise InvalidInput("content is empty", reason="empty_content")

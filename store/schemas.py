@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from store.errors import InvalidInput
 from store.models import Memory
+from store.text import check_principal
 
 Provenance = Literal["user", "agent", "web", "compaction", "import"]
 Rel = Literal["related", "derived_from", "supersedes"]
@@ -50,8 +51,11 @@ class Scope(Frozen):
             )
         if not isinstance(ident, str):
             raise InvalidInput(f"scope id must be a string, got {ident!r}", reason="bad_scope")
-        if kind == "owner" and not ident.strip():
-            raise InvalidInput("an owner scope needs a non-empty principal", reason="bad_scope")
+        if kind == "owner":
+            try:
+                ident = check_principal(ident)  # the one owner rule: see store.text
+            except InvalidInput as exc:
+                raise InvalidInput(str(exc), reason="bad_scope") from None
         if kind == "global" and ident:
             raise InvalidInput("the global scope's id is ''", reason="bad_scope")
         if len(ident) > 255 or "\x00" in ident:

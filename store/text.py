@@ -211,3 +211,48 @@ def check_text(value: object, field: str, *, max_bytes: int | None = None) -> st
             reason="body_too_large",
         )
     return value
+
+
+OWNER_MAX_CHARS = 255
+# Unicode categories no owner name may hold: controls, format characters (zero-width spaces
+# and joiners, bidi marks, the BOM: they make "ali\u200bce" look exactly like "alice"),
+# surrogates, private-use and unassigned code points, line and paragraph separators.
+_OWNER_REFUSED = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def check_principal(value: object, field: str = "owner") -> str:
+    """An owner (principal) as stored, or InvalidInput(reason="bad_owner") naming the rule.
+
+    The rule, applied once wherever an owner comes in (CLI, transcript, Python, mem_save):
+    NFKC-normalized first (so composed and decomposed accents, full-width letters and other
+    look-alike forms name one owner); then refused when blank, with leading or trailing
+    whitespace, over 255 characters, holding a control, invisible (format), surrogate,
+    private-use or unassigned character, or a ``<private>`` tag.
+    """
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field} must be a string", reason="bad_owner")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            f"{field} is not valid UTF-8 (a lone surrogate)", reason="bad_owner"
+        ) from None
+    name = unicodedata.normalize("NFKC", value)
+    shown = ascii(name[:40])
+    if not name.strip():
+        raise InvalidInput(f"{field} is empty", reason="bad_owner")
+    if name != name.strip():
+        raise InvalidInput(f"{field} {shown} has leading or trailing space", reason="bad_owner")
+    if len(name) > OWNER_MAX_CHARS:
+        raise InvalidInput(
+            f"{field} is {len(name)} characters, over {OWNER_MAX_CHARS}", reason="bad_owner"
+        )
+    bad = next((ch for ch in name if unicodedata.category(ch) in _OWNER_REFUSED), None)
+    if bad is not None:
+        raise InvalidInput(
+            f"{field} {shown} holds an invisible or control character (U+{ord(bad):04X})",
+            reason="bad_owner",
+        )
+    if strip_private(name) != name:
+        raise InvalidInput(f"{field} holds a <private> tag", reason="bad_owner")
+    return name
