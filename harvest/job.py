@@ -20,6 +20,7 @@ from store import (
     Scope,
     Settings,
     Store,
+    forget,
     ledger,
     normalize_topics,
     notes,
@@ -135,6 +136,9 @@ class Plan:
     report: TranscriptReport
     # The owner's topic keys shown to the model (``recall_keys``): (key, title).
     known_keys: list[tuple[str, str]] = field(default_factory=list)
+    # How many times the owner was forgotten when the harvest was planned (``harvested_before``
+    # reads it): a forget since then means the harvest writes nothing.
+    forget_generation: int = 0
 
 
 def plan_harvest(
@@ -169,7 +173,12 @@ def plan_harvest(
 
 
 def harvested_before(session: Session, plan: Plan) -> bool:
-    """True when the ledger says this scope already harvested this transcript."""
+    """True when there is nothing to do: the ledger says this scope already harvested this
+    transcript, or the owner forgot it (a tombstone). Also notes the owner's forget
+    generation, which the write checks again."""
+    plan.forget_generation = forget.generation(session, plan.scope)
+    if forget.is_tombstoned(session, plan.scope, plan.digest):
+        return True
     return ledger.already_harvested(session, plan.scope, plan.digest, plan.version)
 
 
@@ -216,6 +225,8 @@ def record_harvest(session: Session, settings: Settings, plan: Plan, found: Extr
     is written and the report stays ``skipped``.
     """
     transcript, report = plan.transcript, plan.report
+    if not forget.still_remembered(session, plan.scope, plan.forget_generation):
+        return  # the owner was forgotten while this harvest ran: it writes nothing
     entry = ledger.LedgerEntry(
         transcript_hash=plan.digest,
         harvester_version=plan.version,

@@ -161,11 +161,18 @@ class Store:
         """Save the active session's summary and end the session."""
         return self._run(mem.mem_session_summary, self.settings, user_id, content, title=title)
 
-    def forget_owner(self, principal: str) -> dict[str, int]:
-        """Delete everything stored for an owner (notes, sessions, ledger, jobs)."""
-        from store.forget import forget_owner  # rare: not paid by every command's start-up
+    def forget_owner(self, principal: str, *, tombstones: bool = True) -> dict[str, int]:
+        """Delete everything stored for an owner (see ``store.forget``); with ``tombstones``
+        its harvested transcripts, harvested again, write nothing."""
+        from store import forget  # rare: not paid by every command's start-up
 
-        return self._run(forget_owner, principal)
+        counts = self._run(forget.forget_owner, principal, tombstones=tombstones)
+        if self.dialect == "postgresql":
+            # Deleted rows stay in the table files until vacuumed: do it now, not some day.
+            with self._failures(), self.engine.connect() as conn:
+                autocommit = conn.execution_options(isolation_level="AUTOCOMMIT")
+                autocommit.exec_driver_sql(f"VACUUM {', '.join(forget.VACUUMED)}")
+        return counts
 
     def decay(self, *, dry_run: bool = False) -> DecayResult:
         """Bring every note's recency weight up to date, in short batches (archiving if set)."""

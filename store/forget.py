@@ -1,14 +1,65 @@
-"""Forgetting an owner: the one place the store deletes notes, on explicit request."""
+"""Forgetting an owner: the one place the store deletes notes, on explicit request.
+
+After ``forget_owner`` no table holds the owner's name, titles, slugs or words: notes (with
+their links, terms and history), sessions, ledger rows, jobs, imports, and the full-text
+index (SQLite's FTS5 segments are merged so deleted words leave them; PostgreSQL's dead rows
+are vacuumed by ``Store.forget_owner`` after the commit). What stays are hashes: a tombstone
+per harvested transcript (so the same transcript harvested again writes nothing, unless the
+caller asks otherwise) and the owner's forget generation (so a harvest planned before the
+forget writes nothing when it finishes after it).
+"""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Executable, delete, update
+from sqlalchemy import CursorResult, Executable, delete, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from store.models import HarvestLedger, Job, Memory, MemSession
+from store.models import (
+    ForgottenOwner,
+    ForgottenTranscript,
+    HarvestLedger,
+    HousekeepingState,
+    ImportBatch,
+    Job,
+    Memory,
+    MemoryVersion,
+    MemSession,
+    utcnow,
+)
 from store.schemas import Scope
+
+# Tables whose dead rows a PostgreSQL forget vacuums right after its commit.
+VACUUMED = (
+    "memories",
+    "memory_versions",
+    "memory_terms",
+    "memory_links",
+    "sessions",
+    "harvest_ledger",
+    "jobs",
+    "imports",
+)
+
+
+def owner_key(scope: Scope) -> str:
+    """sha256 of the scope: names an owner in tombstones without keeping the name."""
+    return hashlib.sha256(f"{scope.kind}\x00{scope.id}".encode()).hexdigest()
+
+
+def transcript_key(scope: Scope, digest: str) -> str:
+    """sha256 of (scope, transcript hash): a tombstone's key."""
+    return hashlib.sha256(f"{scope.kind}\x00{scope.id}\x00{digest}".encode()).hexdigest()
+
+
+def lock_key(scope: Scope) -> int:
+    """Advisory lock key (PostgreSQL) that forget holds exclusively and a harvest's write
+    shared, so a harvest never writes between a forget's check and its commit."""
+    digest = hashlib.sha256(f"forget\x00{scope.kind}\x00{scope.id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def _count(session: Session, statement: Executable) -> int:
@@ -16,20 +67,122 @@ def _count(session: Session, statement: Executable) -> int:
     return int(cast("CursorResult[Any]", session.execute(statement)).rowcount)
 
 
-def forget_owner(session: Session, principal: str) -> dict[str, int]:
-    """Delete every note, session, ledger row and job of ``principal``; returns the counts.
+def generation(session: Session, scope: Scope) -> int:
+    """How many times the owner was forgotten (0: never)."""
+    found = session.execute(
+        select(ForgottenOwner.generation).where(ForgottenOwner.owner_key == owner_key(scope))
+    ).scalar_one_or_none()
+    return int(found or 0)
 
-    Links and term rows go with their notes (ON DELETE CASCADE). Global notes are kept.
+
+def still_remembered(session: Session, scope: Scope, planned_generation: int) -> bool:
+    """Whether a harvest planned at ``planned_generation`` may write now (no forget since).
+
+    Takes the forget lock shared on PostgreSQL for the rest of the transaction.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": lock_key(scope)})
+    return generation(session, scope) == planned_generation
+
+
+def is_tombstoned(session: Session, scope: Scope, digest: str) -> bool:
+    """Whether this transcript of this owner was forgotten."""
+    key = transcript_key(scope, digest)
+    return (
+        session.execute(
+            select(ForgottenTranscript.key).where(ForgottenTranscript.key == key)
+        ).first()
+        is not None
+    )
+
+
+def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -> dict[str, int]:
+    """Delete everything stored for ``principal``; returns the counts.
+
+    With ``tombstones`` (the default) each harvested transcript leaves a hash, so harvesting
+    it again writes nothing; without, the owner's tombstones (of earlier forgets too) are
+    removed, so every conversation may come back. Links and term rows go with their notes
+    (ON DELETE CASCADE). Global notes are kept.
     """
     scope = Scope.owner(principal)
     principal = scope.id  # as stored: normalized by the owner rule
+    postgres = session.get_bind().dialect.name == "postgresql"
+    if postgres:
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock_key(scope)})
     in_scope = (Memory.scope_kind == scope.kind, Memory.scope_id == scope.id)
+    in_ledger = (HarvestLedger.scope_kind == scope.kind, HarvestLedger.scope_id == scope.id)
+    now = utcnow()
+    owner = owner_key(scope)
+    buried = 0
+    if tombstones:
+        digests = sorted(
+            set(session.execute(select(HarvestLedger.transcript_hash).where(*in_ledger)).scalars())
+        )
+        rows = [
+            {"key": transcript_key(scope, d), "owner_key": owner, "forgotten_at": now}
+            for d in digests
+        ]
+        if rows:
+            insert = postgresql.insert if postgres else sqlite.insert
+            session.execute(insert(ForgottenTranscript).on_conflict_do_nothing(), rows)
+        buried = len(rows)
+    else:
+        clear_tombstones(session, principal)
+    insert = postgresql.insert if postgres else sqlite.insert
+    session.execute(
+        insert(ForgottenOwner)
+        .values(owner_key=owner, generation=1, forgotten_at=now)
+        .on_conflict_do_update(
+            index_elements=["owner_key"],
+            set_={"generation": ForgottenOwner.generation + 1, "forgotten_at": now},
+        )
+    )
     # Clear self-references first so no row points at one already deleted.
     session.execute(update(Memory).where(*in_scope).values(superseded_by_id=None))
-    in_ledger = (HarvestLedger.scope_kind == scope.kind, HarvestLedger.scope_id == scope.id)
-    return {
+    versions = _count(
+        session,
+        delete(MemoryVersion).where(
+            MemoryVersion.scope_kind == scope.kind, MemoryVersion.scope_id == scope.id
+        ),
+    )
+    counts = {
         "notes": _count(session, delete(Memory).where(*in_scope)),
+        "versions": versions,
         "sessions": _count(session, delete(MemSession).where(MemSession.user_id == principal)),
         "ledger": _count(session, delete(HarvestLedger).where(*in_ledger)),
         "jobs": _count(session, delete(Job).where(Job.owner == principal)),
+        "imports": _count(session, delete(ImportBatch).where(ImportBatch.owner == principal)),
+        "tombstones": buried,
     }
+    _scrub_housekeeping(session)
+    if not postgres:
+        # FTS5 keeps a deleted note's words in its segments until they are merged.
+        session.execute(text("INSERT INTO memories_fts(memories_fts) VALUES ('optimize')"))
+    return counts
+
+
+def _scrub_housekeeping(session: Session) -> None:
+    """Drop reported pairs (scopes and slugs) from housekeeping results kept before they
+    stopped keeping them."""
+    rows = session.execute(
+        select(HousekeepingState.name, HousekeepingState.last_result).where(
+            HousekeepingState.last_result.is_not(None)
+        )
+    ).all()
+    for name, result in rows:
+        if isinstance(result, dict) and "pairs" in result:
+            kept = {k: v for k, v in result.items() if k != "pairs"}
+            session.execute(
+                update(HousekeepingState)
+                .where(HousekeepingState.name == name)
+                .values(last_result=kept)
+            )
+
+
+def clear_tombstones(session: Session, principal: str) -> int:
+    """Remove an owner's tombstones, so its forgotten transcripts may be harvested again."""
+    scope = Scope.owner(principal)
+    return _count(
+        session,
+        delete(ForgottenTranscript).where(ForgottenTranscript.owner_key == owner_key(scope)),
+    )

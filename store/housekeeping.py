@@ -95,7 +95,8 @@ def _record(
     """Upsert the task's row in ``housekeeping_state``; the watermark only when given."""
     values: dict[str, Any] = {
         "last_run_at": utcnow(),
-        "last_result": result.model_dump(mode="json"),
+        # Counts only: reported pairs name scopes and slugs, which must not outlive a forget.
+        "last_result": result.model_dump(mode="json", exclude={"pairs"}),
     }
     if watermark is not None:
         values["watermark"] = watermark

@@ -295,3 +295,29 @@ class HousekeepingState(Base):
     watermark: Mapped[int] = mapped_column(BigInteger, default=0)
     last_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class ForgottenTranscript(Base):
+    """A tombstone: a transcript of a forgotten owner, so harvesting it again writes nothing.
+
+    ``key`` is sha256 of (scope, transcript hash) and ``owner_key`` sha256 of the owner: the
+    owner's name and words are not kept, only what recognises the same transcript again.
+    """
+
+    __tablename__ = "forgotten_transcripts"
+    __table_args__ = (Index("ix_forgotten_transcripts_owner", "owner_key"),)
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner_key: Mapped[str] = mapped_column(String(64))
+    forgotten_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ForgottenOwner(Base):
+    """How many times an owner was forgotten (``owner_key``: sha256 of the owner): a harvest
+    planned before the latest forget writes nothing, whatever it was doing meanwhile."""
+
+    __tablename__ = "forgotten_owners"
+
+    owner_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer, default=1)
+    forgotten_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -27,6 +27,8 @@ TABLES = (
     "memory_terms",
     "memory_links",
     "memory_versions",
+    "forgotten_transcripts",
+    "forgotten_owners",
     "sessions",
     "harvest_ledger",
     "jobs",

@@ -513,7 +513,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing deleted")
             return EXIT_OK
-    counts = _store().forget_owner(args.owner)
+    counts = _store().forget_owner(args.owner, tombstones=not args.allow_reharvest)
     print(", ".join(f"{k} {v}" for k, v in counts.items()) + " deleted")
     return EXIT_OK
 
@@ -645,9 +645,22 @@ def _add_operator_commands(sub: Any) -> None:
     retry.add_argument("--all", action="store_true", help="every failed job")
     retry.set_defaults(func=cmd_retry)
 
-    forget = sub.add_parser("forget", help="delete everything stored for one owner")
+    forget = sub.add_parser(
+        "forget",
+        help="delete everything stored for one owner",
+        description="Delete the owner's notes (with their history), sessions, ledger, jobs and "
+        "imports, and the words they left in the search index. Each harvested conversation "
+        "leaves a tombstone (a hash, not its text): harvesting it again writes nothing, and a "
+        "harvest still running for the owner writes nothing when it ends.",
+    )
     forget.add_argument("--owner", metavar="NAME", required=True)
     forget.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    forget.add_argument(
+        "--allow-reharvest",
+        action="store_true",
+        help="leave no tombstones (and remove earlier ones): the same conversations, "
+        "harvested again, come back",
+    )
     forget.set_defaults(func=cmd_forget)
 
 

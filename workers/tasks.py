@@ -29,14 +29,47 @@ def harvest(self: Task, job_id: str) -> dict[str, Any] | None:
     The task id names the lease: a retry, or the message redelivered because its worker was
     lost, takes its own claim back at once; any other message for a running job is a no-op.
     """
+    from celery.exceptions import SoftTimeLimitExceeded
+
     from harvest.queue import run_job
+    from store import jobs
 
     request = self.request
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    result = run_job(runtime.store(), job_id, token=request.id, redelivered=redelivered)
+    store = runtime.store()
+    try:
+        result = run_job(store, job_id, token=request.id, redelivered=redelivered)
+    except SoftTimeLimitExceeded:
+        # Over the time limit: running it again would end the same way.
+        limit = store.settings.task_soft_time_limit
+        with store.transaction() as session:
+            jobs.fail(
+                session,
+                job_id,
+                f"time_limit: the harvest ran past GLEANER_TASK_SOFT_TIME_LIMIT ({limit} s); "
+                "it is not run again until `gleaner retry`",
+                request.id,
+            )
+        log.warning("job %s stopped at the soft time limit: failed", job_id)
+        return {"status": "failed", "error": "time_limit"}
     if result is None:
         log.info("job %s is finished, gone or running elsewhere: nothing to do", job_id)
-    return result
+        return None
+    # Celery logs a task's return value: ids and counts only, never slugs, owners or text.
+    return {key: result[key] for key in LOGGED_RESULT if key in result}
+
+
+# What a harvest task returns (and Celery logs): no owner, conversation, slug or error text.
+LOGGED_RESULT = (
+    "status",
+    "notes_written",
+    "notes_updated",
+    "notes_skipped",
+    "items_dropped",
+    "model_calls",
+    "prompt_tokens",
+    "completion_tokens",
+)
 
 
 @shared_task(name="gleaner.import_file")
@@ -68,7 +101,8 @@ def decay() -> dict[str, Any]:
 @shared_task(name="gleaner.dedupe")
 def dedupe() -> dict[str, Any]:
     """Supersede near-duplicate notes; yields at once if another run holds the lock."""
-    return runtime.store().dedupe().model_dump(mode="json")
+    # Counts only (Celery logs the return value): the pairs name scopes and slugs.
+    return runtime.store().dedupe().model_dump(mode="json", exclude={"pairs"})
 
 
 @shared_task(name="gleaner.requeue_stale")

@@ -1,0 +1,140 @@
+"""Forget forgets: no table, index, job, import, housekeeping record or worker log holds the
+owner's text, titles or slugs afterwards; forgotten transcripts stay forgotten; a harvest
+running during the forget writes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import inspect, text
+
+from harvest.job import harvest_transcript
+from harvest.model import LLMAnswer, ModelOptions
+from harvest.queue import record_jobs
+from store import Scope, Store
+from store import jobs as job_records
+from tests.test_harvest_job import transcript
+from tests.workers_harness import Cluster, cluster_env, wait_for
+
+OWNER = "ownerqx"
+MARKER = "zanzibarquux"  # a word only the owner's conversations hold
+# What of the marker survives FTS5's prefix compression of terms inside its binary segments.
+MARKER_TAIL = MARKER[-7:]
+ALICE_LINE = f"I prefer {MARKER} tabs over spaces in every repo."
+
+
+def every_value(store: Store) -> str:
+    """Every value of every table, lowercased, as text; on SQLite the FTS5 shadow tables'
+    binary segments too, byte for byte (a deleted note's words stay there until merged)."""
+    out: list[str] = []
+    with store.engine.connect() as conn:
+        for table in inspect(conn).get_table_names():
+            for row in conn.execute(text(f'SELECT * FROM "{table}"')):
+                out.extend(v.decode("latin-1") if isinstance(v, bytes) else str(v) for v in row)
+    return " ".join(out).lower()
+
+
+def fill(store: Store) -> None:
+    """The owner's data in every place it can be: notes, history, sessions, ledger, jobs,
+    an import, a housekeeping run that saw a duplicate pair."""
+    report = harvest_transcript(store, transcript(ALICE_LINE, cid=f"{MARKER}-c1", owner=OWNER))
+    assert report.notes_written >= 1
+    owner = Scope.owner(OWNER)
+    store.mem_save(OWNER, f"{MARKER} one", type="decision", title=f"{MARKER} db", topic_key="k")
+    store.mem_save(OWNER, f"{MARKER} two", type="decision", title=f"{MARKER} db", topic_key="k")
+    store.write(owner, {"title": f"Uses {MARKER} daily", "body": MARKER})
+    store.write(owner, {"title": f"Uses {MARKER} daily", "body": MARKER})
+    record_jobs(
+        store,
+        [transcript(ALICE_LINE, cid=f"{MARKER}-c2", owner=OWNER)],
+        owner=None,
+        provenance="compaction",
+        queue="harvest",
+    )
+    with store.transaction() as session:
+        job_records.create_import(
+            session, source=f"/exports/{MARKER}.zip", owner=OWNER, provenance="import"
+        )
+    assert store.dedupe().superseded >= 1
+    assert MARKER in every_value(store) and OWNER in every_value(store)
+
+
+def test_after_forget_no_table_or_index_holds_the_owners_words(store: Store) -> None:
+    bob = Scope.owner("bob")
+    store.write(bob, {"title": "Bob keeps this", "body": "kept"})
+    fill(store)
+    counts = store.forget_owner(OWNER)
+    assert counts["notes"] >= 3 and counts["versions"] >= 1 and counts["jobs"] == 1
+    assert counts["imports"] == 1 and counts["tombstones"] == 1
+    dump = every_value(store)
+    assert MARKER_TAIL not in dump and OWNER not in dump
+    assert store.get(bob, "bob-keeps-this") is not None  # others' notes stay
+
+
+def test_a_forgotten_transcript_harvested_again_writes_nothing_unless_asked(
+    store: Store,
+) -> None:
+    chat = transcript(ALICE_LINE, cid="c1", owner=OWNER)
+    assert harvest_transcript(store, chat).notes_written >= 1
+    store.forget_owner(OWNER)
+    again = harvest_transcript(store, chat)
+    assert again.status == "skipped" and again.notes_written == 0
+    assert store.fingerprint(Scope.owner(OWNER))[0] == 0
+    # A new conversation of the same owner is harvested as usual.
+    assert harvest_transcript(store, transcript("I use vim.", cid="c2", owner=OWNER)).status == (
+        "harvested"
+    )
+
+    store.forget_owner(OWNER, tombstones=False)
+    assert harvest_transcript(store, chat).notes_written >= 1  # asked: it comes back
+
+
+def test_a_harvest_running_during_forget_writes_nothing(make_store, backend: str) -> None:
+    store: Store = make_store(backend, harvest_model="test/model")
+
+    def llm(messages: Any, *, options: ModelOptions) -> LLMAnswer:
+        store.forget_owner(OWNER)  # the operator forgets while the model is thinking
+        note = {"type": "preference", "title": "Prefers tabs", "body": "Tabs.", "topics": []}
+        return LLMAnswer(text=json.dumps({"notes": [{**note, "confidence": 0.9}]}))
+
+    report = harvest_transcript(store, transcript(ALICE_LINE, owner=OWNER), llm=llm)
+    assert report.notes_written == 0 and report.status == "skipped"
+    assert MARKER_TAIL not in every_value(store) and store.fingerprint(Scope.owner(OWNER))[0] == 0
+
+
+@pytest.mark.slow
+def test_worker_logs_carry_ids_and_counts_not_slugs_or_owners(
+    tmp_path: Path, worker_id: str
+) -> None:
+    from tests.conftest import recreate_pg_database, test_settings
+
+    url = recreate_pg_database(f"gleaner_forget_{worker_id}")
+    store = Store(url, settings=test_settings())
+    store.migrate()
+    cluster = Cluster(cluster_env(url, 3), tmp_path)
+    cluster.redis().flushdb()
+    try:
+        worker = cluster.start_worker(concurrency=1)
+        chat = tmp_path / "chat.json"
+        chat.write_text(
+            json.dumps(
+                {
+                    "conversation_id": f"{MARKER}-conv",
+                    "owner": OWNER,
+                    "messages": [{"role": "user", "content": ALICE_LINE}],
+                }
+            )
+        )
+        assert cluster.gleaner("enqueue", str(chat)).returncode == 0
+        wait_for(lambda: "succeeded" in worker.text(), 60)
+        assert store.fingerprint(Scope.owner(OWNER))[0] >= 1
+        log = worker.text().lower()
+        assert "notes_written" in log  # the counts are there
+        assert MARKER not in log and OWNER not in log
+    finally:
+        cluster.stop()
+        cluster.redis().flushdb()
+        store.dispose()
