@@ -11,8 +11,8 @@ from harvest.errors import HarvestError
 from harvest.job import TranscriptReport, harvest_transcript, resolve_owner
 from harvest.model import HarvestLLM
 from harvest.readers import iter_paths, read_path
-from harvest.transcript import Transcript
-from store import Store, StoreError, format_error
+from harvest.transcript import Limits, Transcript
+from store import Store, StoreError, format_error, load_settings
 
 
 @dataclass
@@ -58,12 +58,21 @@ class Summary:
         self.failures.append({"conversation": label, "error": error})
 
 
-def read_all(paths: Iterable[Path], summary: Summary) -> list[Transcript]:
-    """Every conversation under ``paths``; unreadable files and conversations go to failures."""
+def read_all(
+    paths: Iterable[Path], summary: Summary, *, limits: Limits | None = None
+) -> list[Transcript]:
+    """Every conversation under ``paths``; unreadable files and conversations go to failures.
+
+    Each file and each conversation is judged on its own: one that is unreadable, nested too
+    deeply or over ``limits`` (``too_large``) is a failure, and the rest are still read.
+    ``limits`` defaults to the ones the environment's settings name.
+    """
+    if limits is None:
+        limits = Limits.from_settings(load_settings())
     found: list[Transcript] = []
     for path in iter_paths(paths):
         try:
-            result = read_path(path)
+            result = read_path(path, limits=limits)
         except HarvestError as exc:
             summary.fail(str(path), f"{exc.reason}: {exc}")
             continue

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 from harvest.batch import Summary, judge_owners, read_all
 from harvest.errors import HarvestError
 from harvest.queue import IMPORT_QUEUE, record_jobs
-from harvest.transcript import Transcript
+from harvest.transcript import Limits, Transcript
 from store import Settings, Store
 from store import jobs as job_records
 
@@ -75,7 +74,12 @@ def plan_import(
 
 @dataclass
 class Estimate:
-    """What an import would cost before anything runs."""
+    """What an import would cost before anything runs.
+
+    ``too_large`` counts the conversations harvest would refuse for their size: over a
+    transcript or file limit when read (those are not among ``unreadable``), or needing more
+    than ``harvest_max_calls`` model requests; the calls and tokens count only the rest.
+    """
 
     conversations: int
     unreadable: int
@@ -86,26 +90,37 @@ class Estimate:
     completion_tokens: int
     model: str
     cost_usd: float | None
+    too_large: int = 0
 
 
 def estimate(paths: Iterable[Path], settings: Settings) -> Estimate:
-    """Count conversations, tokens and calls (and the cost, when litellm knows the model)."""
-    from harvest.model import count_tokens
-    from harvest.prompt import render_transcript, system_prompt
+    """Count conversations, tokens and calls (and the cost, when litellm knows the model).
+
+    Reads and chunks exactly as a harvest would (the same limits, the same bounded
+    tokenizing), so an input a harvest refuses is counted, never expanded.
+    """
+    from harvest.model import chunk_sizes, count_tokens
+    from harvest.prompt import render_message, system_prompt
     from harvest.redact import redact_transcript
 
     summary = Summary()
-    transcripts: list[Transcript] = read_all(paths, summary)
+    transcripts: list[Transcript] = read_all(paths, summary, limits=Limits.from_settings(settings))
+    # Refused when read: their reason comes first (harvest.readers.ReadResult).
+    refused_read = sum(1 for f in summary.failures if f["error"].startswith("too_large:"))
+    refused_calls = 0
     fixed = count_tokens(system_prompt(max_facts=settings.harvest_max_facts)) + 50
     calls = prompt = tokens = messages = 0
     for transcript in transcripts:
         redacted = redact_transcript(transcript)
         messages += len(redacted.messages)
-        size = count_tokens(render_transcript(redacted.messages))
-        chunks = max(1, math.ceil(size / settings.harvest_context_tokens))
-        tokens += size
-        calls += chunks
-        prompt += size + chunks * fixed
+        blocks = [render_message(m) for m in redacted.messages if m.content.strip()]
+        sizes = chunk_sizes(blocks, settings.harvest_context_tokens)
+        tokens += sum(sizes)
+        if settings.harvest_model and len(sizes) > settings.harvest_max_calls:
+            refused_calls += 1  # refused before its first call: it costs nothing
+            continue
+        calls += len(sizes)
+        prompt += sum(sizes) + len(sizes) * fixed
     model = settings.harvest_model or "offline"
     completion = calls * ESTIMATED_COMPLETION_TOKENS
     cost: float | None = 0.0
@@ -115,7 +130,7 @@ def estimate(paths: Iterable[Path], settings: Settings) -> Estimate:
         calls = prompt = completion = 0
     return Estimate(
         conversations=len(transcripts),
-        unreadable=len(summary.failures),
+        unreadable=len(summary.failures) - refused_read,
         messages=messages,
         transcript_tokens=tokens,
         model_calls=calls,
@@ -123,6 +138,7 @@ def estimate(paths: Iterable[Path], settings: Settings) -> Estimate:
         completion_tokens=completion,
         model=model,
         cost_usd=cost,
+        too_large=refused_read + refused_calls,
     )
 
 

@@ -20,7 +20,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
@@ -39,7 +39,14 @@ from harvest.errors import (
     UnparseableAnswer,
 )
 from harvest.prompt import build_messages, render_message, response_schema
-from harvest.transcript import Transcript
+from harvest.transcript import (
+    DEFAULT_MAX_TRANSCRIPT_BYTES,
+    DEFAULT_MAX_TRANSCRIPT_MESSAGES,
+    Limits,
+    Transcript,
+    check_size,
+    too_large,
+)
 
 if TYPE_CHECKING:
     import tiktoken
@@ -65,7 +72,10 @@ class ModelOptions(BaseModel):
     ``max_retry_seconds`` bounds the retry window: no new attempt starts once it would begin
     later than that after the first one, so a call returns within about
     ``max_retry_seconds + timeout_seconds``. ``context_tokens`` is the transcript budget of
-    one call (cl100k tokens); longer transcripts are chunked.
+    one call (cl100k tokens); longer transcripts are chunked, into at most ``max_calls``
+    requests (a transcript needing more is refused, ``too_large``, before the first call).
+    ``max_transcript_bytes`` and ``max_transcript_messages`` are checked before any of it is
+    tokenized.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -82,6 +92,9 @@ class ModelOptions(BaseModel):
     backoff_seconds: float = Field(default=1.0, gt=0, description="first backoff window")
     backoff_max_seconds: float = Field(default=10.0, gt=0, description="largest backoff window")
     context_tokens: int = Field(default=6_000, ge=MIN_CHUNK_TOKENS)
+    max_calls: int = Field(default=20, ge=1, description="most requests of one transcript")
+    max_transcript_bytes: int = Field(default=DEFAULT_MAX_TRANSCRIPT_BYTES, gt=0)
+    max_transcript_messages: int = Field(default=DEFAULT_MAX_TRANSCRIPT_MESSAGES, gt=0)
     max_answer_tokens: int = Field(default=2_048, gt=0)
 
     @classmethod
@@ -126,6 +139,9 @@ _OPTIONAL_SETTINGS = {
     "max_attempts": "harvest_max_attempts",
     "max_retry_seconds": "harvest_max_retry_seconds",
     "context_tokens": "harvest_context_tokens",
+    "max_calls": "harvest_max_calls",
+    "max_transcript_bytes": "max_transcript_bytes",
+    "max_transcript_messages": "max_transcript_messages",
 }
 _SETTING_NAMES = {
     "model": "harvest_model",
@@ -635,67 +651,140 @@ def _litellm_tokenizer_dir() -> Path | None:
     return Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"
 
 
+# The tokenizer never sees more than this many characters at once: BPE over one unbroken run
+# costs ~50 bytes of memory per character and more than linear time (a 64 MB "word" killed a
+# worker), so text is cut into pieces first (see ``_pieces``).
+PIECE_CHARS = 4_096
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """``text`` in pieces of at most PIECE_CHARS characters, cut where it changes no token.
+
+    A cut goes just before a space that follows a non-space character: every cl100k
+    pre-token ends there (none crosses it), so the pieces' tokens are exactly the text's.
+    Only a window with no such space (an unbroken run of PIECE_CHARS / 2 characters or more)
+    is cut hard, which may shift a token or two at the cut.
+    """
+    start = 0
+    while len(text) - start > PIECE_CHARS:
+        window_end = start + PIECE_CHARS
+        floor = start + PIECE_CHARS // 2
+        cut = text.rfind(" ", floor, window_end)
+        while cut > floor and text[cut - 1].isspace():
+            cut = text.rfind(" ", floor, cut)
+        if cut < floor or text[cut - 1].isspace():
+            cut = window_end
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
 def count_tokens(text: str) -> int:
-    """cl100k_base tokens in ``text``; without the tokenizer, UTF-8 bytes / 3 (an overcount
+    """cl100k_base tokens in ``text``, counted a bounded piece at a time (``_pieces``), so
+    memory stays flat whatever the text; without the tokenizer, UTF-8 bytes / 3 (an overcount
     for English, about right for CJK — erring toward smaller chunks)."""
     encoding = _encoding()
     if encoding is None:
         return math.ceil(len(text.encode("utf-8", "surrogatepass")) / 3)
-    return len(encoding.encode(text, disallowed_special=()))
+    return sum(len(encoding.encode(piece, disallowed_special=())) for piece in _pieces(text))
 
 
-def _slice_text(text: str, budget: int) -> list[str]:
-    """Cut one over-long block into pieces of at most ``budget`` tokens, at token bounds."""
-    encoding = _encoding()
-    if encoding is not None:
-        tokens = encoding.encode(text, disallowed_special=())
-        try:
-            decoded, offsets = encoding.decode_with_offsets(tokens)
-        except UnicodeDecodeError:  # lone surrogates do not round-trip; cut by bytes instead
-            decoded, offsets = "", []
-        if decoded == text:
-            cuts = [offsets[i] for i in range(0, len(tokens), budget)] + [len(text)]
-            return [text[a:b] for a, b in itertools.pairwise(cuts) if text[a:b]]
-    pieces, start, used = [], 0, 0
-    for index, char in enumerate(text):
-        size = len(char.encode("utf-8", "surrogatepass"))
-        if used + size > budget * 3 and index > start:
-            pieces.append(text[start:index])
-            start, used = index, 0
-        used += size
-    pieces.append(text[start:])
-    return [p for p in pieces if p]
+def _token_starts(encoding: tiktoken.Encoding, piece: str) -> list[int]:
+    """Where in ``piece`` each of its tokens starts; a piece that does not round-trip (lone
+    surrogates) counts each character as its UTF-8 bytes, an overcount that never overflows."""
+    tokens = encoding.encode(piece, disallowed_special=())
+    try:
+        decoded, offsets = encoding.decode_with_offsets(tokens)
+    except UnicodeDecodeError:
+        decoded, offsets = "", []
+    if decoded == piece:
+        return list(offsets)
+    starts: list[int] = []
+    for index, char in enumerate(piece):
+        starts += [index] * len(char.encode("utf-8", "surrogatepass"))
+    return starts
 
 
-def pack_chunks(blocks: Iterable[str], budget: int) -> list[str]:
-    """Join blocks with newlines into chunks of at most ``budget`` tokens, in order.
+def _slice_text(text: str, budget: int) -> list[tuple[str, int]]:
+    """Cut one over-long block into pieces of at most ``budget`` tokens, at token bounds;
+    each piece with its tokens.
 
-    A block over the budget on its own is cut at token boundaries.
+    Tokenized a bounded piece at a time (``_pieces``), so a block of any length, an unbroken
+    word included, is cut without holding more than one piece's tokens.
     """
-    blocks = list(blocks)
+    encoding = _encoding()
+    cuts, sizes = [0], []
+    used = 0
+    if encoding is not None:
+        base = 0
+        for piece in _pieces(text):
+            for start in _token_starts(encoding, piece):
+                if used == budget:
+                    cuts.append(base + start)
+                    sizes.append(used)
+                    used = 0
+                used += 1
+            base += len(piece)
+    else:
+        for index, char in enumerate(text):
+            size = len(char.encode("utf-8", "surrogatepass"))
+            if used + size > budget * 3 and index > cuts[-1]:
+                cuts.append(index)
+                sizes.append(math.ceil(used / 3))
+                used = 0
+            used += size
+        used = math.ceil(used / 3)
+    cuts.append(len(text))
+    sizes.append(used)
+    return [
+        (text[a:b], size)
+        for (a, b), size in zip(itertools.pairwise(cuts), sizes, strict=True)
+        if a < b
+    ]
+
+
+def _packed(blocks: list[str], budget: int) -> Iterator[tuple[str, int]]:
+    """The chunks of :func:`pack_chunks`, each with its tokens as packing counted them (each
+    block once, plus one per joining newline)."""
     # A token is at least one UTF-8 byte, so text of at most ``budget`` bytes fits: the
-    # usual short transcript is one chunk without being tokenized.
+    # usual short transcript is one chunk without being tokenized for packing.
     if sum(len(b.encode("utf-8", "surrogatepass")) + 1 for b in blocks) <= budget:
-        return ["\n".join(blocks)] if blocks else []
-    chunks: list[str] = []
+        if blocks:
+            text = "\n".join(blocks)
+            yield text, count_tokens(text)
+        return
     current: list[str] = []
     used = 0
     for block in blocks:
         cost = count_tokens(block) + 1  # +1 for the joining newline
         if cost > budget:
             if current:
-                chunks.append("\n".join(current))
+                yield "\n".join(current), used
                 current, used = [], 0
-            chunks.extend(_slice_text(block, budget))
+            yield from _slice_text(block, budget)
             continue
         if current and used + cost > budget:
-            chunks.append("\n".join(current))
+            yield "\n".join(current), used
             current, used = [], 0
         current.append(block)
         used += cost
     if current:
-        chunks.append("\n".join(current))
-    return chunks
+        yield "\n".join(current), used
+
+
+def pack_chunks(blocks: Iterable[str], budget: int) -> list[str]:
+    """Join blocks with newlines into chunks of at most ``budget`` tokens, in order.
+
+    A block over the budget on its own (a long line, an unbroken word) is cut at token
+    boundaries; nothing tokenizes more than PIECE_CHARS characters at once.
+    """
+    return [text for text, _ in _packed(list(blocks), budget)]
+
+
+def chunk_sizes(blocks: Iterable[str], budget: int) -> list[int]:
+    """The tokens of each chunk :func:`pack_chunks` makes of ``blocks`` (one model request
+    each), tokenizing every block once: what estimates count."""
+    return [tokens for _, tokens in _packed(list(blocks), budget)]
 
 
 # --- extraction --------------------------------------------------------------------------
@@ -750,22 +839,39 @@ def extract(
 ) -> ModelResult:
     """Ask the harvest model for the notes of one (already redacted) transcript.
 
-    The transcript is rendered and cut into chunks of ``options.context_tokens``; each chunk
-    is one call (retried on transient errors). An unparseable answer is asked again once,
-    then UnparseableAnswer is raised; a context-window error halves the chunks (a bounded
-    number of times). The notes of all chunks are merged: deduplicated by title, highest
-    confidence first, at most ``options.max_facts``. ``known_keys`` (the owner's topic keys
-    and their notes' titles) are shown with every chunk so a changed fact reuses its key.
+    The transcript is checked against ``options.max_transcript_bytes`` and
+    ``max_transcript_messages`` before anything is tokenized, then rendered and cut into
+    chunks of ``options.context_tokens``; each chunk is one request (retried on transient
+    errors). A transcript whose chunks need more than ``options.max_calls`` requests is
+    refused before the first call (TranscriptFormatError, reason ``too_large``), never cut
+    short. An unparseable answer is asked again once, then UnparseableAnswer is raised; a
+    context-window error halves the chunks (a bounded number of times, and only while the
+    requests stay within ``max_calls``). The notes of all chunks are merged: deduplicated by
+    title, highest confidence first, at most ``options.max_facts``. ``known_keys`` (the
+    owner's topic keys and their notes' titles) are shown with every chunk so a changed fact
+    reuses its key.
+
+    Model calls are bounded: at most ``max_calls`` requests, each asked at most twice (an
+    unparseable answer) with at most ``max_attempts`` attempts per ask.
     """
+    check_size(
+        transcript.messages,
+        Limits(
+            transcript_bytes=options.max_transcript_bytes,
+            transcript_messages=options.max_transcript_messages,
+        ),
+    )
     meter = _Meter(llm or resolve_llm(options), options)
     blocks = [render_message(m) for m in transcript.messages if m.content.strip()]
     budget = options.context_tokens
     pending = deque(pack_chunks(blocks, budget))
+    _check_calls(len(pending), budget, options.max_calls)
     collected: list[NoteCandidate] = []
-    dropped = done = halvings = 0
+    dropped = done = halvings = requests = 0
     while pending:
         chunk = pending.popleft()
         part = (done + 1, done + 1 + len(pending))
+        requests += 1
         try:
             parsed = _ask_chunk(meter, chunk, part, options, known_keys)
         except ContextWindowExceeded:
@@ -777,6 +883,7 @@ def extract(
             # The rest is re-cut too: chunks of the old size would overflow the same way.
             lines = [line for piece in (chunk, *pending) for line in piece.split("\n")]
             pending = deque(pack_chunks(lines, budget))
+            _check_calls(requests + len(pending), budget, options.max_calls)
             continue
         done += 1
         collected.extend(parsed.notes)
@@ -790,6 +897,17 @@ def extract(
         model=meter.model or options.model,
         chunks=done,
     )
+
+
+def _check_calls(requests: int, budget: int, max_calls: int) -> None:
+    """Refuse (``too_large``) a transcript whose chunks need more than ``max_calls`` requests."""
+    if requests > max_calls:
+        raise too_large(
+            "transcript",
+            f"it needs {requests:,} model requests in chunks of {budget:,} tokens",
+            max_calls,
+            "GLEANER_HARVEST_MAX_CALLS",
+        )
 
 
 def _ask_chunk(

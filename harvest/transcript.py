@@ -1,11 +1,17 @@
-"""The transcript model every reader produces."""
+"""The transcript model every reader produces, and the limits on how large one may be."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from harvest.errors import TranscriptFormatError
+
+if TYPE_CHECKING:
+    from store.settings import Settings
 
 Role = Literal["user", "assistant", "system", "tool"]
 
@@ -45,3 +51,87 @@ class Transcript(BaseModel):
             return self.ended_at or self.started_at
         stamps = [m.at for m in self.messages if m.at is not None]
         return max(stamps) if stamps else None
+
+
+# --- size limits -------------------------------------------------------------------------
+
+# The defaults of the GLEANER_* settings that bound one read (see store.settings).
+DEFAULT_MAX_TRANSCRIPT_BYTES = 4_000_000
+DEFAULT_MAX_TRANSCRIPT_MESSAGES = 10_000
+DEFAULT_MAX_FILE_BYTES = 256_000_000
+
+
+class Limits(BaseModel):
+    """How much one transcript, and one file of them, may hold; built by :meth:`from_settings`.
+
+    ``transcript_bytes`` counts the UTF-8 bytes of a conversation's message text,
+    ``transcript_messages`` the messages it lists, ``file_bytes`` the bytes read from one file
+    (a zip export's ``conversations.json`` counted inflated). Each is checked before the text
+    is tokenized or sent anywhere.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    transcript_bytes: int = Field(default=DEFAULT_MAX_TRANSCRIPT_BYTES, gt=0)
+    transcript_messages: int = Field(default=DEFAULT_MAX_TRANSCRIPT_MESSAGES, gt=0)
+    file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, gt=0)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        """The limits a Settings object names; keys it lacks keep their defaults."""
+        values = {
+            field: value
+            for field, setting in _LIMIT_SETTINGS.items()
+            if (value := getattr(settings, setting, None)) is not None
+        }
+        return cls(**values)
+
+
+DEFAULT_LIMITS = Limits()
+_LIMIT_SETTINGS = {
+    "transcript_bytes": "max_transcript_bytes",
+    "transcript_messages": "max_transcript_messages",
+    "file_bytes": "max_file_bytes",
+}
+
+
+def too_large(what: str, size: str, limit: int, setting: str) -> TranscriptFormatError:
+    """The ``too_large`` error: what is too large, its size, the limit and the setting that
+    sets it. ``size`` is a number, or ``more than N``; never the text itself."""
+    return TranscriptFormatError(
+        f"{what} too large: {size}, over the limit of {limit:,} ({setting}; raise it to "
+        "accept this input)",
+        reason="too_large",
+    )
+
+
+def text_bytes(text: str) -> int:
+    """UTF-8 bytes of ``text`` (a lone surrogate counted as its 3 bytes)."""
+    if text.isascii():
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_message_count(count: int, limits: Limits) -> None:
+    """Refuse (``too_large``) a conversation that lists more messages than the limit."""
+    if count > limits.transcript_messages:
+        raise too_large(
+            "conversation",
+            f"{count:,} messages",
+            limits.transcript_messages,
+            "GLEANER_MAX_TRANSCRIPT_MESSAGES",
+        )
+
+
+def check_size(messages: Sequence[Message], limits: Limits) -> None:
+    """Refuse (``too_large``) messages over the message or byte limit; costs one pass over the
+    text and never tokenizes it."""
+    check_message_count(len(messages), limits)
+    size = sum(text_bytes(m.content) for m in messages)
+    if size > limits.transcript_bytes:
+        raise too_large(
+            "conversation",
+            f"{size:,} bytes of message text",
+            limits.transcript_bytes,
+            "GLEANER_MAX_TRANSCRIPT_BYTES",
+        )

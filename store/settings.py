@@ -83,6 +83,25 @@ class Settings(BaseSettings):
     harvest_context_tokens: int = Field(
         default=6_000, ge=200, description="Transcript tokens per model call; longer is chunked."
     )
+    harvest_max_calls: int = Field(
+        default=20,
+        ge=1,
+        le=10_000,
+        description="Most model requests one transcript may need; more chunks is too_large.",
+    )
+    max_transcript_bytes: int = Field(
+        default=4_000_000,
+        gt=0,
+        description="Most UTF-8 bytes of message text in one transcript; more is too_large.",
+    )
+    max_transcript_messages: int = Field(
+        default=10_000, gt=0, description="Most messages in one transcript; more is too_large."
+    )
+    max_file_bytes: int = Field(
+        default=256_000_000,
+        gt=0,
+        description="Most bytes read from one file (a zip's conversations.json inflated).",
+    )
     archive_below_weight: float | None = Field(
         default=None,
         ge=0,

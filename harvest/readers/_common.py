@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from harvest.errors import TranscriptFormatError
 from harvest.redact import redact_text, redact_transcript
-from harvest.transcript import Message, Role, Transcript
+from harvest.transcript import DEFAULT_LIMITS, Limits, Message, Role, Transcript, check_size
 
 # Roles as the formats spell them -> the transcript's four. OpenAI's "developer" is its new
 # name for a system prompt; "function" is the old name for a tool result.
@@ -126,14 +126,18 @@ def build(
     title: str | None = None,
     started_at: datetime | None = None,
     ended_at: datetime | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Transcript:
-    """A Transcript, refused when it holds no user or assistant text.
+    """A Transcript, refused when it holds no user or assistant text, or (``too_large``) more
+    than ``limits`` allow.
 
     Blank messages are dropped here so every reader treats them alike. Text is kept as it is,
     except the conversation id, which gets the privacy rule at once (see
     ``harvest.redact.redact_conversation_id``): it names the conversation in reports and
     errors long before the transcript is redacted.
     """
+    messages = list(messages)
+    check_size(messages, limits)
     kept = [m for m in messages if m.content.strip()]
     if not any(m.role in ("user", "assistant") for m in kept):
         raise bad("empty conversation: no user or assistant text")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from harvest.readers._common import ROLES, bad, build, identifier, optional_str, parse_time
-from harvest.transcript import Message, Transcript
+from harvest.transcript import DEFAULT_LIMITS, Limits, Message, Transcript, check_message_count
 
 # Content types that hold what was said; code, browsing output, reasoning, custom
 # instructions and the like are not the conversation.
@@ -72,7 +72,12 @@ def _message(node: object, number: int) -> Message | None:
 
 
 def read_chatgpt(
-    obj: Mapping[str, Any], *, path: Path, default_owner: str | None, source_format: str
+    obj: Mapping[str, Any],
+    *,
+    path: Path,
+    default_owner: str | None,
+    source_format: str,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Transcript:
     """One ChatGPT conversation: the current branch of its ``mapping`` tree, text only."""
     mapping = obj.get("mapping")
@@ -82,6 +87,7 @@ def read_chatgpt(
     if conversation_id is None:
         raise bad("conversation has no conversation_id or id")
     branch = _branch(mapping, obj.get("current_node"))
+    check_message_count(len(branch), limits)  # the nodes followed, before a Message is built
     messages = [m for n, node in enumerate(branch, 1) if (m := _message(node, n)) is not None]
     return build(
         conversation_id=conversation_id,
@@ -92,4 +98,5 @@ def read_chatgpt(
         messages=messages,
         source_format=source_format,
         path=path,
+        limits=limits,
     )

@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from harvest.readers._common import bad, build, identifier, optional_str, parse_time
-from harvest.transcript import Message, Role, Transcript
+from harvest.transcript import (
+    DEFAULT_LIMITS,
+    Limits,
+    Message,
+    Role,
+    Transcript,
+    check_message_count,
+)
 
 _SENDERS: dict[str, Role] = {"human": "user", "assistant": "assistant"}
 
@@ -32,7 +39,12 @@ def _text(item: Mapping[str, Any]) -> str:
 
 
 def read_claude(
-    obj: Mapping[str, Any], *, path: Path, default_owner: str | None, source_format: str
+    obj: Mapping[str, Any],
+    *,
+    path: Path,
+    default_owner: str | None,
+    source_format: str,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Transcript:
     """One Claude conversation: its ``chat_messages`` from human and assistant, text only."""
     conversation_id = identifier(obj.get("uuid"), "uuid")
@@ -41,6 +53,7 @@ def read_claude(
     chat = obj.get("chat_messages")
     if not isinstance(chat, list):
         raise bad("chat_messages must be a list")
+    check_message_count(len(chat), limits)  # before a Message is built
     messages: list[Message] = []
     for number, item in enumerate(chat, 1):
         if not isinstance(item, Mapping):
@@ -64,4 +77,5 @@ def read_claude(
         messages=messages,
         source_format=source_format,
         path=path,
+        limits=limits,
     )

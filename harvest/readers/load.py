@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from harvest.errors import TranscriptFormatError
 from harvest.readers.chatgpt import read_chatgpt
 from harvest.readers.claude import read_claude
 from harvest.readers.native import read_native, read_openai
 from harvest.redact import redact_text
-from harvest.transcript import Transcript
+from harvest.transcript import DEFAULT_LIMITS, Limits, Transcript, too_large
 
 SUFFIXES = frozenset({".json", ".jsonl", ".zip"})
 _LINES_SUFFIXES = frozenset({".jsonl", ".ndjson"})
@@ -38,6 +40,13 @@ EXPECTED = (
     "a ChatGPT or Claude export conversations.json, or the export .zip holding it"
 )
 
+# A zip member is inflated this many bytes at a time, so memory stays bounded by the limit
+# whatever the member declares.
+_INFLATE_PIECE = 1 << 20
+# A zip's central directory is parsed whole (an object per entry) before any member is read.
+# An export holds thousands of entries (its images and files); millions are refused unopened.
+MAX_ZIP_ENTRIES = 200_000
+
 # A conversation id is at most this long (the transcript refuses longer ones).
 _MAX_LABEL_ID_CHARS = 255
 _JSON_NAMES = {str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -55,7 +64,9 @@ class ReadResult:
     """The conversations read from one path, and the ones skipped as ``(label, reason)``.
 
     A label is the file, then ``[index]`` in a JSON list or ``:line`` in JSON Lines, then the
-    conversation's id when it has one: ``export/conversations.json[3] 6634f0a0-...``.
+    conversation's id when it has one: ``export/conversations.json[3] 6634f0a0-...``. A
+    reason is a format error's message; any other refusal starts with its machine-readable
+    name (``too_large: ...``, ``too_deep: ...``).
     """
 
     transcripts: list[Transcript] = field(default_factory=list)
@@ -95,6 +106,23 @@ def _label(base: str, obj: object) -> str:
     return base
 
 
+def _too_deep(what: str) -> TranscriptFormatError:
+    # Python's JSON parser and any walk over the value recurse once per level; past the
+    # interpreter's recursion limit (about 1,000) that is a RecursionError, not a transcript.
+    return TranscriptFormatError(
+        f"{what}JSON nested too deeply to read (no transcript format nests that deep)",
+        reason="too_deep",
+    )
+
+
+def _refusal(exc: TranscriptFormatError, where: str) -> str:
+    """The reason recorded for a conversation: a format error's message, any other refusal
+    named first (``too_large: line 3: conversation too large: ...``)."""
+    if exc.reason == TranscriptFormatError.reason:
+        return where + exc.message
+    return f"{exc.reason}: {where}{exc.message}"
+
+
 def _read_one(
     result: ReadResult,
     label: str,
@@ -103,6 +131,7 @@ def _read_one(
     *,
     path: Path,
     default_owner: str | None,
+    limits: Limits,
     source_format: str | None = None,
     where: str = "",
 ) -> None:
@@ -112,22 +141,34 @@ def _read_one(
     """
     try:
         transcript = _READERS[kind](
-            obj, path=path, default_owner=default_owner, source_format=source_format or kind
+            obj,
+            path=path,
+            default_owner=default_owner,
+            source_format=source_format or kind,
+            limits=limits,
         )
     except TranscriptFormatError as exc:
-        result.errors.append((label, where + exc.message))
+        result.errors.append((label, _refusal(exc, where)))
+    except RecursionError:
+        result.errors.append((label, _refusal(_too_deep(""), where)))
     else:
         result.transcripts.append(transcript)
 
 
-def _read_value(value: object, path: Path, default_owner: str | None) -> ReadResult:
+def _read_value(value: object, path: Path, default_owner: str | None, limits: Limits) -> ReadResult:
     result = ReadResult()
     if isinstance(value, Mapping):
         kind = kind_of(value)
         if kind is None:
             raise not_a_transcript(path, "a JSON object without messages, mapping or chat_messages")
         _read_one(
-            result, _label(str(path), value), kind, value, path=path, default_owner=default_owner
+            result,
+            _label(str(path), value),
+            kind,
+            value,
+            path=path,
+            default_owner=default_owner,
+            limits=limits,
         )
         return result
     if not isinstance(value, list):
@@ -138,7 +179,15 @@ def _read_value(value: object, path: Path, default_owner: str | None) -> ReadRes
     if not any(kinds):
         if all(isinstance(item, Mapping) and "role" in item for item in value):
             # A bare list of chat messages: one OpenAI-style conversation.
-            _read_one(result, str(path), "openai", value, path=path, default_owner=default_owner)
+            _read_one(
+                result,
+                str(path),
+                "openai",
+                value,
+                path=path,
+                default_owner=default_owner,
+                limits=limits,
+            )
             return result
         raise not_a_transcript(path, "a JSON list holding no conversation")
     for index, (item, kind) in enumerate(zip(value, kinds, strict=True)):
@@ -146,11 +195,15 @@ def _read_value(value: object, path: Path, default_owner: str | None) -> ReadRes
         if kind is None:
             result.errors.append((label, "matches no conversation format"))
         else:
-            _read_one(result, label, kind, item, path=path, default_owner=default_owner)
+            _read_one(
+                result, label, kind, item, path=path, default_owner=default_owner, limits=limits
+            )
     return result
 
 
-def _read_lines(text: str, path: Path, default_owner: str | None) -> ReadResult | None:
+def _read_lines(
+    text: str, path: Path, default_owner: str | None, limits: Limits
+) -> ReadResult | None:
     """JSON Lines, one conversation a line; None when no line holds a conversation at all."""
     result = ReadResult()
     recognised = 0
@@ -162,6 +215,9 @@ def _read_lines(text: str, path: Path, default_owner: str | None) -> ReadResult 
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             result.errors.append((label, f"line {number}: not JSON ({exc.msg})"))
+            continue
+        except RecursionError:
+            result.errors.append((label, _refusal(_too_deep(""), f"line {number}: ")))
             continue
         kind = kind_of(obj)
         if kind is None:
@@ -175,48 +231,124 @@ def _read_lines(text: str, path: Path, default_owner: str | None) -> ReadResult 
             obj,
             path=path,
             default_owner=default_owner,
+            limits=limits,
             source_format="jsonl",
             where=f"line {number}: ",
         )
     return result if recognised else None
 
 
-def _decode(data: bytes, path: Path) -> str:
+def _decode(data: bytes | bytearray, path: Path) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise not_a_transcript(path, "not UTF-8 text") from None
 
 
-def _read_zip(path: Path) -> str:
-    """The text of the export's conversations.json; no other member is read."""
+def _declared_entries(fp: BinaryIO) -> int:
+    """How many entries the zip's end-of-central-directory record declares (0 when there is
+    none: ZipFile then says the archive is damaged)."""
+    # zipfile's own reader of that record (zip64 included): private, but in every Python 3.
+    record = zipfile._EndRecData(fp)  # type: ignore[attr-defined]
+    if not record:
+        return 0
+    return int(record[zipfile._ECD_ENTRIES_TOTAL])  # type: ignore[attr-defined]
+
+
+def _inflate(
+    archive: zipfile.ZipFile, member: zipfile.ZipInfo, path: Path, limit: int
+) -> bytearray:
+    """The member's bytes, inflated a piece at a time and refused past ``limit`` bytes."""
+    data = bytearray()
+    with archive.open(member) as stream:
+        while piece := stream.read(_INFLATE_PIECE):
+            data += piece
+            if len(data) > limit:
+                raise too_large(
+                    f"{path}: the archive's {EXPORT_MEMBER}",
+                    f"more than {limit:,} bytes inflated",
+                    limit,
+                    "GLEANER_MAX_FILE_BYTES",
+                )
+    return data
+
+
+def _read_zip(path: Path, limits: Limits) -> str:
+    """The text of the export's conversations.json; no other member is read.
+
+    Refused (``too_large``) before anything is inflated when the archive declares more than
+    MAX_ZIP_ENTRIES entries or the member more than ``limits.file_bytes`` bytes, and while
+    inflating once the member grows past that (a declared size can lie).
+    """
     try:
-        with zipfile.ZipFile(path) as archive:
-            members = [
-                info
-                for info in archive.infolist()
-                if not info.is_dir()
-                and PurePosixPath(info.filename).name == EXPORT_MEMBER
-                and not info.filename.startswith("__MACOSX/")
-            ]
-            if not members:
-                raise not_a_transcript(path, f"a zip archive without {EXPORT_MEMBER}")
-            # The shallowest one is the export's own; deeper ones belong to nested folders.
-            member = min(members, key=lambda i: (i.filename.count("/"), i.filename))
-            return _decode(archive.read(member), path)
-    except zipfile.BadZipFile:
+        with path.open("rb") as fp:
+            entries = _declared_entries(fp)
+            if entries > MAX_ZIP_ENTRIES:
+                raise TranscriptFormatError(
+                    f"{path}: zip archive too large: {entries:,} entries, over the limit of "
+                    f"{MAX_ZIP_ENTRIES:,} (an export holds a few thousand)",
+                    reason="too_large",
+                )
+            with zipfile.ZipFile(fp) as archive:
+                return _decode(_export_member(archive, path, limits), path)
+    except (zipfile.BadZipFile, zlib.error, EOFError):
         # Not its message: some name members of the archive, which are the file's own text.
         raise not_a_transcript(path, "a damaged zip archive") from None
+    except NotImplementedError:  # a compression method zipfile lacks
+        raise not_a_transcript(path, "a zip archive compressed in an unsupported way") from None
+    except RuntimeError as exc:
+        if isinstance(exc, RecursionError):
+            raise
+        # zipfile's only RuntimeError: an encrypted member asked for without a password.
+        raise not_a_transcript(path, "an encrypted zip archive") from None
 
 
-def _read_text(path: Path) -> str:
+def _export_member(archive: zipfile.ZipFile, path: Path, limits: Limits) -> bytearray:
+    """The bytes of the archive's conversations.json, inflated within the limit."""
+    members = [
+        info
+        for info in archive.infolist()
+        if not info.is_dir()
+        and PurePosixPath(info.filename).name == EXPORT_MEMBER
+        and not info.filename.startswith("__MACOSX/")
+    ]
+    if not members:
+        raise not_a_transcript(path, f"a zip archive without {EXPORT_MEMBER}")
+    # The shallowest one is the export's own; deeper ones belong to nested folders.
+    member = min(members, key=lambda i: (i.filename.count("/"), i.filename))
+    if member.file_size > limits.file_bytes:
+        raise too_large(
+            f"{path}: the archive's {EXPORT_MEMBER}",
+            f"{member.file_size:,} bytes declared",
+            limits.file_bytes,
+            "GLEANER_MAX_FILE_BYTES",
+        )
+    return _inflate(archive, member, path, limits.file_bytes)
+
+
+def _read_file(path: Path, limits: Limits) -> bytes:
+    """The file's bytes, refused (``too_large``) past ``limits.file_bytes`` before reading."""
+    limit = limits.file_bytes
+    with path.open("rb") as fp:
+        size = os.fstat(fp.fileno()).st_size
+        # A pipe says 0, and a file may grow while it is read: the read is bounded too.
+        data = b"" if size > limit else fp.read(limit + 1)
+    if size > limit or len(data) > limit:
+        shown = f"{size:,} bytes" if size > limit else f"more than {limit:,} bytes"
+        raise too_large(f"{path}: file", shown, limit, "GLEANER_MAX_FILE_BYTES")
+    return data
+
+
+def _is_zip(path: Path) -> bool:
+    with path.open("rb") as fp:
+        return fp.read(4) == b"PK\x03\x04"
+
+
+def _read_text(path: Path, limits: Limits) -> str:
     try:
-        if path.suffix.lower() == ".zip":
-            return _read_zip(path)
-        data = path.read_bytes()
-        if data.startswith(b"PK\x03\x04"):
-            return _read_zip(path)
-        return _decode(data, path)
+        if path.suffix.lower() == ".zip" or _is_zip(path):
+            return _read_zip(path, limits)
+        return _decode(_read_file(path, limits), path)
     except IsADirectoryError:
         raise TranscriptFormatError(
             f"{path}: is a directory, not a transcript file", reason="unreadable"
@@ -227,34 +359,40 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
-def read_path(path: Path, *, default_owner: str | None = None) -> ReadResult:
+def read_path(
+    path: Path, *, default_owner: str | None = None, limits: Limits = DEFAULT_LIMITS
+) -> ReadResult:
     """Every conversation in one file, whatever supported format it is.
 
     ``default_owner`` is the owner of conversations that name none (exports never do); it may
     be None and the caller decides. A bad conversation inside a readable file is listed in
-    ``errors`` and skipped; a file that is no transcript at all (not JSON, empty, unknown
-    shape, unreadable) raises TranscriptFormatError naming it.
+    ``errors`` and skipped, and so is one over ``limits`` (``too_large``); a file that is no
+    transcript at all (not JSON, empty, unknown shape, unreadable) raises
+    TranscriptFormatError naming it, as does one over ``limits.file_bytes`` (``too_large``) or
+    nested too deeply to parse (``too_deep``). Nothing here tokenizes.
     """
     path = Path(path)
-    text = _read_text(path)
+    text = _read_text(path, limits)
     if not text.strip():
         raise not_a_transcript(path, "the file is empty")
     if path.suffix.lower() in _LINES_SUFFIXES:
-        lines = _read_lines(text, path, default_owner)
+        lines = _read_lines(text, path, default_owner, limits)
         if lines is None:
             raise not_a_transcript(path, "no line holds a conversation")
         return lines
     try:
         value = json.loads(text)
+    except RecursionError:
+        raise _too_deep(f"{path}: ") from None
     except json.JSONDecodeError as exc:
         # Not one JSON document: JSON Lines under another name, or not JSON at all.
-        lines = _read_lines(text, path, default_owner)
+        lines = _read_lines(text, path, default_owner, limits)
         if lines is None:
             raise not_a_transcript(
                 path, f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
             ) from None
         return lines
-    return _read_value(value, path, default_owner)
+    return _read_value(value, path, default_owner, limits)
 
 
 def _skipped(file: Path, root: Path) -> bool:

@@ -18,7 +18,14 @@ from harvest.readers._common import (
     parse_time,
     text_of,
 )
-from harvest.transcript import Message, Transcript
+from harvest.transcript import (
+    DEFAULT_LIMITS,
+    Limits,
+    Message,
+    Transcript,
+    check_message_count,
+    check_size,
+)
 
 
 def _owner(obj: Mapping[str, Any], default_owner: str | None) -> str | None:
@@ -42,9 +49,10 @@ def _owner(obj: Mapping[str, Any], default_owner: str | None) -> str | None:
     return owner or scope or default_owner
 
 
-def _messages(raw: object, *, strict_roles: bool) -> list[Message]:
+def _messages(raw: object, *, strict_roles: bool, limits: Limits) -> list[Message]:
     if not isinstance(raw, list):
         raise bad("messages must be a list")
+    check_message_count(len(raw), limits)  # before a Message is built
     messages: list[Message] = []
     for number, item in enumerate(raw, 1):
         if not isinstance(item, Mapping):
@@ -68,7 +76,12 @@ def _messages(raw: object, *, strict_roles: bool) -> list[Message]:
 
 
 def read_native(
-    obj: Mapping[str, Any], *, path: Path, default_owner: str | None, source_format: str
+    obj: Mapping[str, Any],
+    *,
+    path: Path,
+    default_owner: str | None,
+    source_format: str,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Transcript:
     """One native conversation: ``{conversation_id, owner | scope, ended_at?, messages}``."""
     conversation_id = identifier(obj.get("conversation_id"), "conversation_id")
@@ -80,9 +93,10 @@ def read_native(
         title=optional_str(obj.get("title"), "title"),
         started_at=parse_time(obj.get("started_at"), "started_at"),
         ended_at=parse_time(obj.get("ended_at"), "ended_at"),
-        messages=_messages(obj.get("messages"), strict_roles=True),
+        messages=_messages(obj.get("messages"), strict_roles=True, limits=limits),
         source_format=source_format,
         path=path,
+        limits=limits,
     )
 
 
@@ -99,16 +113,20 @@ def read_openai(
     path: Path,
     default_owner: str | None,
     source_format: str,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Transcript:
     """One OpenAI-style conversation: ``{"messages": [...]}`` or a bare list of messages.
 
     Messages with roles this format has but a transcript does not are skipped.
     """
     raw = obj if isinstance(obj, list) else obj.get("messages")
+    messages = _messages(raw, strict_roles=False, limits=limits)
+    check_size(messages, limits)  # before the id hashes the whole conversation
     return build(
         conversation_id=openai_id(obj, path),
         owner=default_owner,
-        messages=_messages(raw, strict_roles=False),
+        messages=messages,
         source_format=source_format,
         path=path,
+        limits=limits,
     )
