@@ -2,17 +2,25 @@
 
 Each request takes the next :class:`Behaviour` from the script (or, once the script is empty,
 the server's ``default``); every request body is logged with the time it arrived. Everything is
-bounded: replies sleep at most ``MAX_DELAY`` seconds, sockets time out, and :meth:`close`
-wakes sleeping handlers, so a test can never hang on the server.
+bounded: replies sleep at most ``MAX_DELAY`` seconds, a hanging reply is held at most
+``MAX_HANG`` seconds, sockets time out, and :meth:`close` wakes sleeping handlers, so a test
+can never hang on the server.
+
+:class:`ModelModes` is a responder for long runs (the reliability suite): it answers each
+request with a note holding the transcript's marker (``My marker is M0123.`` -> a note
+"Marker M0123"), counts requests per marker, and can be switched at any time between
+``normal``, ``slow``, ``429``, ``500``, ``hang`` and ``garbage`` (for every request, or for
+some markers only).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,6 +29,7 @@ from types import TracebackType
 from typing import Any
 
 MAX_DELAY = 10.0
+MAX_HANG = 120.0
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 
 CONTEXT_LENGTH_MESSAGE = (
@@ -35,6 +44,8 @@ class Behaviour:
 
     ``status`` 200 sends an OpenAI chat completion whose message content is ``content``;
     any other status sends ``error`` as an OpenAI error body. ``raw_body`` overrides both.
+    ``hang`` > 0 sends nothing at all: the request is held that long (at most ``MAX_HANG``)
+    and the connection then closed without an answer, as a model that never answers.
     """
 
     status: int = 200
@@ -46,6 +57,7 @@ class Behaviour:
     prompt_tokens: int = 100
     completion_tokens: int = 20
     finish_reason: str = "stop"
+    hang: float = 0.0
 
 
 # A responder decides from the request body; used where the answer depends on what is sent.
@@ -174,6 +186,11 @@ def context_exceeded() -> Behaviour:
     )
 
 
+def hang(seconds: float = MAX_HANG) -> Behaviour:
+    """No answer at all: the request is held ``seconds`` (capped at MAX_HANG), then dropped."""
+    return Behaviour(hang=seconds)
+
+
 def _format_seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -296,6 +313,12 @@ class LLMServer:
                     body = {"_unparseable": raw.decode("utf-8", "replace")}
                 server._record(path, body)
                 behaviour = server._next(body)
+                if behaviour.hang:
+                    # Never answer: hold the request until the client gives up (its timeout),
+                    # then drop the connection. close() cuts the wait short.
+                    server._closing.wait(min(behaviour.hang, MAX_HANG))
+                    self.close_connection = True
+                    return
                 if behaviour.delay:
                     # Event.wait, not sleep: close() must be able to cut a slow reply short.
                     server._closing.wait(min(behaviour.delay, MAX_DELAY))
@@ -375,3 +398,89 @@ def refused_port() -> Iterator[int]:
         yield int(sock.getsockname()[1])
     finally:
         sock.close()
+
+
+# --- a switchable model for long runs -------------------------------------------------------
+
+MARKER = re.compile(r"My marker is ([A-Za-z0-9]+)\.")
+MODES = ("normal", "slow", "429", "500", "hang", "garbage")
+GARBAGE = "<<<~~ not JSON: the model rambled {notes: [ {title: 'half"
+
+
+def marker_in(body: dict[str, Any]) -> str | None:
+    """The marker (``My marker is M0123.``) of the transcript a request carries, or None."""
+    for message in body.get("messages", []):
+        if message.get("role") == "user":
+            found = MARKER.search(str(message.get("content", "")))
+            if found:
+                return found.group(1)
+    return None
+
+
+def marker_note(marker: str, answer_number: int) -> dict[str, Any]:
+    """The note the model answers for a marker. ``answer_number`` makes each answer's body
+    differ, so a transcript harvested twice would leave two notes (the same-fact rule sees
+    the differing number and keeps both) instead of being merged out of sight."""
+    return note(
+        f"Marker {marker}",
+        type="profile",
+        body=f"The user's marker is {marker} (answer {answer_number}).",
+        topics=("marker",),
+        confidence=0.9,
+    )
+
+
+class ModelModes:
+    """A responder switchable at run time between MODES; counts requests per marker.
+
+    ``normal`` answers at once with :func:`marker_note` (plus ``extra[marker]`` notes),
+    ``slow`` the same after ``slow_seconds``, ``429`` a rate limit with Retry-After
+    ``retry_after`` s, ``500`` a server error, ``hang`` never answers (held ``hang_seconds``),
+    ``garbage`` an answer that is not JSON. ``overrides[marker]`` gives one marker a mode of
+    its own whatever the current one. ``switches`` logs ``(time.monotonic(), mode)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        slow_seconds: float = 2.0,
+        retry_after: float = 1.0,
+        hang_seconds: float = 60.0,
+    ) -> None:
+        self.slow_seconds = slow_seconds
+        self.retry_after = retry_after
+        self.hang_seconds = hang_seconds
+        self.mode = "normal"
+        self.overrides: dict[str, str] = {}
+        self.extra: dict[str, list[dict[str, Any]]] = {}
+        self.switches: list[tuple[float, str]] = [(time.monotonic(), "normal")]
+        self.calls: Counter[str] = Counter()
+        self.by_mode: Counter[str] = Counter()
+        self._answers = 0
+        self._lock = threading.Lock()
+
+    def switch(self, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
+        with self._lock:
+            self.mode = mode
+            self.switches.append((time.monotonic(), mode))
+
+    def __call__(self, body: dict[str, Any]) -> Behaviour:
+        marker = marker_in(body)
+        with self._lock:
+            self.calls[marker or ""] += 1
+            mode = self.overrides.get(marker or "", self.mode)
+            self.by_mode[mode] += 1
+            self._answers += 1
+            number = self._answers
+        if mode == "429":
+            return rate_limited(self.retry_after)
+        if mode == "500":
+            return server_error(500)
+        if mode == "hang":
+            return hang(self.hang_seconds)
+        if mode == "garbage":
+            return text_answer(GARBAGE)
+        notes = [] if marker is None else [marker_note(marker, number), *self.extra.get(marker, [])]
+        return answer(notes, delay=self.slow_seconds if mode == "slow" else 0.0)

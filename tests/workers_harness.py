@@ -45,6 +45,19 @@ class Worker:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
+    def terminate(self, timeout: float = 60) -> float:
+        """SIGTERM to the main process (Celery's warm shutdown: running tasks finish, no new
+        ones start); returns the seconds it took to exit. Killed if it outlasts ``timeout``."""
+        started = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise
+        return time.monotonic() - started
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -64,8 +77,16 @@ class Cluster:
     workers: list[Worker] = field(default_factory=list)
 
     def start_worker(
-        self, queues: str = "harvest,housekeeping,import", concurrency: int = 2, **env: str
+        self,
+        queues: str = "harvest,housekeeping,import",
+        concurrency: int = 2,
+        *,
+        pool: str = "prefork",
+        wait: bool = True,
+        **env: str,
     ) -> Worker:
+        """Start `gleaner worker`; with ``wait`` (the default) return once it is ready (else
+        call :meth:`wait_ready`, so several processes can start at once)."""
         log = self.tmp / f"worker-{len(self.workers)}.log"
         proc = subprocess.Popen(
             [
@@ -77,6 +98,8 @@ class Cluster:
                 queues,
                 "--concurrency",
                 str(concurrency),
+                "--pool",
+                pool,
                 "--loglevel",
                 "INFO",
             ],
@@ -87,11 +110,11 @@ class Cluster:
         )
         worker = Worker(proc, log)
         self.workers.append(worker)
-        wait_for(lambda: "ready." in worker.text() or proc.poll() is not None, READY_TIMEOUT)
-        assert proc.poll() is None, worker.text()
+        if wait:
+            wait_ready(worker)
         return worker
 
-    def start_beat(self, **env: str) -> Worker:
+    def start_beat(self, *, wait: bool = True, **env: str) -> Worker:
         """`gleaner beat` for this cluster (stopped with the workers); its log names each send."""
         log = self.tmp / f"beat-{len(self.workers)}.log"
         proc = subprocess.Popen(
@@ -112,8 +135,8 @@ class Cluster:
         )
         beat = Worker(proc, log)
         self.workers.append(beat)
-        wait_for(lambda: "beat: Starting" in beat.text() or proc.poll() is not None, READY_TIMEOUT)
-        assert proc.poll() is None, beat.text()
+        if wait:
+            wait_ready(beat)
         return beat
 
     def gleaner(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -132,6 +155,18 @@ class Cluster:
     def stop(self) -> None:
         for worker in self.workers:
             worker.stop()
+
+
+def wait_ready(process: Worker) -> None:
+    """Wait until a worker says ``ready.`` (or beat ``beat: Starting``); fail if it exits."""
+    wait_for(
+        lambda: (
+            any(mark in process.text() for mark in ("ready.", "beat: Starting"))
+            or process.proc.poll() is not None
+        ),
+        READY_TIMEOUT,
+    )
+    assert process.proc.poll() is None, process.text()
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, every: float = 0.2) -> None:
