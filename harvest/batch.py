@@ -132,8 +132,9 @@ def harvest_paths(
     the rest. ``on_progress(done, total)`` is called after each conversation. ``owner`` fills
     in conversations that name no owner; ``reassign_owner`` puts every one in its scope."""
     summary = Summary()
+    limits = Limits.from_settings(store.settings)
     transcripts = judge_owners(
-        read_all(paths, summary), owner, summary, reassign_owner=reassign_owner
+        read_all(paths, summary, limits=limits), owner, summary, reassign_owner=reassign_owner
     )
     for done, transcript in enumerate(transcripts, start=1):
         try:

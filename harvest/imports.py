@@ -45,8 +45,12 @@ def plan_import(
     (exports carry none) raises HarvestError(reason="no_owner") before anything is recorded.
     """
     summary = Summary()
+    limits = Limits.from_settings(store.settings)
     transcripts = judge_owners(
-        read_all([Path(path)], summary), owner, summary, reassign_owner=reassign_owner
+        read_all([Path(path)], summary, limits=limits),
+        owner,
+        summary,
+        reassign_owner=reassign_owner,
     )
     if not transcripts and summary.failures:
         raise HarvestError(summary.failures[0]["error"], reason="bad_transcript")

@@ -15,7 +15,7 @@ from harvest.locks import transcript_lock
 from harvest.model import HarvestLLM, ModelOptions, extract
 from harvest.offline import offline_extract
 from harvest.redact import redact_transcript, transcript_hash
-from harvest.transcript import Transcript
+from harvest.transcript import Limits, Transcript, check_size
 from store import (
     Scope,
     Settings,
@@ -156,8 +156,10 @@ def plan_harvest(
             f"provenance must be compaction or import, got {provenance!r}",
             reason="bad_provenance",
         )
-    # Redacted first: the owner error and the report (logged, stored as the job's result)
-    # see only the redacted conversation id.
+    # Bounded before anything reads it all (a transcript from Python, or for the offline
+    # extractor, meets the limits here); then redacted, so the owner error and the report
+    # (logged, stored as the job's result) see only the redacted conversation id.
+    check_size(transcript.messages, Limits.from_settings(settings))
     redacted = redact_transcript(transcript)
     name = resolve_owner(redacted, owner, reassign_owner=reassign_owner)
     return Plan(

@@ -118,35 +118,48 @@ def _term(word: str) -> str | None:
     return str(_STEMMER.stemWord(word))
 
 
-def content_terms(text: str) -> list[str]:
-    """A text's content terms in order of first appearance, each once."""
+def _words(text: str) -> list[str]:
+    """The lowercased words of a text, apostrophes dropped and hyphenated compounds joined."""
     text = text.lower()
     if "'" in text or "\u2019" in text:
         text = _APOSTROPHES.sub("", text)
     if "-" in text or "\u2010" in text or "\u2011" in text:
         text = _HYPHENS.sub("", text)
     # ASCII text (most of it) is split without the regex, to the same words.
-    words = text.translate(_ASCII_NON_WORD).split() if text.isascii() else _WORD.findall(text)
+    return text.translate(_ASCII_NON_WORD).split() if text.isascii() else _WORD.findall(text)
+
+
+def _cached(words: list[str]) -> dict[str, str | None]:
+    """The term cache, holding every one of ``words``."""
     cache = _TERMS
     if len(cache) > TERM_CACHE_SIZE:
         cache.clear()
-    seen: dict[str, None] = {}
     for word in words:
-        try:
-            term = cache[word]
-        except KeyError:
-            term = cache[word] = _term(word)
-        if term is not None:
-            seen[term] = None
-    return list(seen)
+        if word not in cache:
+            cache[word] = _term(word)
+    return cache
+
+
+def content_terms(text: str) -> list[str]:
+    """A text's content terms in order of first appearance, each once."""
+    words = _words(text)
+    cache = _cached(words)
+    seen = dict.fromkeys(cache[word] for word in words)
+    seen.pop(None, None)
+    return list(seen)  # type: ignore[arg-type]
 
 
 def similarity_terms(title: str, topic_string: str) -> frozenset[str]:
     """The term set Jaccard similarity compares: title plus topic content terms.
 
-    This is exactly the set stored in the term index (``memory_terms``).
+    This is exactly the set stored in the term index (``memory_terms``). Dedupe calls it for
+    every note it scans: a set straight from the cache, no order kept.
     """
-    return frozenset(content_terms(f"{title} {topic_string}"))
+    words = _words(f"{title} {topic_string}")
+    cache = _cached(words)
+    terms = {cache[word] for word in words}
+    terms.discard(None)
+    return frozenset(terms)  # type: ignore[arg-type]
 
 
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:

@@ -608,3 +608,18 @@ def test_import_dry_run_of_a_500_mb_export_answers_at_once_in_bounded_memory(
     peak_mib = int(done.stderr.strip().splitlines()[-1])
     assert peak_mib < 500, f"the dry run peaked at {peak_mib} MiB"
     assert elapsed < 30
+
+
+def test_a_transcript_from_python_meets_the_limits_before_anything_else(make_store) -> None:
+    from harvest.job import harvest_transcript
+
+    store = make_store("sqlite", max_transcript_bytes=100)
+    big = Transcript(
+        conversation_id="big",
+        owner="alice",
+        messages=[Message(role="user", content="I prefer tabs. " * 20)],
+    )
+    with pytest.raises(TranscriptFormatError) as caught:
+        harvest_transcript(store, big)  # the offline extractor: no model to stop it
+    assert caught.value.reason == "too_large" and "tabs" not in str(caught.value)
+    assert store.fingerprint(("owner", "alice"))[0] == 0

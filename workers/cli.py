@@ -223,6 +223,7 @@ def _existing(paths: Sequence[str]) -> list[Any]:
 def cmd_enqueue(args: argparse.Namespace) -> int:
     from harvest.batch import Summary, judge_owners, read_all
     from harvest.queue import LIVE_QUEUE, record_jobs
+    from harvest.transcript import Limits
     from workers.app import make_celery
     from workers.enqueue import send_jobs
 
@@ -231,7 +232,10 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     paths = _existing(args.paths)
     summary = Summary()
     transcripts = judge_owners(
-        read_all(paths, summary), args.owner, summary, reassign_owner=args.reassign_owner
+        read_all(paths, summary, limits=Limits.from_settings(settings)),
+        args.owner,
+        summary,
+        reassign_owner=args.reassign_owner,
     )
     make_celery(settings)
     store = _store()
@@ -265,7 +269,7 @@ def _dry_run_import(paths: list[Any], settings: Any, *, as_json: bool) -> int:
         cost = "unknown" if found.cost_usd is None else f"${found.cost_usd:.4f}"
         print(
             f"{found.conversations} conversation(s), {found.messages} messages, "
-            f"{found.unreadable} unreadable\n"
+            f"{found.unreadable} unreadable, {found.too_large} too large\n"
             f"model {found.model}: ~{found.model_calls} call(s), ~{found.prompt_tokens} "
             f"prompt + ~{found.completion_tokens} completion tokens, cost {cost}\n"
             "nothing was run (dry run)"
