@@ -808,22 +808,37 @@ class ModelResult(BaseModel):
     chunks: int = 0
 
 
-class _Meter:
-    """Wraps the llm so every attempt and every answer's usage is counted."""
+@dataclass
+class Usage:
+    """Model calls and tokens spent so far; filled in as calls are made, so a caller still
+    knows the cost of a transcript whose harvest failed."""
 
-    def __init__(self, llm: HarvestLLM, options: ModelOptions) -> None:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _Meter:
+    """Wraps the llm so every attempt and every answer's usage is counted (also into the
+    caller's ``usage``, when given)."""
+
+    def __init__(self, llm: HarvestLLM, options: ModelOptions, usage: Usage | None = None) -> None:
         self.llm = llm
         self.options = options
         self.calls = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.model = ""
+        self.usage = usage if usage is not None else Usage()
 
     def _attempt(self, messages: Messages, *, options: ModelOptions) -> LLMAnswer:
         self.calls += 1
+        self.usage.calls += 1  # counted before the call: a failed attempt costs too
         answer = self.llm(messages, options=options)
         self.prompt_tokens += answer.prompt_tokens
         self.completion_tokens += answer.completion_tokens
+        self.usage.prompt_tokens += answer.prompt_tokens
+        self.usage.completion_tokens += answer.completion_tokens
         self.model = answer.model or self.model
         return answer
 
@@ -836,8 +851,11 @@ def extract(
     options: ModelOptions,
     llm: HarvestLLM | None = None,
     known_keys: Sequence[tuple[str, str]] = (),
+    usage: Usage | None = None,
 ) -> ModelResult:
     """Ask the harvest model for the notes of one (already redacted) transcript.
+
+    ``usage``, when given, counts every call and token as it happens, failed ones included.
 
     The transcript is checked against ``options.max_transcript_bytes`` and
     ``max_transcript_messages`` before anything is tokenized, then rendered and cut into
@@ -861,7 +879,7 @@ def extract(
             transcript_messages=options.max_transcript_messages,
         ),
     )
-    meter = _Meter(llm or resolve_llm(options), options)
+    meter = _Meter(llm or resolve_llm(options), options, usage)
     blocks = [render_message(m) for m in transcript.messages if m.content.strip()]
     budget = options.context_tokens
     pending = deque(pack_chunks(blocks, budget))
