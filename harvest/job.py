@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from harvest.candidate import NoteCandidate
 from harvest.errors import HarvestError
 from harvest.locks import transcript_lock
-from harvest.model import HarvestLLM, ModelOptions, extract
+from harvest.model import HarvestLLM, ModelOptions, Usage, extract
 from harvest.offline import offline_extract
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Limits, Transcript, check_size
@@ -105,15 +105,17 @@ def run_extraction(
     settings: Settings,
     llm: HarvestLLM | None = None,
     known_keys: Sequence[tuple[str, str]] = (),
+    usage: Usage | None = None,
 ) -> Extraction:
     """Ask the configured model (or, with none, the offline extractor) for candidate notes;
-    ``known_keys`` are the owner's ``(topic_key, title)`` pairs the model is shown."""
+    ``known_keys`` are the owner's ``(topic_key, title)`` pairs the model is shown, ``usage``
+    counts the calls as they are made (a failed extraction's cost included)."""
     if not uses_model(settings, llm):
         found = offline_extract(
             transcript, settings.harvest_max_facts, tuple(settings.observation_types)
         )
         return Extraction(found, 0, "offline", 0, 0, 0)
-    result = extract(transcript, ModelOptions.from_settings(settings), llm, known_keys)
+    result = extract(transcript, ModelOptions.from_settings(settings), llm, known_keys, usage)
     return Extraction(
         result.notes,
         result.dropped,
@@ -212,11 +214,20 @@ def recall_keys(
 def extract_notes(
     plan: Plan, settings: Settings, llm: HarvestLLM | None = None
 ) -> Extraction | None:
-    """The model's candidates; None (and a ``failed`` report) when the model failed."""
+    """The model's candidates; None (and a ``failed`` report) when the model failed. A failed
+    report still carries what the calls made before the failure cost."""
+    usage = Usage()
     try:
-        return run_extraction(plan.transcript, settings, llm, plan.known_keys)
+        return run_extraction(plan.transcript, settings, llm, plan.known_keys, usage)
     except HarvestError as exc:
-        plan.report.status, plan.report.error = "failed", f"{exc.reason}: {exc}"
+        report = plan.report
+        report.status, report.error = "failed", f"{exc.reason}: {exc}"
+        report.model = str(settings.harvest_model or report.model)
+        report.model_calls = usage.calls
+        report.prompt_tokens, report.completion_tokens = (
+            usage.prompt_tokens,
+            usage.completion_tokens,
+        )
         return None
 
 

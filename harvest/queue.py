@@ -182,7 +182,7 @@ def _record_outcome(
     # leaves the outcome to the run that took over (the ledger kept the notes single).
     result = asdict(report)
     if report.status == "failed":
-        job_records.fail(session, job_id, report.error or "failed", token)
+        job_records.fail(session, job_id, report.error or "failed", token, result)
     else:
         job_records.finish(session, job_id, result, token)
     return result

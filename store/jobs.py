@@ -180,7 +180,15 @@ _CLAIM = (
 _FINISH = (
     update(_JOBS)
     .where(_JOBS.c.id == bindparam("job_id"))
-    .values(state=DONE, result=bindparam("outcome"), last_error=None, finished_at=bindparam("now"))
+    .values(
+        state=DONE,
+        result=bindparam("outcome"),
+        last_error=None,
+        finished_at=bindparam("now"),
+        model_calls=_JOBS.c.model_calls + bindparam("calls"),
+        prompt_tokens=_JOBS.c.prompt_tokens + bindparam("prompt"),
+        completion_tokens=_JOBS.c.completion_tokens + bindparam("completion"),
+    )
 )
 _RELEASED = {"lease_token": None, "claimed_by": None, "heartbeat_at": None}
 
@@ -223,19 +231,48 @@ def claim(
     )
 
 
+def _cost(result: dict[str, Any] | None) -> dict[str, int]:
+    """A run's model usage, from its result (``model_calls``, ``prompt_tokens``, ...)."""
+    found = result or {}
+    return {
+        "calls": int(found.get("model_calls", 0)),
+        "prompt": int(found.get("prompt_tokens", 0)),
+        "completion": int(found.get("completion_tokens", 0)),
+    }
+
+
 def finish(session: Session, job_id: str, result: dict[str, Any], token: str | None = None) -> None:
-    """Mark a job done; with ``token``, only while that delivery still holds it."""
+    """Mark a job done, adding the run's model usage to the job's; with ``token``, only
+    while that delivery still holds it."""
     stmt = _FINISH if token is None else _FINISH.where(_JOBS.c.lease_token == token)
-    session.execute(stmt, {"job_id": job_id, "outcome": result, "now": utcnow()})
+    session.execute(stmt, {"job_id": job_id, "outcome": result, "now": utcnow(), **_cost(result)})
 
 
-def fail(session: Session, job_id: str, error: str, token: str | None = None) -> None:
+def fail(
+    session: Session,
+    job_id: str,
+    error: str,
+    token: str | None = None,
+    result: dict[str, Any] | None = None,
+) -> None:
     """Mark a job failed for good, keeping its transcript and the reason; with ``token``,
-    only while that delivery still holds it (a run presumed lost records nothing)."""
+    only while that delivery still holds it (a run presumed lost records nothing). With
+    ``result`` (the failed run's report) its model usage is added to the job's."""
     stmt = update(Job).where(Job.id == job_id)
     if token is not None:
         stmt = stmt.where(Job.lease_token == token)
-    session.execute(stmt.values(state=FAILED, last_error=error[:4000], finished_at=utcnow()))
+    cost = _cost(result)
+    values: dict[str, Any] = {
+        "state": FAILED,
+        "last_error": error[:4000],
+        "finished_at": utcnow(),
+        "model_calls": Job.model_calls + cost["calls"],
+        "prompt_tokens": Job.prompt_tokens + cost["prompt"],
+        "completion_tokens": Job.completion_tokens + cost["completion"],
+    }
+    if result is not None:
+        values["result"] = result
+    session.execute(stmt.values(**values))
 
 
 def worker_lost_error(crashes: int) -> str:
@@ -448,7 +485,8 @@ def running(session: Session, lease: timedelta, limit: int = 20) -> list[dict[st
 
 
 def failures(session: Session, limit: int = 20) -> list[dict[str, Any]]:
-    """The most recent failed jobs: id, queue, owner, conversation, attempts, error."""
+    """The most recent failed jobs: id, queue, owner, conversation, attempts, error, and what
+    their runs cost the model."""
     rows = session.execute(
         select(
             Job.id,
@@ -458,6 +496,9 @@ def failures(session: Session, limit: int = 20) -> list[dict[str, Any]]:
             Job.attempts,
             Job.last_error,
             Job.finished_at,
+            Job.model_calls,
+            Job.prompt_tokens,
+            Job.completion_tokens,
         )
         .where(Job.state == FAILED)
         .order_by(Job.finished_at.desc())
@@ -472,6 +513,9 @@ def failures(session: Session, limit: int = 20) -> list[dict[str, Any]]:
             "attempts": r[4],
             "error": r[5],
             "finished_at": r[6].isoformat() if r[6] else None,
+            "model_calls": int(r[7]),
+            "prompt_tokens": int(r[8]),
+            "completion_tokens": int(r[9]),
         }
         for r in rows
     ]
@@ -494,16 +538,30 @@ def import_progress(session: Session, import_id: str) -> dict[str, Any]:
     }
 
 
-def import_totals(session: Session, import_id: str) -> dict[str, int]:
-    """Sums over the finished jobs of an import: notes, model usage, transcripts skipped."""
-    keys = (
-        "notes_written",
-        "notes_updated",
-        "notes_skipped",
-        "model_calls",
-        "prompt_tokens",
-        "completion_tokens",
+def cost_by_state(session: Session) -> dict[str, dict[str, int]]:
+    """Model calls and tokens every run of the jobs cost, by job state (failed runs too)."""
+    rows = session.execute(
+        select(
+            Job.state,
+            func.sum(Job.model_calls),
+            func.sum(Job.prompt_tokens),
+            func.sum(Job.completion_tokens),
+        ).group_by(Job.state)
     )
+    return {
+        str(state): {
+            "model_calls": int(calls or 0),
+            "prompt_tokens": int(prompt or 0),
+            "completion_tokens": int(completion or 0),
+        }
+        for state, calls, prompt, completion in rows
+    }
+
+
+def import_totals(session: Session, import_id: str) -> dict[str, int]:
+    """Sums over the finished jobs of an import: notes and transcripts skipped (done jobs),
+    model usage (every run of done and failed jobs)."""
+    keys = ("notes_written", "notes_updated", "notes_skipped")
     totals = dict.fromkeys((*keys, "skipped"), 0)
     results = session.execute(
         select(Job.result).where(Job.import_id == import_id, Job.state == DONE)
@@ -513,7 +571,15 @@ def import_totals(session: Session, import_id: str) -> dict[str, int]:
         for key in keys:
             totals[key] += int(found.get(key, 0))
         totals["skipped"] += found.get("status") == "skipped"
-    return totals
+    calls, prompt, completion = session.execute(
+        select(
+            func.coalesce(func.sum(Job.model_calls), 0),
+            func.coalesce(func.sum(Job.prompt_tokens), 0),
+            func.coalesce(func.sum(Job.completion_tokens), 0),
+        ).where(Job.import_id == import_id, Job.state.in_((DONE, FAILED)))
+    ).one()
+    totals.update(model_calls=calls, prompt_tokens=prompt, completion_tokens=completion)
+    return {key: int(value) for key, value in totals.items()}
 
 
 class Heartbeats:

@@ -420,6 +420,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         running = job_records.running(session, lease, limit=args.limit)
         failures = job_records.failures(session, limit=args.limit)
         harvested = ledger.totals(session)
+        cost = job_records.cost_by_state(session)
     depths: dict[str, int | None] = {}
     if settings.broker_url:
         depths = _queue_depths(settings.broker_url)
@@ -434,6 +435,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         else round((utcnow() - oldest).total_seconds(), 1),
         "failures": failures,
         "harvested": harvested,
+        "job_cost": cost,
     }
     if args.json:
         print(json.dumps(out, indent=2, default=str))
@@ -454,10 +456,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"{harvested['model_calls']}, tokens {harvested['prompt_tokens']} prompt + "
         f"{harvested['completion_tokens']} completion"
     )
+    for state, spent in cost.items():
+        if spent["model_calls"]:
+            print(
+                f"{state} jobs cost model calls {spent['model_calls']}, tokens "
+                f"{spent['prompt_tokens']} prompt + {spent['completion_tokens']} completion"
+            )
     for failure in failures:
         print(
             f"  FAILED {failure['id']} {failure['owner']}/{failure['conversation_id']} "
-            f"(attempts {failure['attempts']}): {failure['error']}"
+            f"(attempts {failure['attempts']}, model calls {failure['model_calls']}, tokens "
+            f"{failure['prompt_tokens']} + {failure['completion_tokens']}): {failure['error']}"
         )
     return EXIT_OK
 
