@@ -110,22 +110,4 @@ def history(session: Session, scope: Scope | tuple[str, str], slug: str) -> list
         .where(MemoryVersion.memory_id == note_id)
         .order_by(MemoryVersion.id.desc())
     ).scalars()
-    return [
-        NoteVersion(
-            slug=v.slug,
-            title=v.title,
-            body=v.body,
-            topics=v.topics.split(),
-            type=v.type,
-            pinned=v.pinned,
-            confidence=v.confidence,
-            written_provenance=v.written_provenance,
-            written_conversation_id=v.written_conversation_id,
-            written_at=v.written_at,
-            reason=v.reason,
-            changed_provenance=v.changed_provenance,
-            changed_conversation_id=v.changed_conversation_id,
-            changed_at=v.changed_at,
-        )
-        for v in rows
-    ]
+    return [NoteVersion.model_validate(v, from_attributes=True) for v in rows]

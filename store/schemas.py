@@ -206,3 +206,9 @@ class NoteVersion(Frozen):
     @classmethod
     def _utc(cls, value: datetime) -> datetime:
         return _aware(value) or value
+
+    @field_validator("topics", mode="before")
+    @classmethod
+    def _topic_list(cls, value: object) -> object:
+        # Stored as the normalized topic string.
+        return value.split() if isinstance(value, str) else value
