@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,17 +27,13 @@ from sqlalchemy import create_engine, text
 from store import Store
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, ModelModes
+from tests.reliability.report import results_path
 from tests.reliability.scenario import SUITE_SETTINGS, Scenario
 from tests.reliability.services import Postgres, Redis
 from tests.workers_harness import Cluster, cluster_env
 
 TEMPLATE = "rel_template"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def results_path() -> Path:
-    default = Path(tempfile.gettempdir()) / "gleaner-reliability.json"
-    return Path(os.environ.get("GLEANER_RELIABILITY_JSON", str(default)))
 
 
 @dataclass

@@ -8,8 +8,9 @@ code is Kq7zSecret...</private>``) that must never get past redaction. So after 
 - every job is ``done`` or ``failed`` with a reason (``reason: message``);
 - every marker of a ``done`` job is stored exactly once, none of a failed or refused one;
 - the model was called at most ``runs x chunks x 2 x GLEANER_HARVEST_MAX_ATTEMPTS`` times
-  per transcript, ``runs`` being the job's claims (``jobs.attempts``), themselves at most
-  ``GLEANER_JOB_MAX_CRASHES x (1 + TASK_DB_RETRIES)`` per ``gleaner retry``;
+  per transcript, ``runs`` being the job's claims (``jobs.attempts``), which README bounds
+  by ``1 + GLEANER_JOB_MAX_CRASHES`` (per ``gleaner retry``); so within README's bound of
+  ``GLEANER_HARVEST_MAX_CALLS x 2 x GLEANER_HARVEST_MAX_ATTEMPTS`` per run;
 - no secret is in any table, model request or worker log.
 """
 
@@ -33,8 +34,6 @@ from tests.workers_harness import Cluster, Worker, wait_for, wait_ready
 
 # The secret every transcript hides in a private span; lowercased in every check.
 SECRET = "Kq7zSecret"
-# The harvest task's own retries on a database error (workers/tasks.py: max_retries=5).
-TASK_DB_RETRIES = 5
 OWNERS = 8
 
 # Short settings: every fault is noticed in seconds, not minutes (see docs/RELIABILITY.md).
@@ -149,7 +148,10 @@ class Scenario:
     ) -> list[Path]:
         """Write ``count`` transcripts (``make(i)``, default :func:`transcript`)."""
         maker = make or (lambda i: transcript(i, self.tag))
-        return self.write((f"t{i:04d}.json", maker(i)) for i in range(start, start + count))
+        # Named by marker: a refusal that names the file names the marker.
+        return self.write(
+            (f"{marker_of(i, self.tag)}.json", maker(i)) for i in range(start, start + count)
+        )
 
     def enqueue(self, *paths: Path, expect_exit: int | None = 0) -> dict[str, Any]:
         """`gleaner enqueue --json` (the producer's door); records what went in."""
@@ -290,6 +292,7 @@ class Scenario:
         refused: Iterable[str] = (),
         chunks: int = 1,
         words: Iterable[str] = (),
+        forgotten: Sequence[str] = (),
         gone_ok: bool = False,
     ) -> dict[str, Any]:
         """Compute the figures, run the common checks, and return the figures.
@@ -297,8 +300,9 @@ class Scenario:
         ``expect_failed``: marker -> the reason its job must fail with. ``allowed_failures``:
         reasons any job may fail with (e.g. ``model_transient`` during a model outage).
         ``refused``: markers refused at the door (never a job, never a note). ``words``:
-        text that must be in no table, model request or log (the secret always is).
-        ``gone_ok``: jobs may be missing (deleted by forget).
+        text that must be in no table, model request or log (the secret always is);
+        ``forgotten``: text that must be in no table or log. ``gone_ok``: jobs may be missing
+        (deleted by forget).
         """
         expect_failed = expect_failed or {}
         allowed = set(allowed_failures)
@@ -306,8 +310,12 @@ class Scenario:
         settings = self.settings
         attempts_per_call = int(settings["GLEANER_HARVEST_MAX_ATTEMPTS"])
         max_crashes = int(settings["GLEANER_JOB_MAX_CRASHES"])
+        max_calls = int(settings["GLEANER_HARVEST_MAX_CALLS"])
         per_run = chunks * 2 * attempts_per_call
-        max_runs = max_crashes * (1 + TASK_DB_RETRIES) * (1 + self.operator_retries)
+        # README: a job runs at most 1 + GLEANER_JOB_MAX_CRASHES times (each `gleaner retry`
+        # starts the count anew), each run at most HARVEST_MAX_CALLS x 2 x MAX_ATTEMPTS calls.
+        max_runs = (1 + max_crashes) * (1 + self.operator_retries)
+        documented = max_calls * 2 * attempts_per_call * max_runs
 
         states = Counter(str(j["state"]) for j in jobs)
         reasons: Counter[str] = Counter()
@@ -378,8 +386,19 @@ class Scenario:
             not over,
             f"over: {list(over.items())[:5]}",
         )
-        runs_over = [m for m, j in by_marker.items() if int(j["attempts"]) > max_runs]
-        self.check(f"runs (claims) per job <= {max_runs}", not runs_over, f"{runs_over[:5]}")
+        runs_over = {
+            m: int(j["attempts"]) for m, j in by_marker.items() if int(j["attempts"]) > max_runs
+        }
+        self.check(
+            f"runs (claims) per job <= 1 + JOB_MAX_CRASHES = {max_runs}",
+            not runs_over,
+            f"{list(runs_over.items())[:5]}",
+        )
+        self.check(
+            f"model calls per transcript <= documented bound {documented}",
+            max(calls.values(), default=0) <= documented,
+            f"max {max(calls.values(), default=0)}",
+        )
         unknown_calls = sum(n for m, n in calls.items() if m not in by_marker)
         if not gone_ok:
             self.check(
@@ -388,14 +407,12 @@ class Scenario:
                 f"{unknown_calls} call(s)",
             )
         leaks = {}
-        logs = self.logs().lower()
-        for word in [SECRET, *words]:
+        logs, dump, sent = self.logs().lower(), self.dump(), self.requests_text()
+        for word in [SECRET, *words, *forgotten]:
             needle = word.lower()
-            leaks[word] = {
-                "tables": self.dump().count(needle),
-                "model_requests": self.requests_text().count(needle),
-                "logs": logs.count(needle),
-            }
+            leaks[word] = {"tables": dump.count(needle), "logs": logs.count(needle)}
+            if word not in forgotten:  # the model saw a forgotten owner's text before forget
+                leaks[word]["model_requests"] = sent.count(needle)
         self.check(
             "no private or forgotten text in tables, model requests or logs",
             all(sum(v.values()) == 0 for v in leaks.values()),
@@ -404,11 +421,17 @@ class Scenario:
 
         finishes = [j["finished_at"] for j in jobs if j["finished_at"] is not None]
         last = max(finishes) if finishes else None
-        recovery = None
+        recovery = first_after = backlog = None
         if self.fault_end is not None and last is not None:
             recovery = max(0.0, (last - self.fault_end).total_seconds())
+            after = [f for f in finishes if f > self.fault_end]
+            backlog = len(after)
+            if after:
+                first_after = (min(after) - self.fault_end).total_seconds()
         wall = None if last is None else (last - self.started_at).total_seconds()
         per_transcript = [calls[m] for m in by_marker]
+        received = len(re.findall(r"task gleaner\.harvest\[[^\]]+\] received", logs))
+        resent = sum(int(n) for n in re.findall(r"re-enqueued (\d+) lost job", logs))
         figures = {
             "jobs": {
                 "total": len(jobs),
@@ -428,13 +451,20 @@ class Scenario:
                 "total": sum(calls.values()),
                 "max_per_transcript": max(per_transcript, default=0),
                 "bound_per_run": per_run,
+                "documented_bound": documented,
                 "max_runs": max((int(j["attempts"]) for j in jobs), default=0),
                 "runs_bound": max_runs,
                 "crashes": sum(int(j["crashes"]) for j in jobs),
                 "by_mode": dict(self.model.by_mode),
             },
+            "messages": {"harvest_received": received, "sweep_resent": resent},
             "leaks": leaks,
             "recovery_seconds": None if recovery is None else round(recovery, 1),
+            # Jobs that finished after the fault ended, and how long until the first of them.
+            "finished_after_fault": backlog,
+            "first_finish_after_fault_seconds": None
+            if first_after is None
+            else round(first_after, 1),
             "fault_seconds": self.fault_seconds,
             "wall_seconds": None if wall is None else round(wall, 1),
         }
