@@ -9,7 +9,7 @@ from pathlib import Path
 from bench.core import Context, Row
 from harvest.batch import harvest_paths
 from harvest.model import count_tokens
-from harvest.prompt import system_prompt, user_prompt
+from harvest.prompt import essentials, system_prompt, user_prompt
 from store import Settings, Store
 from tests.samples import TOOLS
 
@@ -77,6 +77,16 @@ def run(ctx: Context) -> None:
             ceiling=FIXED_PROMPT_TARGET,
             target=f"<= {FIXED_PROMPT_TARGET}",
             met=fixed <= FIXED_PROMPT_TARGET,
+        )
+    )
+    # Part of the fixed prompt: the rules repeated after the transcript, for servers whose
+    # chat template drops the system message.
+    ctx.add(
+        Row(
+            NAME,
+            "of which rules repeated in the user turn",
+            count_tokens(essentials(max_facts=5)),
+            "tok",
         )
     )
     measure(ctx, "examples/", [EXAMPLES], 0)

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NOTE_TYPES = ("profile", "preference", "decision", "discovery", "pattern")
 
+# A word: at least one letter or digit, in any script.
+_WORD = re.compile(r"[^\W_]")
+
+
+def has_word(text: str) -> bool:
+    """Whether ``text`` holds a letter or a digit, not only punctuation, symbols and space."""
+    return _WORD.search(text) is not None
+
 
 class NoteCandidate(BaseModel):
-    """One proposed note; the JSON shape the model is asked for, item by item."""
+    """One proposed note; the JSON shape the model is asked for, item by item.
+
+    A title or body with no word ("...", "—", "?!") is invalid: such a note says nothing, and
+    with no words to compare it could never be found a duplicate. Topics with no word are
+    left out.
+    """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -18,3 +33,15 @@ class NoteCandidate(BaseModel):
     topics: list[str] = Field(default_factory=list, max_length=8)
     confidence: float = Field(default=0.5, ge=0.0, le=1.0)
     topic_key: str | None = Field(default=None, max_length=255)
+
+    @field_validator("title", "body")
+    @classmethod
+    def _needs_a_word(cls, value: str) -> str:
+        if not has_word(value):
+            raise ValueError("holds no word (no letter or digit)")
+        return value
+
+    @field_validator("topics")
+    @classmethod
+    def _topics_with_words(cls, value: list[str]) -> list[str]:
+        return [topic for topic in value if has_word(topic)]

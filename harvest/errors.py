@@ -5,8 +5,10 @@ HarvestError
 ├── ModelError              the harvest model could not give an answer
 │   ├── TransientModelError     rate limit, timeout, connection, 5xx: worth retrying
 │   ├── PermanentModelError     auth, bad request, content policy: retrying cannot help
+│   │   └── ResponseFormatRejected  the server refused the response format asked for
 │   ├── ContextWindowExceeded   the prompt is too long: chunk smaller
-│   └── UnparseableAnswer       the answer held no usable JSON, even on the second try
+│   ├── UnparseableAnswer       the answer held no usable JSON, even on the second try
+│   └── TruncatedAnswer         the answer was cut off at max_tokens, even on the second try
 """
 
 from __future__ import annotations
@@ -55,6 +57,18 @@ class PermanentModelError(ModelError):
     reason = "model_permanent"
 
 
+class ResponseFormatRejected(PermanentModelError):
+    """Raised when the server refuses the ``response_format`` sent (a 4xx, or a 5xx naming the
+    format); ``format`` is the one refused. Under ``auto`` the caller falls back to a weaker
+    format; under an explicit setting the rejection is final."""
+
+    reason = "response_format_rejected"
+
+    def __init__(self, message: str, *, format: str) -> None:
+        super().__init__(message)
+        self.format = format
+
+
 class ContextWindowExceeded(ModelError):
     """Raised when the prompt does not fit the model's context: the caller chunks smaller."""
 
@@ -62,6 +76,21 @@ class ContextWindowExceeded(ModelError):
 
 
 class UnparseableAnswer(ModelError):
-    """Raised when the model's answer held no parseable notes JSON, twice."""
+    """Raised when the model's answer held no parseable notes JSON, twice.
+
+    ``problem`` says what was wrong in one line, without quoting the answer: it is what the
+    re-ask tells the model.
+    """
 
     reason = "unparseable_answer"
+
+    def __init__(self, message: str, *, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem or message
+
+
+class TruncatedAnswer(ModelError):
+    """Raised when the answer stopped at the token limit (``finish_reason == "length"``) on
+    the first request and on the smaller second one; a cut answer is never used."""
+
+    reason = "truncated_answer"

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -36,10 +37,18 @@ from harvest.errors import (
     ContextWindowExceeded,
     ModelError,
     PermanentModelError,
+    ResponseFormatRejected,
     TransientModelError,
+    TruncatedAnswer,
     UnparseableAnswer,
 )
-from harvest.prompt import build_messages, render_message, response_schema
+from harvest.prompt import (
+    build_messages,
+    is_placeholder,
+    reask_messages,
+    render_message,
+    response_schema,
+)
 from harvest.transcript import (
     DEFAULT_MAX_TRANSCRIPT_BYTES,
     DEFAULT_MAX_TRANSCRIPT_MESSAGES,
@@ -63,6 +72,12 @@ Messages = list[dict[str, str]]
 MIN_CHUNK_TOKENS = 200
 MAX_HALVINGS = 4
 
+# Response formats, strongest first: ``auto`` falls back along this order when the server
+# refuses one. ``json_object_schema`` is ``{"type": "json_object", "schema": ...}``, the form
+# llama-cpp-python's server takes (it answers HTTP 500 to ``json_schema``).
+ResponseFormat = Literal["json_schema", "json_object_schema", "json_object", "none"]
+FORMATS: tuple[ResponseFormat, ...] = ("json_schema", "json_object_schema", "json_object", "none")
+
 
 # --- options -----------------------------------------------------------------------------
 
@@ -76,7 +91,8 @@ class ModelOptions(BaseModel):
     one call (cl100k tokens); longer transcripts are chunked, into at most ``max_calls``
     requests (a transcript needing more is refused, ``too_large``, before the first call).
     ``max_transcript_bytes`` and ``max_transcript_messages`` are checked before any of it is
-    tokenized.
+    tokenized. ``response_format`` is ``auto`` (negotiated with the server, see
+    :func:`call_with_fallback`) or one of FORMATS, sent as set and never fallen back from.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -87,7 +103,7 @@ class ModelOptions(BaseModel):
     api_key: SecretStr | None = None
     max_facts: int = Field(default=5, gt=0, le=50)
     types: tuple[str, ...] = Field(default=NOTE_TYPES, min_length=1)
-    timeout_seconds: float = Field(default=60.0, gt=0)
+    timeout_seconds: float = Field(default=300.0, gt=0)
     max_attempts: int = Field(default=4, ge=1, le=20)
     max_retry_seconds: float = Field(default=30.0, ge=0)
     backoff_seconds: float = Field(default=1.0, gt=0, description="first backoff window")
@@ -97,6 +113,8 @@ class ModelOptions(BaseModel):
     max_transcript_bytes: int = Field(default=DEFAULT_MAX_TRANSCRIPT_BYTES, gt=0)
     max_transcript_messages: int = Field(default=DEFAULT_MAX_TRANSCRIPT_MESSAGES, gt=0)
     max_answer_tokens: int = Field(default=2_048, gt=0)
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    response_format: Literal["auto", ResponseFormat] = "auto"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ModelOptions:
@@ -140,6 +158,9 @@ _OPTIONAL_SETTINGS = {
     "max_attempts": "harvest_max_attempts",
     "max_retry_seconds": "harvest_max_retry_seconds",
     "context_tokens": "harvest_context_tokens",
+    "response_format": "harvest_response_format",
+    "max_answer_tokens": "harvest_max_answer_tokens",
+    "temperature": "harvest_temperature",
     "max_calls": "harvest_max_calls",
     "max_transcript_bytes": "max_transcript_bytes",
     "max_transcript_messages": "max_transcript_messages",
@@ -159,7 +180,10 @@ _SETTING_NAMES = {
 
 
 class LLMAnswer(BaseModel):
-    """What one model call returned: the text and its usage."""
+    """What one model call returned: the text, its usage and why the model stopped.
+
+    ``finish_reason`` is the server's (``stop``, ``length``, ...), or "" when it sent none.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -167,6 +191,12 @@ class LLMAnswer(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model: str = ""
+    finish_reason: str = ""
+
+    @property
+    def truncated(self) -> bool:
+        """The answer stopped at ``max_tokens``: whatever JSON it holds is cut off."""
+        return self.finish_reason == "length"
 
 
 class HarvestLLM(Protocol):
@@ -174,7 +204,10 @@ class HarvestLLM(Protocol):
 
     It must not retry: it raises :class:`TransientModelError` (with ``retry_after`` when
     known), :class:`PermanentModelError` or :class:`ContextWindowExceeded`, and
-    :func:`call_with_retries` decides. It should honour ``options.timeout_seconds``.
+    :func:`call_with_retries` decides. It should honour ``options.timeout_seconds``,
+    ``max_answer_tokens`` and ``temperature``. ``options.response_format`` is ``auto`` or a
+    format to send; a server that refuses a format sent raises
+    :class:`ResponseFormatRejected` naming it, and :func:`call_with_fallback` decides.
     """
 
     def __call__(self, messages: Messages, *, options: ModelOptions) -> LLMAnswer: ...
@@ -211,8 +244,9 @@ def warm_up(model: str) -> None:
 def litellm_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
     """One chat completion through litellm, with a timeout and without litellm's retries.
 
-    Asks for structured output where litellm says the model supports it (a JSON schema,
-    else JSON mode, else nothing) and maps litellm's exceptions onto harvest's.
+    Asks for the response format of ``options.response_format``; ``auto`` starts where
+    :func:`auto_format` says. Maps litellm's exceptions onto harvest's; a refusal of the
+    format sent is :class:`ResponseFormatRejected`.
     """
     litellm = _litellm()
     kwargs: dict[str, Any] = {
@@ -223,7 +257,7 @@ def litellm_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
         # (num_retries); tenacity in call_with_retries is the one retry layer.
         "num_retries": 0,
         "max_retries": 0,
-        "temperature": 0,
+        "temperature": options.temperature,
         "max_tokens": options.max_answer_tokens,
         # Models that refuse a parameter (temperature on reasoning models) get it dropped
         # instead of failing the call.
@@ -233,7 +267,10 @@ def litellm_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
         kwargs["api_base"] = options.api_base
     if options.api_key is not None:
         kwargs["api_key"] = options.api_key.get_secret_value()
-    response_format = _response_format(options.model, options.types, options.max_facts)
+    mode = options.response_format
+    if mode == "auto":
+        mode = auto_format(options.model, options.api_base)
+    response_format = format_payload(mode, options.types, options.max_facts)
     if response_format is not None:
         kwargs["response_format"] = response_format
     try:
@@ -242,7 +279,12 @@ def litellm_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
         stop = stop_signal(exc)
         if stop is not None:
             raise stop from None  # the task is told to stop: no retry, no model error
-        raise map_litellm_error(exc) from exc
+        error = map_litellm_error(exc)
+        if mode != "none" and rejects_format(exc, error):
+            raise ResponseFormatRejected(
+                f"the server refused response_format {mode}: {error}", format=mode
+            ) from exc
+        raise error from exc
     return _answer_from(response, options.model)
 
 
@@ -275,19 +317,95 @@ def stop_signal(exc: BaseException) -> BaseException | None:
 
 def _answer_from(response: Any, default_model: str) -> LLMAnswer:
     try:
-        text = response.choices[0].message.content or ""
+        choice = response.choices[0]
     except (AttributeError, IndexError, TypeError):
-        text = ""  # an empty answer is unparseable and is retried like one
+        choice = None
+    text = getattr(getattr(choice, "message", None), "content", None) or ""
+    # An empty answer is unparseable and is re-asked like one.
+    finish_reason = getattr(choice, "finish_reason", None) or ""
     usage = getattr(response, "usage", None)
     return LLMAnswer(
         text=str(text),
         prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
         completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
         model=str(getattr(response, "model", None) or default_model),
+        finish_reason=str(finish_reason),
     )
 
 
+# --- response formats --------------------------------------------------------------------
+
 FormatMode = Literal["json_schema", "json_object", "none"]
+
+# A refusal names what it refuses: OpenAI ("'response_format' of type 'json_schema' is not
+# supported"), LM Studio ("'response_format.type' must be 'json_schema' or 'text'"), llama.cpp
+# ("JSON schema conversion failed") and llama-cpp-python, whose HTTP 500 carries the request's
+# validation error ("response_format" ... "json_schema"). An error that names none of these
+# (a bad message, an unknown model) is not about the format and is not fallen back from.
+_FORMAT_WORDS = re.compile(r"response.?format|json.?schema|json.?object|schema|grammar", re.I)
+
+# What ``auto`` learned in this process: (model, api_base) -> the format the server accepted
+# after refusing a stronger one. Only an accepted format is remembered, so a request refused
+# for another reason never weakens later calls.
+_accepted: dict[tuple[str, str | None], ResponseFormat] = {}
+_accepted_lock = threading.Lock()
+
+
+def auto_format(model: str, api_base: str | None) -> ResponseFormat:
+    """Where ``auto`` starts for ``model`` at ``api_base``: what this process saw the server
+    accept, else what litellm says the model supports.
+
+    litellm knows hosted models, not what runs behind a custom ``api_base``: there it calls
+    an unknown ``openai/...`` model JSON-mode capable because the protocol is, so ``auto``
+    starts at ``json_schema`` and lets the server's answer decide (one refused request per
+    process when it cannot).
+    """
+    with _accepted_lock:
+        known = _accepted.get((model, api_base))
+    if known is not None:
+        return known
+    mode = _format_mode(model)
+    if api_base and mode == "json_object":
+        return "json_schema"
+    return mode
+
+
+def remember_format(model: str, api_base: str | None, mode: ResponseFormat) -> None:
+    """Record that the server at ``api_base`` accepted ``mode`` for ``model``."""
+    with _accepted_lock:
+        _accepted[(model, api_base)] = mode
+
+
+def forget_formats() -> None:
+    """Forget every format ``auto`` learned (tests; a server that was upgraded)."""
+    with _accepted_lock:
+        _accepted.clear()
+
+
+def weaker_format(mode: ResponseFormat) -> ResponseFormat | None:
+    """The format after ``mode`` in FORMATS, or None after ``none``."""
+    index = FORMATS.index(mode)
+    return FORMATS[index + 1] if index + 1 < len(FORMATS) else None
+
+
+def rejects_format(exc: BaseException, error: ModelError) -> bool:
+    """Whether a failed request with a response format says the format is what was wrong:
+    a 400, 422 or 5xx whose message names the response format, the schema or the grammar.
+
+    Context-window and content-policy errors never are, nor 401, 403, 404, 408, 409, 429:
+    those are about something else, and keep their own handling.
+    """
+    if isinstance(error, ContextWindowExceeded):
+        return False
+    errors = _litellm().exceptions
+    if isinstance(exc, errors.ContentPolicyViolationError):
+        return False
+    status = getattr(exc, "status_code", None)
+    bad_request = isinstance(exc, errors.BadRequestError | errors.UnprocessableEntityError)
+    server_side = isinstance(status, int) and status >= 500
+    if not (bad_request or status in (400, 422) or server_side):
+        return False
+    return _FORMAT_WORDS.search(str(exc)) is not None
 
 
 @functools.lru_cache(maxsize=64)
@@ -303,7 +421,14 @@ def _format_mode(model: str) -> FormatMode:
 
 
 def _response_format(model: str, types: tuple[str, ...], max_facts: int) -> dict[str, Any] | None:
-    mode = _format_mode(model)
+    """The response_format litellm's knowledge of ``model`` alone gives (no server asked)."""
+    return format_payload(_format_mode(model), types, max_facts)
+
+
+def format_payload(
+    mode: ResponseFormat, types: tuple[str, ...], max_facts: int
+) -> dict[str, Any] | None:
+    """The ``response_format`` request field of a format; None for ``none`` (not sent)."""
     if mode == "json_schema":
         return {
             "type": "json_schema",
@@ -312,6 +437,11 @@ def _response_format(model: str, types: tuple[str, ...], max_facts: int) -> dict
                 "schema": response_schema(types=types, max_facts=max_facts),
                 "strict": True,
             },
+        }
+    if mode == "json_object_schema":
+        return {
+            "type": "json_object",
+            "schema": response_schema(types=types, max_facts=max_facts),
         }
     if mode == "json_object":
         return {"type": "json_object"}
@@ -477,6 +607,44 @@ def call_with_retries(
     return retrying(llm, messages, options=options)
 
 
+def call_with_fallback(
+    llm: HarvestLLM,
+    messages: Messages,
+    options: ModelOptions,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> LLMAnswer:
+    """:func:`call_with_retries`, stepping down FORMATS while the server refuses the format.
+
+    Under ``response_format="auto"`` a :class:`ResponseFormatRejected` is not retried: the
+    same messages go again with the next weaker format (json_schema -> json_object_schema ->
+    json_object -> none), and the format finally accepted is remembered for ``(model,
+    api_base)`` in this process, so later calls start there. At most ``len(FORMATS) - 1``
+    refusals, each one request. Under an explicit format the refusal is final: a permanent
+    error naming GLEANER_HARVEST_RESPONSE_FORMAT.
+    """
+    current, fell_back_to = options, None
+    while True:
+        try:
+            answer = call_with_retries(llm, messages, current, sleep=sleep)
+        except ResponseFormatRejected as exc:
+            refused = cast(ResponseFormat, exc.format)
+            weaker = weaker_format(refused)
+            if options.response_format != "auto" or weaker is None:
+                raise ResponseFormatRejected(
+                    f"{exc} (GLEANER_HARVEST_RESPONSE_FORMAT={options.response_format}); "
+                    "set it to auto, or to a weaker format this server accepts "
+                    f"({', '.join(FORMATS[FORMATS.index(refused) + 1 :])})",
+                    format=refused,
+                ) from exc
+            log.warning("the model server refused response_format %s; trying %s", refused, weaker)
+            current, fell_back_to = options.model_copy(update={"response_format": weaker}), weaker
+            continue
+        if fell_back_to is not None:
+            remember_format(options.model, options.api_base, fell_back_to)
+        return answer
+
+
 def resolve_llm(options: ModelOptions) -> HarvestLLM:
     """The callable ``harvest_llm`` names: ``litellm`` or an importable ``module:function``.
 
@@ -529,12 +697,16 @@ def parse_answer(text: str, types: Sequence[str]) -> ParsedNotes:
 
     The top level must be ``{"notes": [...]}`` or a bare list; each item is validated as a
     :class:`NoteCandidate` whose type is one of ``types``, and invalid ones are dropped and
-    counted. Raises UnparseableAnswer when no JSON of that shape is found.
+    counted, a note whose title or body is the prompt's placeholder text among them. Raises
+    UnparseableAnswer when no JSON of that shape is found; its ``problem`` says why in one
+    line that quotes nothing of the answer.
     """
     items = _find_items(text)
     if items is None:
+        problem = _problem(text)
         raise UnparseableAnswer(
-            f"the model's answer ({len(text)} characters) held no notes JSON",
+            f"the model's answer ({len(text)} characters) held no notes JSON: {problem}",
+            problem=problem,
         )
     allowed = set(types)
     notes: list[NoteCandidate] = []
@@ -555,9 +727,40 @@ def _validate_item(item: object, allowed: set[str]) -> NoteCandidate | None:
         note = NoteCandidate.model_validate(item)
     except ValidationError:
         return None
-    if note.type not in allowed or not note.title.strip() or not note.body.strip():
+    if note.type not in allowed or is_placeholder(note.title) or is_placeholder(note.body):
         return None
     return note
+
+
+def _problem(text: str) -> str:
+    """What is wrong with an answer :func:`_find_items` found nothing in, in one line."""
+    stripped = text.strip()
+    if not stripped:
+        return "the answer was empty"
+    try:
+        whole = json.loads(stripped)
+    except ValueError as exc:
+        if stripped[0] not in "{[":
+            return 'it is not JSON and holds no JSON object with a "notes" list'
+        error = exc.msg if isinstance(exc, json.JSONDecodeError) else "not valid"
+        where = (
+            f" at line {exc.lineno} column {exc.colno}"
+            if isinstance(exc, json.JSONDecodeError)
+            else ""
+        )
+        return f"it is not valid JSON ({error}{where})"
+    if isinstance(whole, dict):
+        if "notes" in whole:
+            return f'its "notes" is {_json_kind(whole["notes"])}, not a list'
+        return 'it is a JSON object without a "notes" key'
+    return f'it is {_json_kind(whole)}, not an object with a "notes" list'
+
+
+def _json_kind(value: object) -> str:
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    return kinds.get(type(value), "a number")
 
 
 def _find_items(text: str) -> list[Any] | None:
@@ -844,7 +1047,7 @@ class _Meter:
         return answer
 
     def ask(self, messages: Messages) -> LLMAnswer:
-        return call_with_retries(self._attempt, messages, self.options)
+        return call_with_fallback(self._attempt, messages, self.options)
 
 
 def extract(
@@ -863,15 +1066,19 @@ def extract(
     chunks of ``options.context_tokens``; each chunk is one request (retried on transient
     errors). A transcript whose chunks need more than ``options.max_calls`` requests is
     refused before the first call (TranscriptFormatError, reason ``too_large``), never cut
-    short. An unparseable answer is asked again once, then UnparseableAnswer is raised; a
+    short. An unparseable answer is asked again once (told what was wrong), then
+    UnparseableAnswer is raised; an answer cut off at the token limit is asked again once,
+    shorter, then TruncatedAnswer is raised (:func:`_ask_chunk`); a
     context-window error halves the chunks (a bounded number of times, and only while the
     requests stay within ``max_calls``). The notes of all chunks are merged: deduplicated by
     title, highest confidence first, at most ``options.max_facts``. ``known_keys`` (the
     owner's topic keys and their notes' titles) are shown with every chunk so a changed fact
     reuses its key.
 
-    Model calls are bounded: at most ``max_calls`` requests, each asked at most twice (an
-    unparseable answer) with at most ``max_attempts`` attempts per ask.
+    Model calls are bounded: at most ``max_calls`` requests, each asked at most twice (a
+    cut-off or unparseable answer) with at most ``max_attempts`` attempts per ask. Under
+    ``response_format="auto"`` a server refusing the format adds at most three quick refused
+    requests per ask, and only until this process has learned what it accepts.
     """
     check_size(
         transcript.messages,
@@ -936,18 +1143,53 @@ def _ask_chunk(
     options: ModelOptions,
     known_keys: Sequence[tuple[str, str]],
 ) -> ParsedNotes:
+    """The notes of one chunk, in at most two requests (the bound extract documents).
+
+    A truncated answer (``finish_reason == "length"``) is never parsed: the chunk is asked
+    again for half the notes with one-sentence bodies (same ``max_answer_tokens``: a cut
+    answer is most often a model running on, which more room would only make slower), and a
+    second cut answer fails it (TruncatedAnswer). An unparseable answer is asked again once,
+    with the model's answer and what was wrong with it; that second answer is final.
+    """
     messages = build_messages(
         chunk, max_facts=options.max_facts, types=options.types, part=part, known_keys=known_keys
     )
     answer = meter.ask(messages)
+    if answer.truncated:
+        fewer = max(1, options.max_facts // 2)
+        log.warning(
+            "harvest answer cut off at %d tokens; asking for at most %d shorter notes",
+            options.max_answer_tokens,
+            fewer,
+        )
+        shorter = build_messages(
+            chunk,
+            max_facts=fewer,
+            types=options.types,
+            part=part,
+            known_keys=known_keys,
+            cut_off=True,
+        )
+        return _final(meter.ask(shorter), options, fewer)
     try:
         return parse_answer(answer.text, options.types)
-    except UnparseableAnswer:
-        log.warning(
-            "harvest answer unparseable (%d characters); asking once more", len(answer.text)
+    except UnparseableAnswer as exc:
+        log.warning("harvest answer unparseable (%s); asking once more", exc.problem)
+        problem = exc.problem
+    return _final(meter.ask(reask_messages(messages, answer.text, problem)), options)
+
+
+def _final(answer: LLMAnswer, options: ModelOptions, max_facts: int | None = None) -> ParsedNotes:
+    """The second (last) answer for a chunk: cut off is TruncatedAnswer, unparseable is
+    UnparseableAnswer, else its notes."""
+    if answer.truncated:
+        raise TruncatedAnswer(
+            f"the model's last answer for a chunk stopped at the token limit "
+            f"({options.max_answer_tokens} tokens, at most {max_facts or options.max_facts} "
+            "notes asked); raise GLEANER_HARVEST_MAX_ANSWER_TOKENS or lower "
+            "GLEANER_HARVEST_MAX_FACTS"
         )
-    # The second answer is final: parse_answer raises UnparseableAnswer if it fails too.
-    return parse_answer(meter.ask(messages).text, options.types)
+    return parse_answer(answer.text, options.types)
 
 
 def _title_key(title: str) -> str:

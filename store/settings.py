@@ -72,7 +72,10 @@ class Settings(BaseSettings):
     )
     harvest_api_key: SecretStr | None = Field(default=None, description="API key for the model.")
     harvest_timeout_seconds: float = Field(
-        default=60.0, gt=0, description="Timeout of one model call, in seconds."
+        default=300.0,
+        gt=0,
+        description="Timeout of one model call, in seconds (CPU inference of a full answer "
+        "takes minutes; a hosted API can use 60).",
     )
     harvest_max_attempts: int = Field(
         default=4, ge=1, le=20, description="Most attempts of one model call (transient errors)."
@@ -82,6 +85,19 @@ class Settings(BaseSettings):
     )
     harvest_context_tokens: int = Field(
         default=6_000, ge=200, description="Transcript tokens per model call; longer is chunked."
+    )
+    harvest_response_format: Literal[
+        "auto", "json_schema", "json_object_schema", "json_object", "none"
+    ] = Field(
+        default="auto",
+        description="Structured output asked of the model; auto falls back to what the server "
+        "accepts.",
+    )
+    harvest_max_answer_tokens: int = Field(
+        default=2_048, gt=0, le=100_000, description="max_tokens of one model answer."
+    )
+    harvest_temperature: float = Field(
+        default=0.0, ge=0, le=2, description="Sampling temperature of the harvest model."
     )
     harvest_max_calls: int = Field(
         default=20,

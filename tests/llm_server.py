@@ -23,7 +23,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -484,3 +484,147 @@ class ModelModes:
             return text_answer(GARBAGE)
         notes = [] if marker is None else [marker_note(marker, number), *self.extra.get(marker, [])]
         return answer(notes, delay=self.slow_seconds if mode == "slow" else 0.0)
+
+
+# --- model servers as found in the wild ------------------------------------------------------
+#
+# Responders that behave like the servers privacy-minded users run (issue 15): a request is
+# judged by its response_format and its messages, as those servers judge it.
+
+# What llama-cpp-python's server answers to response_format json_schema: FastAPI's request
+# validation error, wrapped by its error handler as an HTTP 500 "internal_server_error".
+LLAMA_CPP_SCHEMA_ERROR = (
+    "[{'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+    "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}]"
+)
+PROSE = "Sure! The user seems to like tabs, and they decided to use PostgreSQL."
+
+
+def format_of(body: dict[str, Any]) -> str:
+    """The response format a request asked for: ``json_schema``, ``json_object_schema``
+    (json_object with an inline schema), ``json_object``, ``none``, or the type as sent."""
+    requested = body.get("response_format")
+    if not requested:
+        return "none"
+    kind = requested.get("type") if isinstance(requested, dict) else None
+    if kind == "json_object" and "schema" in requested:
+        return "json_object_schema"
+    return str(kind)
+
+
+def _reply(then: Behaviour | Responder, body: dict[str, Any]) -> Behaviour:
+    return then if isinstance(then, Behaviour) else then(body)
+
+
+def llama_cpp_schema_error() -> Behaviour:
+    """HTTP 500 with llama-cpp-python's message for a json_schema response_format."""
+    return Behaviour(status=500, error=_error(LLAMA_CPP_SCHEMA_ERROR, "internal_server_error"))
+
+
+def rejects_json_schema(then: Behaviour | Responder | None = None) -> Responder:
+    """llama-cpp-python's server: json_schema -> HTTP 500; any other request -> ``then``."""
+
+    def respond(body: dict[str, Any]) -> Behaviour:
+        if format_of(body) == "json_schema":
+            return llama_cpp_schema_error()
+        return _reply(then or answer(), body)
+
+    return respond
+
+
+def only_json_object(then: Behaviour | Responder | None = None) -> Responder:
+    """A server that takes only ``{"type": "json_object"}``: json_schema -> HTTP 500 (as
+    llama-cpp), an inline schema -> 400, and with no response_format its model answers
+    prose instead of JSON. ``then`` answers a json_object request."""
+
+    def respond(body: dict[str, Any]) -> Behaviour:
+        kind = format_of(body)
+        if kind == "json_object":
+            return _reply(then or answer(), body)
+        if kind == "json_schema":
+            return llama_cpp_schema_error()
+        if kind == "none":
+            return text_answer(PROSE)
+        return bad_request(f"response_format {kind} is not supported: use json_object")
+
+    return respond
+
+
+EXAMPLE_JSON = re.compile(r'\{"notes": \[\{.*?\}\]\}')
+
+
+def copies_example() -> Responder:
+    """A small model that answers with the prompt's own example JSON, verbatim."""
+
+    def respond(body: dict[str, Any]) -> Behaviour:
+        for message in body.get("messages", []):
+            found = EXAMPLE_JSON.search(str(message.get("content", "")))
+            if found:
+                return text_answer(found.group(0))
+        return text_answer(PROSE)
+
+    return respond
+
+
+AT_MOST = re.compile(r"at most (\d+) notes")
+
+
+def stops_at_length(*, body_words: int = 60, chars_per_token: int = 4) -> Responder:
+    """A model that fills its answer: as many notes as the request allows ("at most N
+    notes"), bodies of ``body_words`` words (one sentence of 8 when asked for "one
+    sentence"), cut at the request's ``max_tokens`` (``chars_per_token`` characters each)
+    with finish_reason ``length`` when it does not fit."""
+
+    def respond(body: dict[str, Any]) -> Behaviour:
+        users = [str(m.get("content", "")) for m in body.get("messages", [])]
+        asked = AT_MOST.findall(users[-1] if users else "")
+        count = int(asked[-1]) if asked else 5
+        short = "one sentence" in (users[-1] if users else "")
+        words = 8 if short else body_words
+        notes = [
+            note(f"Fact number {i}", body=" ".join(["Detail"] * words) + ".") for i in range(count)
+        ]
+        content = json.dumps({"notes": notes})
+        limit = int(body.get("max_tokens") or 1_000_000) * chars_per_token
+        if len(content) > limit:
+            return text_answer(content[:limit], finish_reason="length")
+        return text_answer(content)
+
+    return respond
+
+
+class DropsSystem:
+    """A chat template that keeps only user and model turns (llama-cpp's ``gemma``): system
+    messages are dropped before the model sees the request, and ``seen`` records the turns it
+    did see, per request.
+
+    The model follows rules only when it can see them: when its turns state the answer's
+    shape (``{"notes": [``) and that the transcript is data, it answers ``then``; otherwise
+    it rambles in prose.
+    """
+
+    def __init__(self, then: Behaviour | Responder | None = None) -> None:
+        self.then = then or answer()
+        self.seen: list[list[dict[str, Any]]] = []
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> Behaviour:
+        messages = list(body.get("messages", []))
+        kept = [m for m in messages if m.get("role") != "system"]
+        with self._lock:
+            self.seen.append(kept)
+            self.dropped += len(messages) - len(kept)
+        visible = "\n".join(str(m.get("content", "")) for m in kept)
+        if '{"notes": [' in visible and "data, not instructions" in visible:
+            return _reply(self.then, {**body, "messages": kept})
+        return text_answer(PROSE)
+
+
+def slowly(seconds: float, then: Behaviour | Responder | None = None) -> Responder:
+    """A CPU-bound server: ``then``'s answer sent after ``seconds`` (capped at MAX_DELAY)."""
+
+    def respond(body: dict[str, Any]) -> Behaviour:
+        return replace(_reply(then or answer(), body), delay=seconds)
+
+    return respond

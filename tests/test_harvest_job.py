@@ -263,8 +263,8 @@ def test_model_failure_is_reported_writes_nothing_and_can_be_retried(
     server.script(truncated(), truncated())
     chat = transcript("I prefer short meetings.")
     failed = harvest_transcript(store, chat)
-    assert failed.status == "failed" and "unparseable" in (failed.error or "")
-    assert server.calls == 2  # the unparseable answer is asked again once
+    assert failed.status == "failed" and "truncated_answer" in (failed.error or "")
+    assert server.calls == 2  # the cut-off answer is asked again once, shorter
     assert rows(store, Memory) == [] and rows(store, HarvestLedger) == []
 
     server.script(server_error(), server_error())

@@ -24,6 +24,7 @@ from harvest.errors import (
     ContextWindowExceeded,
     PermanentModelError,
     TransientModelError,
+    TruncatedAnswer,
     UnparseableAnswer,
 )
 from harvest.model import (
@@ -181,7 +182,9 @@ def test_normal_answer(server: LLMServer, options: OptionsFactory) -> None:
     assert result.model == "test-model"
     body = server.requests[0].body
     assert body["temperature"] == 0
-    assert body["response_format"] == {"type": "json_object"}
+    assert body["max_tokens"] == 2_048
+    # An unknown model behind a custom api_base: auto starts at the strongest format.
+    assert body["response_format"]["type"] == "json_schema"
     assert "num_retries" not in body and "max_retries" not in body
 
 
@@ -347,9 +350,11 @@ def test_truncated_json_is_asked_again_once_then_fails(
     server: LLMServer, options: OptionsFactory
 ) -> None:
     server.script(truncated(), truncated())
-    with pytest.raises(UnparseableAnswer):
+    with pytest.raises(TruncatedAnswer) as caught:
         extract(SHORT, options())
     assert server.calls == 2
+    assert caught.value.reason == "truncated_answer"
+    assert "GLEANER_HARVEST_MAX_ANSWER_TOKENS" in str(caught.value)
 
 
 def test_truncated_then_good_answer_counts_both_calls(
@@ -649,7 +654,7 @@ def test_options_from_settings() -> None:
     assert opts.api_base == "http://localhost:4000"
     assert opts.api_key is not None and opts.api_key.get_secret_value() == "sk-test"
     assert "sk-test" not in repr(opts)
-    assert (opts.timeout_seconds, opts.max_attempts, opts.max_retry_seconds) == (60.0, 4, 30.0)
+    assert (opts.timeout_seconds, opts.max_attempts, opts.max_retry_seconds) == (300.0, 4, 30.0)
 
 
 def test_options_from_settings_needs_a_model() -> None:
@@ -667,7 +672,7 @@ def test_options_read_optional_settings_by_name_with_defaults() -> None:
     optional = ("timeout_seconds", "max_attempts", "max_retry_seconds", "context_tokens")
     older = {k: v for k, v in fields.items() if k.removeprefix("harvest_") not in optional}
     opts = ModelOptions.from_settings(SimpleNamespace(**older))  # type: ignore[arg-type]
-    assert (opts.timeout_seconds, opts.max_retry_seconds) == (60.0, 30.0)
+    assert (opts.timeout_seconds, opts.max_retry_seconds) == (300.0, 30.0)
     broken = {**fields, "harvest_max_attempts": 0}
     with pytest.raises(ConfigError, match="GLEANER_HARVEST_MAX_ATTEMPTS"):
         ModelOptions.from_settings(SimpleNamespace(**broken))  # type: ignore[arg-type]

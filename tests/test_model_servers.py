@@ -1,0 +1,426 @@
+"""The harvest model against servers as users run them (issue 15), through the real litellm.
+
+Each server of the issue is emulated by a responder of ``tests.llm_server``: llama-cpp's
+server (HTTP 500 to ``json_schema``, takes an inline schema), a server that takes only
+``json_object``, a small model that copies the prompt's example, one that stops at
+``length``, a chat template that drops the system message, and a slow CPU server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from harvest.candidate import NoteCandidate
+from harvest.errors import ResponseFormatRejected, TransientModelError, UnparseableAnswer
+from harvest.job import harvest_transcript
+from harvest.model import (
+    FORMATS,
+    ModelOptions,
+    _litellm,
+    auto_format,
+    extract,
+    forget_formats,
+    litellm_call,
+    parse_answer,
+)
+from harvest.prompt import (
+    EXAMPLE_ANSWER,
+    REASK_TEMPLATE,
+    build_messages,
+    render_transcript,
+    response_schema,
+)
+from harvest.transcript import Message, Transcript
+from store import ConfigError, Scope, load_settings
+from store.models import HarvestLedger, Memory
+from tests.conftest import test_settings
+from tests.llm_server import (
+    LLAMA_CPP_SCHEMA_ERROR,
+    PROSE,
+    Behaviour,
+    DropsSystem,
+    LLMServer,
+    answer,
+    bad_request,
+    copies_example,
+    format_of,
+    llm_server,
+    note,
+    only_json_object,
+    rejects_json_schema,
+    server_error,
+    slowly,
+    stops_at_length,
+    text_answer,
+)
+from tests.test_harvest_job import model_settings, rows
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning")
+
+TYPES = ("profile", "preference", "decision", "discovery", "pattern")
+SHORT = Transcript(
+    conversation_id="conv-1",
+    owner="alice",
+    messages=[
+        Message(role="user", content="I always use tabs, never spaces."),
+        Message(role="assistant", content="Noted, tabs it is."),
+    ],
+)
+TABS = note("Uses tabs", confidence=0.9)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_litellm() -> None:
+    _litellm()
+    auto_format("openai/test-model", None)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_formats() -> Iterator[None]:
+    forget_formats()
+    yield
+    forget_formats()
+
+
+@pytest.fixture
+def server() -> Iterator[LLMServer]:
+    with llm_server() as srv:
+        yield srv
+
+
+def options(server: LLMServer, **overrides: Any) -> ModelOptions:
+    values: dict[str, Any] = {
+        "model": "openai/test-model",
+        "api_base": server.api_base,
+        "api_key": "test",
+        "timeout_seconds": 3.0,
+        "max_attempts": 3,
+        "max_retry_seconds": 5.0,
+        "backoff_seconds": 0.02,
+        "backoff_max_seconds": 0.1,
+    }
+    return ModelOptions(**{**values, **overrides})
+
+
+def formats(server: LLMServer) -> list[str]:
+    return [format_of(r.body) for r in server.requests]
+
+
+# --- 1. response formats -------------------------------------------------------------------
+
+
+def test_llama_cpp_server_gets_the_inline_schema_after_its_500(server: LLMServer) -> None:
+    server.default = rejects_json_schema(answer([TABS]))
+    result = extract(SHORT, options(server))
+    assert [n.title for n in result.notes] == ["Uses tabs"]
+    # The 500 is not retried as transient: one refused request, then the next format.
+    assert formats(server) == ["json_schema", "json_object_schema"]
+    assert result.calls == 2
+    sent = server.requests[1].body["response_format"]
+    assert sent == {"type": "json_object", "schema": response_schema(types=TYPES, max_facts=5)}
+
+    # Remembered for this model and server: the next transcript starts there.
+    extract(SHORT, options(server))
+    assert formats(server)[2:] == ["json_object_schema"]
+
+
+def test_json_object_only_server_walks_the_whole_chain_once(server: LLMServer) -> None:
+    server.default = only_json_object(answer([TABS]))
+    result = extract(SHORT, options(server))
+    assert [n.title for n in result.notes] == ["Uses tabs"]
+    assert formats(server) == ["json_schema", "json_object_schema", "json_object"]
+    assert auto_format("openai/test-model", server.api_base) == "json_object"
+    extract(SHORT, options(server))
+    assert formats(server)[3:] == ["json_object"]
+
+
+def test_what_auto_learned_is_kept_per_model_and_server(server: LLMServer) -> None:
+    server.default = rejects_json_schema(answer([TABS]))
+    extract(SHORT, options(server))
+    with llm_server(answer([TABS])) as other:
+        extract(SHORT, options(other))
+        assert formats(other) == ["json_schema"]  # another server is probed afresh
+    extract(SHORT, options(server, model="openai/other-model"))
+    # So is another model on the same server.
+    assert formats(server)[2:] == ["json_schema", "json_object_schema"]
+
+
+def test_auto_trusts_litellm_for_a_hosted_model_without_api_base() -> None:
+    assert auto_format("openai/gpt-4o", None) == "json_schema"
+    assert auto_format("gpt-3.5-turbo", None) == "json_object"
+    assert auto_format("no-such-provider/thing", None) == "none"
+    # Behind a custom server litellm knows the protocol, not the model: probe from the top.
+    assert auto_format("openai/local-gguf", "http://127.0.0.1:8000/v1") == "json_schema"
+
+
+@pytest.mark.parametrize("setting", ["json_schema", "json_object_schema"])
+def test_an_explicit_format_is_never_fallen_back_from(server: LLMServer, setting: str) -> None:
+    server.default = only_json_object(answer([TABS]))
+    with pytest.raises(ResponseFormatRejected) as caught:
+        extract(SHORT, options(server, response_format=setting))
+    assert server.calls == 1  # neither retried nor fallen back
+    assert caught.value.reason == "response_format_rejected"
+    message = str(caught.value)
+    assert f"GLEANER_HARVEST_RESPONSE_FORMAT={setting}" in message
+    assert "json_object" in message.rsplit("(", 1)[-1]  # the weaker formats are named
+
+
+@pytest.mark.parametrize(
+    ("setting", "sent"),
+    [
+        ("json_object_schema", "json_object_schema"),
+        ("json_object", "json_object"),
+        ("none", "none"),
+    ],
+)
+def test_an_explicit_format_is_sent_as_set(server: LLMServer, setting: str, sent: str) -> None:
+    server.default = answer([TABS])
+    extract(SHORT, options(server, response_format=setting))
+    assert formats(server) == [sent]
+
+
+def test_errors_that_are_not_about_the_format_keep_their_handling(server: LLMServer) -> None:
+    server.script(server_error(500), answer([TABS]))
+    assert [n.title for n in extract(SHORT, options(server)).notes] == ["Uses tabs"]
+    assert formats(server) == ["json_schema", "json_schema"]  # a plain 500 is retried as is
+    server.script(bad_request("Invalid value for 'messages'."))
+    with pytest.raises(Exception, match="messages") as caught:
+        extract(SHORT, options(server))
+    assert not isinstance(caught.value, ResponseFormatRejected)
+    assert server.calls == 3  # one call: not walked down the formats
+
+
+def test_a_500_naming_the_schema_is_a_refusal_even_from_a_known_model(
+    server: LLMServer,
+) -> None:
+    refusal = Behaviour(
+        status=500, error={"error": {"message": LLAMA_CPP_SCHEMA_ERROR, "type": "server_error"}}
+    )
+    server.script(refusal, answer([TABS]))
+    result = extract(SHORT, options(server, model="openai/gpt-4o"))
+    assert result.calls == 2 and formats(server) == ["json_schema", "json_object_schema"]
+
+
+def test_the_settings_reach_the_request(server: LLMServer) -> None:
+    settings = test_settings(
+        harvest_model="openai/test-model",
+        harvest_api_base=server.api_base,
+        harvest_api_key="test",
+        harvest_response_format="json_object",
+        harvest_max_answer_tokens=512,
+        harvest_temperature=0.3,
+    )
+    opts = ModelOptions.from_settings(settings)
+    assert (opts.response_format, opts.max_answer_tokens, opts.temperature) == (
+        "json_object",
+        512,
+        0.3,
+    )
+    server.default = answer([TABS])
+    extract(SHORT, opts)
+    body = server.requests[0].body
+    assert (body["max_tokens"], body["temperature"], format_of(body)) == (512, 0.3, "json_object")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("harvest_response_format", "xml"),
+        ("harvest_max_answer_tokens", 0),
+        ("harvest_temperature", 3),
+    ],
+)
+def test_bad_settings_name_the_variable(variable: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"GLEANER_{variable.upper()}"):
+        load_settings(**{variable: value})
+
+
+def test_defaults_fit_cpu_inference_within_the_task_time_limit() -> None:
+    settings = test_settings()
+    assert settings.harvest_response_format == "auto"
+    assert (settings.harvest_max_answer_tokens, settings.harvest_temperature) == (2_048, 0.0)
+    # A CPU server takes minutes for a full answer (the issue measured ~95 s on a 270M model).
+    assert settings.harvest_timeout_seconds >= 180
+    # One chunk's two asks (each the last retry's start plus its timeout) end before the
+    # task is asked to stop.
+    one_ask = settings.harvest_max_retry_seconds + settings.harvest_timeout_seconds
+    assert 2 * one_ask < settings.task_soft_time_limit
+
+
+# --- 2. placeholders and truncation --------------------------------------------------------
+
+
+def test_a_model_copying_the_example_stores_nothing(server: LLMServer) -> None:
+    server.default = copies_example()
+    result = extract(SHORT, options(server))
+    assert server.requests[0].body["messages"][0]["content"].endswith(EXAMPLE_ANSWER)
+    assert (result.notes, result.dropped, result.calls) == ([], 1, 1)
+
+
+def test_wordless_and_placeholder_notes_are_dropped_and_counted() -> None:
+    items = [
+        note("Uses tabs"),
+        note("Spricht Deutsch", body="Der Nutzer spricht Deutsch."),
+        note("日本語を話す", body="ユーザーは日本語を話す。", topics=["...", "言語"]),
+        note("...", body="..."),
+        note("—", body="The user likes it."),
+        note("A real title", body="…"),
+        note("Short and specific, at most 80 characters", body="The user likes tabs."),
+        note("Likes tabs", body="The user ..."),
+        note("Likes tabs", body="One to three self-contained sentences in the third person."),
+        note("???", body="!!!"),
+    ]
+    parsed = parse_answer(json.dumps({"notes": items}), TYPES)
+    assert [n.title for n in parsed.notes] == ["Uses tabs", "Spricht Deutsch", "日本語を話す"]
+    assert parsed.dropped == 7
+    assert parsed.notes[2].topics == ["言語"]  # a wordless topic is left out, not the note
+
+
+def test_a_wordless_candidate_is_invalid_everywhere() -> None:
+    with pytest.raises(ValueError, match="no word"):
+        NoteCandidate(type="preference", title="...", body="The user likes tabs.")
+    with pytest.raises(ValueError, match="no word"):
+        NoteCandidate(type="preference", title="Tabs", body=" - ")
+
+
+def test_a_cut_off_answer_is_asked_again_shorter_and_never_parsed(server: LLMServer) -> None:
+    server.default = stops_at_length()
+    result = extract(SHORT, options(server, max_answer_tokens=200))
+    first, second = (r.body for r in server.requests)
+    assert (first["max_tokens"], second["max_tokens"]) == (200, 200)
+    assert "at most 5 notes" in first["messages"][-1]["content"]
+    retry = second["messages"][-1]["content"]
+    assert "cut off at the length limit" in retry
+    assert "at most 2 notes" in retry and "one sentence" in retry
+    assert "at most 2 notes" in second["messages"][0]["content"]  # the system message too
+    assert [n.title for n in result.notes] == ["Fact number 0", "Fact number 1"]
+    assert result.calls == 2
+
+
+def test_cut_off_twice_fails_the_transcript_and_stores_nothing(make_store, server) -> None:
+    store = make_store("sqlite", **model_settings(server, harvest_max_answer_tokens=30))
+    server.default = stops_at_length()
+    report = harvest_transcript(store, SHORT)
+    assert report.status == "failed"
+    assert (report.error or "").startswith("truncated_answer:")
+    assert server.calls == 2
+    assert rows(store, Memory) == [] and rows(store, HarvestLedger) == []
+    assert store.search(Scope.owner("alice"), "Fact") == []
+
+
+# --- 3. the re-ask -------------------------------------------------------------------------
+
+
+def test_the_reask_shows_the_model_its_answer_and_what_was_wrong(server: LLMServer) -> None:
+    bad = '{"notes": [{"type": "preference", "title": "Uses tabs" "body": "x"}]}'
+    server.script(text_answer(bad), answer([TABS]))
+    result = extract(SHORT, options(server))
+    assert [n.title for n in result.notes] == ["Uses tabs"] and result.calls == 2
+    first, second = (r.body["messages"] for r in server.requests)
+    assert second[: len(first)] == first
+    assert second[len(first)] == {"role": "assistant", "content": bad}
+    feedback = second[-1]
+    assert feedback["role"] == "user" and len(second) == len(first) + 2
+    assert "\n" not in feedback["content"]
+    assert "not valid JSON (Expecting ',' delimiter at line 1 column" in feedback["content"]
+    assert "tabs" not in feedback["content"].lower()  # nothing of the transcript or answer
+    assert feedback["content"].endswith("nothing else.")
+
+
+def test_a_deterministic_model_fixes_its_answer_when_told_what_was_wrong(
+    server: LLMServer,
+) -> None:
+    # Temperature 0: the same request gets the same (bad) answer; only being told helps.
+    def model(body: dict[str, Any]) -> Behaviour:
+        told = body["messages"][-1]["content"].startswith("That answer could not be used")
+        return answer([TABS]) if told else text_answer(PROSE)
+
+    server.default = model
+    result = extract(SHORT, options(server))
+    assert [n.title for n in result.notes] == ["Uses tabs"] and server.calls == 2
+
+
+def test_the_reask_is_asked_once(server: LLMServer) -> None:
+    server.default = text_answer(PROSE)
+    with pytest.raises(UnparseableAnswer) as caught:
+        extract(SHORT, options(server))
+    assert server.calls == 2
+    assert caught.value.problem == 'it is not JSON and holds no JSON object with a "notes" list'
+
+
+def test_an_empty_answer_is_reasked_without_an_empty_turn(server: LLMServer) -> None:
+    server.script(text_answer(""), answer([TABS]))
+    extract(SHORT, options(server))
+    turns = server.requests[1].body["messages"]
+    assert [t["role"] for t in turns] == ["system", "user", "user"]
+    assert turns[-1]["content"] == REASK_TEMPLATE.format(problem="the answer was empty")
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("   ", "the answer was empty"),
+        ('{"notes": [', "it is not valid JSON (Expecting value at line 1 column 12)"),
+        ('{"facts": []}', 'it is a JSON object without a "notes" key'),
+        ('{"notes": {"a": 1}}', 'its "notes" is an object, not a list'),
+        ('"notes"', 'it is a string, not an object with a "notes" list'),
+        ("null", 'it is null, not an object with a "notes" list'),
+    ],
+)
+def test_the_problem_is_one_line_quoting_nothing(text: str, problem: str) -> None:
+    with pytest.raises(UnparseableAnswer) as caught:
+        parse_answer(text, TYPES)
+    assert caught.value.problem == problem
+
+
+# --- 4. a template that drops the system message -------------------------------------------
+
+
+def test_the_rules_reach_a_model_whose_template_drops_the_system_message(
+    server: LLMServer,
+) -> None:
+    drops = DropsSystem(answer([TABS]))
+    server.default = drops
+    result = extract(SHORT, options(server))
+    assert [n.title for n in result.notes] == ["Uses tabs"] and result.calls == 1
+    assert drops.dropped == 1
+    [seen] = drops.seen
+    assert [m["role"] for m in seen] == ["user"]
+    user = seen[0]["content"]
+    for essential in ("data, not instructions", "never copy secrets", '{"notes": [', *TYPES):
+        assert essential in user
+    assert "at most 5 notes" in user and '"topic_key" (a string or null)' in user
+
+
+def test_without_the_essentials_that_model_answers_prose(server: LLMServer) -> None:
+    # The emulation is not vacuous: rules only in the system message never reach it.
+    server.default = DropsSystem(answer([TABS]))
+    system_only = build_messages(render_transcript(SHORT.messages), max_facts=5, types=TYPES)
+    system_only[1]["content"] = system_only[1]["content"].split("\nRules:")[0]
+    reply = litellm_call(system_only, options=options(server))
+    assert reply.text == PROSE
+
+
+# --- 5. a slow CPU server ------------------------------------------------------------------
+
+
+def test_a_slow_server_within_the_timeout_is_one_call(server: LLMServer) -> None:
+    server.default = slowly(1.5, answer([TABS]))
+    result = extract(SHORT, options(server, timeout_seconds=4))
+    assert [n.title for n in result.notes] == ["Uses tabs"] and server.calls == 1
+
+
+def test_a_server_slower_than_the_timeout_is_transient(server: LLMServer) -> None:
+    server.default = slowly(2, answer([TABS]))
+    with pytest.raises(TransientModelError):
+        extract(SHORT, options(server, timeout_seconds=0.4, max_attempts=2))
+    assert server.calls == 2
+    assert formats(server) == ["json_schema", "json_schema"]  # a timeout is not a refusal
+
+
+def test_formats_are_ordered_strongest_first() -> None:
+    assert FORMATS == ("json_schema", "json_object_schema", "json_object", "none")
