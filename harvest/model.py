@@ -629,12 +629,12 @@ def call_with_fallback(
             answer = call_with_retries(llm, messages, current, sleep=sleep)
         except ResponseFormatRejected as exc:
             refused = cast(ResponseFormat, exc.format)
-            weaker = weaker_format(refused)
+            weaker = weaker_format(refused) if refused in FORMATS else None
             if options.response_format != "auto" or weaker is None:
                 raise ResponseFormatRejected(
                     f"{exc} (GLEANER_HARVEST_RESPONSE_FORMAT={options.response_format}); "
                     "set it to auto, or to a weaker format this server accepts "
-                    f"({', '.join(FORMATS[FORMATS.index(refused) + 1 :])})",
+                    f"({', '.join(FORMATS[FORMATS.index(refused) + 1 :] if weaker else ())})",
                     format=refused,
                 ) from exc
             log.warning("the model server refused response_format %s; trying %s", refused, weaker)
@@ -739,16 +739,11 @@ def _problem(text: str) -> str:
         return "the answer was empty"
     try:
         whole = json.loads(stripped)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         if stripped[0] not in "{[":
             return 'it is not JSON and holds no JSON object with a "notes" list'
-        error = exc.msg if isinstance(exc, json.JSONDecodeError) else "not valid"
-        where = (
-            f" at line {exc.lineno} column {exc.colno}"
-            if isinstance(exc, json.JSONDecodeError)
-            else ""
-        )
-        return f"it is not valid JSON ({error}{where})"
+        # The decoder's message names the position, never the text there.
+        return f"it is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
     if isinstance(whole, dict):
         if "notes" in whole:
             return f'its "notes" is {_json_kind(whole["notes"])}, not a list'
