@@ -15,7 +15,6 @@ import hashlib
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, Executable, delete, select, text, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from store.models import (
@@ -31,6 +30,7 @@ from store.models import (
     utcnow,
 )
 from store.schemas import Scope
+from store.sql import advisory_key, dialect_insert
 
 # Tables whose dead rows a PostgreSQL forget vacuums right after its commit.
 VACUUMED = (
@@ -58,8 +58,7 @@ def transcript_key(scope: Scope, digest: str) -> str:
 def lock_key(scope: Scope) -> int:
     """Advisory lock key (PostgreSQL) that forget holds exclusively and a harvest's write
     shared, so a harvest never writes between a forget's check and its commit."""
-    digest = hashlib.sha256(f"forget\x00{scope.kind}\x00{scope.id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+    return advisory_key("forget", scope.kind, scope.id)
 
 
 def _count(session: Session, statement: Executable) -> int:
@@ -123,14 +122,14 @@ def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -
             for d in digests
         ]
         if rows:
-            insert = postgresql.insert if postgres else sqlite.insert
-            session.execute(insert(ForgottenTranscript).on_conflict_do_nothing(), rows)
+            session.execute(
+                dialect_insert(session, ForgottenTranscript).on_conflict_do_nothing(), rows
+            )
         buried = len(rows)
     else:
         clear_tombstones(session, principal)
-    insert = postgresql.insert if postgres else sqlite.insert
     session.execute(
-        insert(ForgottenOwner)
+        dialect_insert(session, ForgottenOwner)
         .values(owner_key=owner, generation=1, forgotten_at=now)
         .on_conflict_do_update(
             index_elements=["owner_key"],

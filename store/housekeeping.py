@@ -16,7 +16,6 @@ are being written, and neither deletes anything.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -32,21 +31,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 from sqlalchemy import (
     ColumnElement,
-    DateTime,
-    Float,
     and_,
     bindparam,
     case,
-    cast,
-    extract,
     func,
-    literal,
     or_,
     select,
     text,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.orm import Session
 
@@ -56,6 +49,7 @@ from store.models import ARCHIVED, LIVE, SUPERSEDED, HousekeepingState, Link, Me
 from store.notes import next_seq, next_seqs
 from store.schemas import Frozen, Scope
 from store.settings import Settings
+from store.sql import FLOAT_SLACK, ID_CHUNK, advisory_key, decayed_weight, dialect_insert
 from store.terms import FactText, disagreement, similarity_terms
 
 log = logging.getLogger(__name__)
@@ -66,20 +60,13 @@ MAX_REPORTED_PAIRS = 100
 # A weight moving by less than this is not worth a row write (a fresh note moves ~3e-7 a
 # second at a 30-day half-life).
 WEIGHT_EPSILON = 1e-6
-# PostgreSQL's power() raises on underflow; 0.5 ** 1000 (~1e-301) is as good as zero.
-MAX_HALF_LIVES = 1000
-# Ids per IN (...) list, well under SQLite's bound-parameter limit.
-ID_CHUNK = 500
-# Slack for float rounding in threshold * size, so the filters never drop a true pair.
-FLOAT_SLACK = 1e-9
 
 Transactions = Callable[[], AbstractContextManager[Session]]
 
 
 def _lock_key(name: str) -> int:
-    """A signed 64-bit PostgreSQL advisory-lock key for the housekeeping task ``name``."""
-    digest = hashlib.sha256(f"housekeeping\x00{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+    """The PostgreSQL advisory-lock key of the housekeeping task ``name``."""
+    return advisory_key("housekeeping", name)
 
 
 def _watermark(session: Session, name: str) -> int:
@@ -100,8 +87,9 @@ def _record(
     }
     if watermark is not None:
         values["watermark"] = watermark
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-    stmt = insert(HousekeepingState).values(name=name, **{"watermark": 0, **values})
+    stmt = dialect_insert(session, HousekeepingState).values(
+        name=name, **{"watermark": 0, **values}
+    )
     session.execute(stmt.on_conflict_do_update(index_elements=["name"], set_=values))
 
 
@@ -118,18 +106,6 @@ class DecayResult(Frozen):
     seconds: float
 
 
-def _decayed_weight(dialect: str, now: datetime, half_life_days: float) -> ColumnElement[Any]:
-    """A row's weight as of ``now``, in SQL; an ``updated_at`` in the future counts as now."""
-    if dialect == "postgresql":
-        seconds = extract("epoch", literal(now, DateTime(timezone=True)) - Memory.updated_at)
-        days = func.greatest(cast(seconds, Float), 0.0) / 86400.0
-        return func.power(literal(0.5, Float), func.least(days / half_life_days, MAX_HALF_LIVES))
-    # The text form SQLAlchemy stores SQLite datetimes in (naive UTC), for julianday().
-    stamp = now.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
-    days = func.max(func.julianday(stamp) - func.julianday(Memory.updated_at), 0.0)
-    return func.exp(math.log(0.5) * func.min(days / half_life_days, MAX_HALF_LIVES))
-
-
 def decay(transaction: Transactions, settings: Settings, *, dry_run: bool = False) -> DecayResult:
     """Bring every note's ``weight`` up to date, archiving under ``archive_below_weight``.
 
@@ -144,7 +120,7 @@ def decay(transaction: Transactions, settings: Settings, *, dry_run: bool = Fals
     with transaction() as session:
         dialect = session.get_bind().dialect.name
         low, high = session.execute(select(func.min(Memory.id), func.max(Memory.id))).one()
-    weight = _decayed_weight(dialect, now, settings.half_life_days)
+    weight = decayed_weight(dialect, now, settings.half_life_days)
     floor = settings.archive_below_weight
     updated = archived = batches = 0
     last, stop = (0, 0) if low is None else (int(low) - 1, int(high))
@@ -695,9 +671,8 @@ def _supersede(session: Session, plan: Sequence[_Pair]) -> list[_Pair]:
                 for (_, keeper, loser, _), seq in zip(done, seqs, strict=True)
             ],
         )
-    insert = postgresql.insert if postgres else sqlite.insert
     session.execute(
-        insert(Link).on_conflict_do_nothing(),
+        dialect_insert(session, Link).on_conflict_do_nothing(),
         [
             {"from_id": keeper.id, "to_id": loser.id, "rel": "supersedes", "created_at": now}
             for _, keeper, loser, _ in done

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
-
 from sqlalchemy import select, text
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
 from store.errors import InvalidInput, LinkRefused, NotFound
 from store.models import SUPERSEDED, Link, Memory, utcnow
 from store.notes import next_seq
 from store.schemas import RELS, LinkedNote, LinkResult, Note, NoteWithLinks, Scope
+from store.sql import advisory_key, dialect_insert
 
 # A supersedes chain longer than this is corrupt data, not a real history.
 MAX_CHAIN = 10_000
@@ -19,8 +17,7 @@ MAX_CHAIN = 10_000
 
 def scope_lock_key(scope: Scope, purpose: str) -> int:
     """A signed 64-bit key for a PostgreSQL advisory lock on (purpose, scope)."""
-    digest = hashlib.sha256(f"{purpose}\x00{scope.kind}\x00{scope.id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+    return advisory_key(purpose, scope.kind, scope.id)
 
 
 def _note_row(session: Session, scope: Scope, slug: str, *, lock: bool = False) -> Memory:
@@ -78,10 +75,8 @@ def link(
         target.updated_at = utcnow()
         target.updated_seq = next_seq(session)
 
-    dialect = session.get_bind().dialect.name
     values = {"from_id": source.id, "to_id": target.id, "rel": rel, "created_at": utcnow()}
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    session.execute(insert(Link).values(**values).on_conflict_do_nothing())
+    session.execute(dialect_insert(session, Link).values(**values).on_conflict_do_nothing())
     session.flush()
     return LinkResult(from_=Note.from_row(source), to=Note.from_row(target), rel=rel, created=True)
 

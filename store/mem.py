@@ -6,7 +6,6 @@ import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput
@@ -14,6 +13,7 @@ from store.models import MemSession, utcnow
 from store.notes import Draft, save_note
 from store.schemas import SaveResult, Scope
 from store.settings import Settings
+from store.sql import dialect_insert
 from store.text import check_principal, check_text, strip_private
 
 SUMMARY_TYPE = "summary"
@@ -35,12 +35,9 @@ def touch_session(session: Session, user_id: str) -> str:
             active.saves += 1
             session.flush()
             return active.id
-        insert = (
-            postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-        )
         # The partial unique index allows one open session per user; a racing opener wins.
         session.execute(
-            insert(MemSession)
+            dialect_insert(session, MemSession)
             .values(id=uuid.uuid4().hex, user_id=user_id, started_at=now, last_active_at=now)
             .on_conflict_do_nothing()
         )

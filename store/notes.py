@@ -23,7 +23,6 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from store import history
@@ -32,6 +31,7 @@ from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
 from store.schemas import Note, Scope, WriteResult
 from store.settings import Settings
 from store.similar import similar_notes
+from store.sql import ID_CHUNK, dialect_insert
 from store.terms import similarity_terms
 from store.text import (
     check_text,
@@ -47,8 +47,6 @@ CODE_PROVENANCES = frozenset({"user", "compaction", "import"})
 MAX_TITLE_BYTES = 1_000
 # More attempts than this at a free slug means something is wrong, not a race.
 MAX_WRITE_ATTEMPTS = 100
-# Keys per IN (...) list, well under SQLite's bound-parameter limit.
-ID_CHUNK = 500
 
 Outcome = Literal["created", "updated", "deduped"]
 
@@ -185,16 +183,6 @@ def next_seq(session: Session) -> int:
     return int(current or 0) + 1
 
 
-def _dialect_insert(session: Session, table: Any) -> Any:
-    """The dialect's INSERT (with ON CONFLICT support) for ``table``."""
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        return postgresql.insert(table)
-    if dialect == "sqlite":
-        return sqlite.insert(table)
-    return insert(table)  # pragma: no cover - the engine factory only builds the two
-
-
 def seq_expression(session: Session) -> Any:
     """SQL for the next ``updated_seq``, inlined into an INSERT: no round trip of its own."""
     if session.get_bind().dialect.name == "postgresql":
@@ -233,7 +221,7 @@ def _insert_ignoring_conflicts(session: Session, values: dict[str, Any]) -> Memo
     stmt = _INSERTS.get(dialect)
     if stmt is None:
         table = cast(Table, Memory.__table__)
-        stmt = _dialect_insert(session, table).values(updated_seq=seq_expression(session))
+        stmt = dialect_insert(session, table).values(updated_seq=seq_expression(session))
         if hasattr(stmt, "on_conflict_do_nothing"):
             stmt = stmt.on_conflict_do_nothing()
         stmt = _INSERTS[dialect] = stmt.returning(*table.c)
@@ -775,7 +763,7 @@ def _apply(session: Session, scope: Scope, ops: list[_Op]) -> list[_Op]:
             for op in chunk
         ]
         # executemany with RETURNING: one compiled statement, sent as multi-row INSERTs.
-        stmt = _dialect_insert(session, Memory.__table__)
+        stmt = dialect_insert(session, Memory.__table__)
         if "updated_seq" not in rows[0]:
             stmt = stmt.values(updated_seq=seq_expression(session))
         if hasattr(stmt, "on_conflict_do_nothing"):

@@ -25,11 +25,11 @@ from store.errors import InvalidInput
 from store.models import LIVE, Memory
 from store.schemas import Note, Scope, SearchHit
 from store.settings import Settings
+from store.sql import recency_sql
 from store.text import check_text, snippet, words
 
 MAX_LIMIT = 100
 MAX_QUERY_WORDS = 32
-LN2 = 0.6931471805599453
 
 
 def _params(settings: Settings, scope: Scope, limit: int) -> dict[str, Any]:
@@ -52,15 +52,15 @@ def _params(settings: Settings, scope: Scope, limit: int) -> dict[str, Any]:
 # scope's matches alone. ts_rank_cd runs only on the candidates.
 RANK_CANDIDATES = 100
 
+# The recency fragment is the store's own SQL (store.sql), no input: every value is bound.
 _PG_FTS = text(
-    """
+    f"""
     SELECT id, lexical, recency,
            (1 - :w) * lexical + :w * recency + CASE WHEN pinned THEN :bonus ELSE 0 END AS score
     FROM (
         SELECT m.id, m.pinned,
                ts_rank_cd(m.search_vector, q, 32) AS lexical,
-               power(0.5, least(extract(epoch FROM (now() - m.updated_at)) / 86400.0 / :half, 1000))
-                   AS recency
+               {recency_sql("postgresql", "m.updated_at")} AS recency
         FROM (
             SELECT c.id
             FROM memories c
@@ -74,7 +74,7 @@ _PG_FTS = text(
     ) ranked
     ORDER BY score DESC, id DESC
     LIMIT :limit
-    """
+    """  # noqa: S608
 )
 
 # FTS5 hands matches out by rowid (the note id, so creation order) and stops after the newest
@@ -83,15 +83,14 @@ _PG_CUSTOM_PLAN = text("SET LOCAL plan_cache_mode = force_custom_plan")
 _PG_EMPTY = text("SELECT numnode(websearch_to_tsquery('english', :q)) = 0")
 
 _SQLITE_FTS = text(
-    """
+    f"""
     SELECT id, lexical, recency,
            (1 - :w) * lexical + :w * recency + CASE WHEN pinned THEN :bonus ELSE 0 END AS score
     FROM (
         SELECT m.id, m.pinned,
                (-bm25(memories_fts, 10.0, 5.0, 1.0)) / (1 - bm25(memories_fts, 10.0, 5.0, 1.0))
                    AS lexical,
-               exp(-0.6931471805599453 * (julianday('now') - julianday(m.updated_at)) / :half)
-                   AS recency
+               {recency_sql("sqlite", "m.updated_at")} AS recency
         FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid
         WHERE memories_fts MATCH :q
           AND m.scope_kind = :kind AND m.scope_id = :sid AND m.status = :live
@@ -100,7 +99,7 @@ _SQLITE_FTS = text(
     ) ranked
     ORDER BY score DESC, id DESC
     LIMIT :limit
-    """
+    """  # noqa: S608
 )
 
 
@@ -112,14 +111,7 @@ def _fts5_query(tokens: list[str]) -> str:
 def _like_query(
     session: Session, settings: Settings, scope: Scope, needles: list[str], limit: int
 ) -> tuple[TextClause, dict[str, Any]]:
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        # Capped at 1000 half-lives: PostgreSQL's power() raises on underflow.
-        recency = (
-            "power(0.5, least(extract(epoch FROM (now() - updated_at)) / 86400.0 / :half, 1000))"
-        )
-    else:
-        recency = f"exp(-{LN2} * (julianday('now') - julianday(updated_at)) / :half)"
+    recency = recency_sql(session.get_bind().dialect.name)
     params = _params(settings, scope, limit)
     hits = []
     for i, needle in enumerate(needles):

@@ -25,6 +25,7 @@ from sqlalchemy.sql.elements import ColumnElement, TextClause
 
 from store.models import LIVE, Memory, MemoryTerm
 from store.schemas import Scope, Similar
+from store.sql import FLOAT_SLACK, ID_CHUNK
 from store.terms import FactText, disagreement, similarity_terms
 
 SIMILAR_LIMIT = 5
@@ -34,10 +35,9 @@ COMMON_TERM_NOTES = 500
 # Above this many prefix terms (a low threshold, as for ``similar``) the extra lookups cost
 # more than they save: count every shared term instead.
 PREFIX_MAX_TERMS = 3
-# Terms per statement in the frequency and postings lookups, and ids per IN list: well under
-# SQLite's bound-parameter limit.
+# Terms per statement in the frequency and postings lookups: well under SQLite's
+# bound-parameter limit.
 TERM_CHUNK = 200
-ID_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Twin:
 
 def min_shared(threshold: float, size: int) -> int:
     """Terms a note must share with a probe of ``size`` terms to score ``threshold``."""
-    return max(1, math.ceil(threshold * size - 1e-9))
+    return max(1, math.ceil(threshold * size - FLOAT_SLACK))
 
 
 def prefix_size(terms: frozenset[str], threshold: float) -> int:
@@ -243,7 +243,7 @@ def _counted_in_sql(
     found = []
     for note_id, slug, title, common, size, pinned, provenance in session.execute(_SIMILAR, params):
         score = common / (len(terms) + size - common)
-        if score >= threshold - 1e-9:
+        if score >= threshold - FLOAT_SLACK:
             found.append(Twin(int(note_id), slug, title, round(score, 4), bool(pinned), provenance))
     return found
 
@@ -310,7 +310,7 @@ def similar_twins_many(
                 continue
             shared = len(terms & note.terms)
             score = shared / (len(terms) + note.term_count - shared)
-            if score >= threshold - 1e-9:
+            if score >= threshold - FLOAT_SLACK:
                 scored.append((-score, note.slug, note))
         scored.sort(key=lambda item: (item[0], item[1]))
         results[n] = [

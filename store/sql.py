@@ -1,0 +1,73 @@
+"""SQL pieces the store's modules share: the one place each is written.
+
+- ``ID_CHUNK``: keys per ``IN (...)`` list, well under SQLite's bound-parameter limit.
+- ``FLOAT_SLACK``: slack for float rounding in ``threshold * size`` comparisons, so a filter
+  never drops a pair the exact Jaccard score keeps.
+- ``advisory_key``: a PostgreSQL advisory-lock key for a purpose and its parts.
+- ``dialect_insert``: the dialect's INSERT (with ``on_conflict_*``) for a table.
+- ``recency_sql`` / ``decayed_weight``: the recency factor ``0.5 ** (age_days /
+  half_life_days)``, as SQL text (search) and as an expression (decay). Both count a future
+  time as now and cap the age at MAX_HALF_LIVES half-lives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import DateTime, Float, cast, extract, func, literal
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
+
+from store.models import Memory
+
+ID_CHUNK = 500
+FLOAT_SLACK = 1e-9
+# Ages past this many half-lives count as this many: PostgreSQL's power() raises on underflow
+# and the factor is 0 to any precision that matters long before.
+MAX_HALF_LIVES = 1000
+LN_HALF = math.log(0.5)
+
+
+def advisory_key(purpose: str, *parts: str) -> int:
+    """A signed 64-bit key for a PostgreSQL advisory lock on ``purpose`` and ``parts``."""
+    digest = hashlib.sha256("\x00".join((purpose, *parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def dialect_name(session: Session) -> str:
+    return session.get_bind().dialect.name
+
+
+def dialect_insert(session: Session, table: Any) -> Any:
+    """The dialect's INSERT for ``table`` (PostgreSQL or SQLite: both have ON CONFLICT)."""
+    return (postgresql.insert if dialect_name(session) == "postgresql" else sqlite.insert)(table)
+
+
+def recency_sql(dialect: str, column: str = "updated_at", now: str | None = None) -> str:
+    """SQL for ``0.5 ** (age_days / :half)``, the age taken from ``column`` to ``now`` (an SQL
+    expression; the database's current time when None), a future time counting as now and
+    the age capped at MAX_HALF_LIVES half-lives. ``:half`` is the half-life in days.
+    """
+    if dialect == "postgresql":
+        since = now or "now()"
+        days = f"greatest(extract(epoch FROM ({since} - {column})), 0) / 86400.0"
+        return f"power(0.5, least({days} / :half, {MAX_HALF_LIVES}))"
+    since = now or "'now'"
+    days = f"max(julianday({since}) - julianday({column}), 0.0)"
+    return f"exp({LN_HALF!r} * min({days} / :half, {MAX_HALF_LIVES}))"
+
+
+def decayed_weight(dialect: str, now: datetime, half_life_days: float) -> ColumnElement[Any]:
+    """``recency_sql`` as an expression over ``memories.updated_at``, as of ``now``."""
+    if dialect == "postgresql":
+        seconds = extract("epoch", literal(now, DateTime(timezone=True)) - Memory.updated_at)
+        days = func.greatest(cast(seconds, Float), 0.0) / 86400.0
+        return func.power(literal(0.5, Float), func.least(days / half_life_days, MAX_HALF_LIVES))
+    # The text form SQLAlchemy stores SQLite datetimes in (naive UTC), for julianday().
+    stamp = now.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+    days = func.max(func.julianday(stamp) - func.julianday(Memory.updated_at), 0.0)
+    return func.exp(LN_HALF * func.min(days / half_life_days, MAX_HALF_LIVES))
