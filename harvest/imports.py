@@ -104,7 +104,7 @@ def estimate(paths: Iterable[Path], settings: Settings) -> Estimate:
     tokenizing), so an input a harvest refuses is counted, never expanded.
     """
     from harvest.model import chunk_sizes, count_tokens
-    from harvest.prompt import render_message, system_prompt
+    from harvest.prompt import render_message, system_prompt, user_prompt
     from harvest.redact import redact_transcript
 
     summary = Summary()
@@ -112,7 +112,14 @@ def estimate(paths: Iterable[Path], settings: Settings) -> Estimate:
     # Refused when read: their reason comes first (harvest.readers.ReadResult).
     refused_read = sum(1 for f in summary.failures if f["error"].startswith("too_large:"))
     refused_calls = 0
-    fixed = count_tokens(system_prompt(max_facts=settings.harvest_max_facts)) + 50
+    # The fixed part of a request: the system rules and the user turn around the transcript.
+    fixed = count_tokens(system_prompt(max_facts=settings.harvest_max_facts)) + count_tokens(
+        user_prompt(
+            "",
+            max_facts=settings.harvest_max_facts,
+            types=tuple(settings.observation_types),
+        )
+    )
     calls = prompt = tokens = messages = 0
     for transcript in transcripts:
         redacted = redact_transcript(transcript)

@@ -192,6 +192,15 @@ class Settings(BaseSettings):
                 f"{self.task_soft_time_limit}, {self.task_time_limit}, "
                 f"{self.broker_visibility_timeout}"
             )
+        # A model call with its retries ends before the task is told to stop: a soft time
+        # limit is for a stuck harvest, not a slow model.
+        longest_call = self.harvest_timeout_seconds + self.harvest_max_retry_seconds
+        if not longest_call < self.task_soft_time_limit:
+            raise ValueError(
+                "GLEANER_HARVEST_TIMEOUT_SECONDS + GLEANER_HARVEST_MAX_RETRY_SECONDS must be "
+                f"under GLEANER_TASK_SOFT_TIME_LIMIT, got {self.harvest_timeout_seconds} + "
+                f"{self.harvest_max_retry_seconds} and {self.task_soft_time_limit}"
+            )
         # One late heartbeat (a busy database, a pause) must not make a live job look lost.
         if self.job_lease_seconds <= 2 * self.job_heartbeat_seconds:
             raise ValueError(

@@ -78,3 +78,10 @@ def test_a_bad_value_is_a_clear_error_naming_the_variable(
         load_settings()
     assert name in str(caught.value)
     assert repr(value) in str(caught.value)
+
+
+def test_a_model_call_with_its_retries_must_end_before_the_soft_time_limit() -> None:
+    with pytest.raises(ConfigError, match="GLEANER_HARVEST_TIMEOUT_SECONDS"):
+        load_settings(
+            harvest_timeout_seconds=300, harvest_max_retry_seconds=30, task_soft_time_limit=320
+        )
