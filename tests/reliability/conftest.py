@@ -42,6 +42,13 @@ class Services:
     redis: Redis
     model: LLMServer
 
+    def ensure_up(self) -> None:
+        """Start a server a failed scenario left stopped, so the next one runs anyway."""
+        if not self.pg.running():
+            self.pg.start()
+        if self.redis.proc is None or self.redis.proc.poll() is not None:
+            self.redis.start()
+
 
 @pytest.fixture(scope="session")
 def services() -> Iterator[Services]:
@@ -155,6 +162,7 @@ def open_scenario(
         **settings: str,
     ) -> Scenario:
         number = len(recorder.scenarios) + len(opened) + 1
+        services.ensure_up()
         database = f"rel_{number:02d}"
         admin = create_engine(services.pg.url(), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:

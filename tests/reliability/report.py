@@ -9,6 +9,7 @@ The JSON is the one the suite writes as it runs (GLEANER_RELIABILITY_JSON, defau
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -20,8 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def results_path() -> Path:
-    """Where the suite writes its figures (and this reads them)."""
-    default = Path(tempfile.gettempdir()) / "gleaner-reliability.json"
+    """Where the suite writes its figures (and this reads them): one file per checkout."""
+    checkout = hashlib.sha256(str(REPO).encode()).hexdigest()[:6]
+    default = Path(tempfile.gettempdir()) / f"gleaner-reliability-{checkout}.json"
     return Path(os.environ.get("GLEANER_RELIABILITY_JSON", str(default)))
 
 

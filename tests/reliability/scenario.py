@@ -413,6 +413,12 @@ class Scenario:
             leaks[word] = {"tables": dump.count(needle), "logs": logs.count(needle)}
             if word not in forgotten:  # the model saw a forgotten owner's text before forget
                 leaks[word]["model_requests"] = sent.count(needle)
+        named = sorted(set(re.findall(r"marker[ -]m\d\dx\d{4}|owner\d", logs)))
+        self.check(
+            "worker and beat logs carry ids and counts: no owner, note title or slug",
+            not named,
+            f"{named[:5]}",
+        )
         self.check(
             "no private or forgotten text in tables, model requests or logs",
             all(sum(v.values()) == 0 for v in leaks.values()),

@@ -6,9 +6,12 @@ person-written notes, (5) size and cost bounds, (6) one bad item in a batch, (7)
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import re
+import signal
 import time
 import zipfile
 from datetime import timedelta
@@ -113,7 +116,9 @@ def test_2_no_duplicate_messages_and_failed_jobs_stay_failed(open_scenario: Open
         sc.model.overrides[marker] = "garbage"
     sc.transcripts(N)
     sc.start()
+    sweeps = r"gleaner\.requeue_stale\[[^\]]+\] succeeded"
     sc.enqueue()
+    swept_before = len(re.findall(sweeps, sc.logs()))
     sc.step("enqueued 200")
     client = sc.cluster.redis()
     peak = 0
@@ -127,6 +132,13 @@ def test_2_no_duplicate_messages_and_failed_jobs_stay_failed(open_scenario: Open
     sc.record["queue_peak"] = peak
     sc.step(f"settled; the queue held at most {peak} messages")
     sc.check("the waiting backlog was never duplicated (queue <= 200)", peak <= N, f"{peak}")
+    swept = len(re.findall(sweeps, sc.logs())) - swept_before
+    sc.record["sweeps_during_backlog"] = swept
+    sc.check(
+        "the sweep ran while the backlog waited (the worker serves all queues)",
+        swept >= 3,
+        f"{swept} sweeps",
+    )
     before = {j["id"]: (j["state"], int(j["attempts"]), j["last_error"]) for j in sc.jobs()}
     calls_before = sum(sc.model.calls.values())
 
@@ -356,6 +368,30 @@ def limits_landed() -> bool:
     )
 
 
+def kill_each_run(sc: Scenario, marker: str, timeout: float = 90) -> int:
+    """SIGKILL the worker child running ``marker``'s job each time one claims it, until the
+    job is failed; returns how many children were killed."""
+    kills, seen = 0, set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = job_rows(sc).get(marker)
+        if job is not None and job["state"] == "failed":
+            return kills
+        if job is not None and job["state"] == "running" and sc.model.calls[marker] > kills:
+            with sc.store.engine.connect() as conn:
+                claimed_by = conn.execute(
+                    text("SELECT claimed_by FROM jobs WHERE id = :i"), {"i": job["id"]}
+                ).scalar_one()
+            pid = int(str(claimed_by).rsplit(":", 1)[1])
+            if (pid, job["attempts"]) not in seen:
+                seen.add((pid, job["attempts"]))
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                kills += 1
+        time.sleep(0.1)
+    raise TimeoutError(f"{marker}'s job was not failed within {timeout} s")
+
+
 def test_5_oversized_input_is_refused_before_any_model_call(
     open_scenario: OpenScenario, request: pytest.FixtureRequest
 ) -> None:
@@ -392,15 +428,21 @@ def test_5_oversized_input_is_refused_before_any_model_call(
     sc.record["what"] = (
         "Limits: 60,000 bytes and 100 messages per transcript, 3 model requests of 1,000 "
         "tokens, 10 MB per file. Of 200 transcripts, 3 are over the byte limit (one a 5 MB "
-        "unbroken word), 3 over the message limit, 4 fit both but would need ~10 requests. "
+        "unbroken word), 3 over the message limit, 4 fit both but would need ~10 requests, "
+        "and one kills the worker child that runs it, every time (as the 64 MB word did "
+        "while tokenizing: the test SIGKILLs the child named by the job's claimed_by). "
         "Then `gleaner import --dry-run` of a ~100 KB zip whose conversations.json inflates to "
         "100 MB."
     )
+    crasher = f"{tag}0199"
+    sc.model.overrides[crasher] = "hang"
     sc.transcripts(N, make=make)
     sc.start(**LIMITS)
     started = time.monotonic()
     summary = sc.enqueue(expect_exit=1)
     sc.step(f"enqueue took {time.monotonic() - started:.1f} s")
+    kills = kill_each_run(sc, crasher)
+    sc.step(f"the worker child running {crasher} killed {kills} times")
     refused = {
         m.group(1)
         for f in summary["failures"]
@@ -421,8 +463,14 @@ def test_5_oversized_input_is_refused_before_any_model_call(
     sc.wait_all(120)
     sc.step("all settled")
     sc.verify(
-        expect_failed=dict.fromkeys(over_calls, "too_large"),
+        expect_failed={**dict.fromkeys(over_calls, "too_large"), crasher: "worker_lost"},
         refused=sorted(over_bytes | over_messages),
+    )
+    sc.check(
+        "a transcript that kills its worker every run is failed (worker_lost) after "
+        "GLEANER_JOB_MAX_CRASHES runs, not redelivered without end",
+        sc.model.calls[crasher] == int(sc.settings["GLEANER_JOB_MAX_CRASHES"]),
+        f"{sc.model.calls[crasher]} calls, {kills} kills",
     )
     sc.check(
         "no model call for any oversized transcript",
@@ -569,10 +617,22 @@ def test_7_bad_owners_are_refused_at_the_door(open_scenario: OpenScenario) -> No
 
 # --- 8 -------------------------------------------------------------------------------------
 
+# A model call with its retries must end before the soft limit (3 + 0.5 < 4, as start-up
+# demands): the soft limit stops a harvest of several slow calls, inside one of them.
 SOFT_LIMIT = {
-    "GLEANER_TASK_SOFT_TIME_LIMIT": "3",
+    "GLEANER_TASK_SOFT_TIME_LIMIT": "4",
     "GLEANER_TASK_TIME_LIMIT": "6",
+    "GLEANER_HARVEST_TIMEOUT_SECONDS": "3",
+    "GLEANER_HARVEST_MAX_RETRY_SECONDS": "0.5",
+    "GLEANER_HARVEST_CONTEXT_TOKENS": "200",
 }
+
+
+def three_chunks(i: int, tag: str) -> dict[str, Any]:
+    """A transcript of three 200-token chunks, each holding the marker line."""
+    filler = " ".join(f"note{k} detail{k}" for k in range(30))
+    line = {"role": "user", "content": f"My marker is {tag}{i:04d}. {filler}"}
+    return transcript(i, tag, extra_messages=[line, line, line])
 
 
 def test_8_soft_time_limit_inside_a_model_call_fails_the_job(
@@ -584,24 +644,39 @@ def test_8_soft_time_limit_inside_a_model_call_fails_the_job(
         item="8",
         **SOFT_LIMIT,
     )
-    hanging = {f"{sc.tag}{i:04d}" for i in (3, 50, 100, 150, 199)}
+    slow = {f"{sc.tag}{i:04d}" for i in (3, 50, 100, 150, 199)}
     sc.record["what"] = (
-        "Soft time limit 3 s, hard 6 s; the model's timeout is 4 s, so the soft limit fires "
-        "inside the call. The model never answers 5 of the 200 transcripts. Their jobs must "
-        "fail with time_limit after one call each (litellm's wrapping of "
-        "SoftTimeLimitExceeded is not taken for a transient error and retried)."
+        "Soft time limit 4 s, hard 6 s; a model call may take 3 s plus 0.5 s of retries "
+        "(start-up refuses a call that could outlast the soft limit). 5 of the 200 "
+        "transcripts are three chunks long and the model takes 2.5 s for each of their "
+        "requests, so the soft limit fires inside their second call. Their jobs must fail "
+        "with time_limit and no request be sent again (litellm's wrapping of "
+        "SoftTimeLimitExceeded is not taken for a transient error)."
     )
-    for marker in hanging:
-        sc.model.overrides[marker] = "hang"
-    sc.transcripts(N)
+    sc.model.slow_seconds = 2.5
+    for marker in slow:
+        sc.model.overrides[marker] = "slow"
+    sc.transcripts(
+        N,
+        make=lambda i: (
+            three_chunks(i, sc.tag) if f"{sc.tag}{i:04d}" in slow else transcript(i, sc.tag)
+        ),
+    )
     sc.start(**SOFT_LIMIT)
     sc.enqueue()
     sc.wait_all(120)
     sc.step("all settled")
-    sc.verify(expect_failed=dict.fromkeys(hanging, "time_limit"))
-    calls = {m: sc.model.calls[m] for m in sorted(hanging)}
+    sc.verify(expect_failed=dict.fromkeys(slow, "time_limit"), chunks=3)
+    sent: dict[str, list[str]] = {m: [] for m in slow}
+    for request in sc.server.requests[sc.requests_from :]:
+        found = re.search(r"My marker is ([A-Za-z0-9]+)\.", request.user_text)
+        if found and found.group(1) in sent:
+            sent[found.group(1)].append(request.user_text)
+    calls = {m: len(texts) for m, texts in sorted(sent.items())}
     sc.check(
-        "one model call per hanging transcript (no retry)", set(calls.values()) == {1}, f"{calls}"
+        "no request of a stopped harvest sent again (calls <= 2 of its 3 chunks)",
+        all(len(set(t)) == len(t) <= 2 for t in sent.values()),
+        f"{calls}",
     )
     sc.assert_checks()
 
