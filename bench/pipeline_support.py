@@ -328,31 +328,33 @@ def cpu_note(before: dict[str, float], after: dict[str, float], transcripts: int
     )
 
 
-LITELLM_PROBE = """
+CLIENT_PROBE = """
 import json, sys, time
-from harvest.model import ModelOptions, litellm_call, warm_up
+from harvest.model import ModelOptions, resolve_llm, warm_up
 from store.settings import Settings
 
 options = ModelOptions.from_settings(Settings(
-    harvest_model=sys.argv[1], harvest_api_base=sys.argv[2], harvest_api_key="bench"))
+    harvest_model=sys.argv[1], harvest_api_base=sys.argv[2], harvest_api_key="bench",
+    harvest_llm=sys.argv[4]))
 warm_up(options.model)
+call = resolve_llm(options)
 messages = [{"role": "system", "content": "Extract notes. " * 40},
             {"role": "user", "content": "I prefer vim with the kit1 keymap1. " * 12}]
 for _ in range(20):
-    litellm_call(messages, options=options)
+    call(messages, options=options)
 calls = int(sys.argv[3])
 started = time.process_time()
 for _ in range(calls):
-    litellm_call(messages, options=options)
+    call(messages, options=options)
 print(json.dumps({"cpu_ms": 1000 * (time.process_time() - started) / calls}))
 """
 
 
-def litellm_cpu_ms(api_base: str, calls: int = 200) -> float:
-    """CPU milliseconds per ``harvest.model.litellm_call`` to the model server, measured in a
-    fresh process (import and warm-up excluded)."""
+def client_cpu_ms(api_base: str, calls: int = 200, client: str = "litellm") -> float:
+    """CPU milliseconds per model call through ``client`` (a GLEANER_HARVEST_LLM value) to the
+    model server, measured in a fresh process (import and warm-up excluded)."""
     out = subprocess.run(
-        [sys.executable, "-c", LITELLM_PROBE, MODEL, api_base, str(calls)],
+        [sys.executable, "-c", CLIENT_PROBE, MODEL, api_base, str(calls), client],
         cwd=ROOT,
         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT)},
         capture_output=True,

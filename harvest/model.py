@@ -98,7 +98,7 @@ class ModelOptions(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     model: str = Field(min_length=1, description="litellm model string")
-    llm: str = Field(default="litellm", description="'litellm' or 'module:function'")
+    llm: str = Field(default="auto", description="'auto', 'litellm', 'openai' or 'module:function'")
     api_base: str | None = None
     api_key: SecretStr | None = None
     max_facts: int = Field(default=5, gt=0, le=50)
@@ -342,7 +342,7 @@ FormatMode = Literal["json_schema", "json_object", "none"]
 # ("JSON schema conversion failed") and llama-cpp-python, whose HTTP 500 carries the request's
 # validation error ("response_format" ... "json_schema"). An error that names none of these
 # (a bad message, an unknown model) is not about the format and is not fallen back from.
-_FORMAT_WORDS = re.compile(r"response.?format|json.?schema|json.?object|schema|grammar", re.I)
+FORMAT_WORDS = re.compile(r"response.?format|json.?schema|json.?object|schema|grammar", re.I)
 
 # What ``auto`` learned in this process: (model, api_base) -> the format the server accepted
 # after refusing a stronger one. Only an accepted format is remembered, so a request refused
@@ -368,6 +368,12 @@ def auto_format(model: str, api_base: str | None) -> ResponseFormat:
     if api_base and mode == "json_object":
         return "json_schema"
     return mode
+
+
+def known_format(model: str, api_base: str | None) -> ResponseFormat | None:
+    """The format this process saw the server at ``api_base`` accept for ``model``, if any."""
+    with _accepted_lock:
+        return _accepted.get((model, api_base))
 
 
 def remember_format(model: str, api_base: str | None, mode: ResponseFormat) -> None:
@@ -405,7 +411,7 @@ def rejects_format(exc: BaseException, error: ModelError) -> bool:
     server_side = isinstance(status, int) and status >= 500
     if not (bad_request or status in (400, 422) or server_side):
         return False
-    return _FORMAT_WORDS.search(str(exc)) is not None
+    return FORMAT_WORDS.search(str(exc)) is not None
 
 
 @functools.lru_cache(maxsize=64)
@@ -491,7 +497,11 @@ def retry_after_seconds(exc: BaseException, *, now: float | None = None) -> floa
 
     ``Retry-After`` may be seconds or an HTTP date; a negative or unreadable value is None.
     """
-    headers = _error_headers(exc)
+    return retry_after_from(_error_headers(exc), now=now)
+
+
+def retry_after_from(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """``retry_after_seconds`` from response headers (their names lowercased)."""
     if "retry-after-ms" in headers:
         try:
             return max(0.0, float(headers["retry-after-ms"]) / 1000)
@@ -646,19 +656,27 @@ def call_with_fallback(
 
 
 def resolve_llm(options: ModelOptions) -> HarvestLLM:
-    """The callable ``harvest_llm`` names: ``litellm`` or an importable ``module:function``.
+    """The callable ``harvest_llm`` names: ``auto`` (the lean OpenAI-compatible client of
+    ``harvest.openai_http`` for an ``openai/...`` model with an ``api_base``, litellm for any
+    other), ``litellm``, ``openai`` (the lean client), or an importable ``module:function``.
 
     Raises ConfigError naming GLEANER_HARVEST_LLM when it cannot be imported or called.
     """
     spec = options.llm.strip()
-    if spec == "litellm":
+    lean = options.model.startswith("openai/") and bool(options.api_base)
+    if spec == "openai" or (spec == "auto" and lean):
+        from harvest.openai_http import openai_call
+
+        return openai_call
+    if spec in ("litellm", "auto"):
         return litellm_call
     from store.errors import ConfigError  # lazy: store's package import is not free
 
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigError(
-            f"GLEANER_HARVEST_LLM: expected 'litellm' or 'module:function' (got {spec!r})",
+            "GLEANER_HARVEST_LLM: expected 'auto', 'litellm', 'openai' or 'module:function' "
+            f"(got {spec!r})",
             reason="bad_config",
         )
     try:

@@ -64,8 +64,9 @@ class Settings(BaseSettings):
         description="Most of the owner's topic keys shown to the model (0: none).",
     )
     harvest_llm: str = Field(
-        default="litellm",
-        description="Callable that talks to the model: 'litellm' or 'module:function'.",
+        default="auto",
+        description="Callable that talks to the model: 'auto', 'litellm', 'openai' (the lean "
+        "OpenAI-compatible client) or 'module:function'.",
     )
     harvest_api_base: str | None = Field(
         default=None, description="Base URL of an OpenAI-compatible server."

@@ -71,6 +71,7 @@ class RecordedRequest:
     at: float
     path: str
     body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)  # names lowercased
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -285,9 +286,13 @@ class LLMServer:
             item = self._script.popleft() if self._script else self.default
         return item if isinstance(item, Behaviour) else item(body)
 
-    def _record(self, path: str, body: dict[str, Any]) -> None:
+    def _record(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
         with self._lock:
-            self.requests.append(RecordedRequest(at=time.monotonic(), path=path, body=body))
+            self.requests.append(
+                RecordedRequest(at=time.monotonic(), path=path, body=body, headers=headers or {})
+            )
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -311,7 +316,7 @@ class LLMServer:
                     body = json.loads(raw or b"{}")
                 except ValueError:
                     body = {"_unparseable": raw.decode("utf-8", "replace")}
-                server._record(path, body)
+                server._record(path, body, {k.lower(): v for k, v in self.headers.items()})
                 behaviour = server._next(body)
                 if behaviour.hang:
                     # Never answer: hold the request until the client gives up (its timeout),

@@ -119,12 +119,23 @@ def server() -> Iterator[LLMServer]:
 OptionsFactory = Callable[..., ModelOptions]
 
 
+# Every behaviour is tested through both clients: litellm and the lean OpenAI-compatible one
+# (harvest.openai_http), which ``auto`` picks for a server like this one.
+CLIENTS = ("openai", "litellm")
+
+
+@pytest.fixture(params=CLIENTS)
+def client(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-def options(server: LLMServer) -> OptionsFactory:
+def options(server: LLMServer, client: str) -> OptionsFactory:
     """Options pointing at the test server, with small timeouts and fast backoff."""
 
     def make(**overrides: Any) -> ModelOptions:
         values: dict[str, Any] = {
+            "llm": client,
             "model": "openai/test-model",
             "api_base": server.api_base,
             "api_key": "test",

@@ -86,6 +86,18 @@ def _fresh_formats() -> Iterator[None]:
     forget_formats()
 
 
+# Every behaviour is tested through both clients: litellm and the lean OpenAI-compatible one
+# (harvest.openai_http), which ``auto`` picks for a server like this one.
+CLIENT = {"llm": "openai"}
+
+
+@pytest.fixture(autouse=True, params=("openai", "litellm"))
+def _client(request: pytest.FixtureRequest) -> Iterator[None]:
+    CLIENT["llm"] = str(request.param)
+    yield
+    CLIENT["llm"] = "openai"
+
+
 @pytest.fixture
 def server() -> Iterator[LLMServer]:
     with llm_server() as srv:
@@ -94,6 +106,7 @@ def server() -> Iterator[LLMServer]:
 
 def options(server: LLMServer, **overrides: Any) -> ModelOptions:
     values: dict[str, Any] = {
+        "llm": CLIENT["llm"],
         "model": "openai/test-model",
         "api_base": server.api_base,
         "api_key": "test",

@@ -1,4 +1,5 @@
-"""A soft time limit raised inside a model call stops the harvest at once.
+"""A soft time limit raised inside a model call stops the harvest at once, through either
+client.
 
 litellm wraps whatever its HTTP call raised in its own errors; Celery's
 ``SoftTimeLimitExceeded`` must not become a transient model error retried until the hard kill.
@@ -29,9 +30,11 @@ def server() -> Iterator[LLMServer]:
         yield running
 
 
-def test_soft_time_limit_inside_a_model_call_is_not_retried(server: LLMServer) -> None:
+@pytest.mark.parametrize("client", ["litellm", "openai"])
+def test_soft_time_limit_inside_a_model_call_is_not_retried(server: LLMServer, client: str) -> None:
     server.default = slow(3)
     options = ModelOptions(
+        llm=client,
         model="openai/test-model",
         api_base=server.api_base,
         api_key="test",
