@@ -13,20 +13,23 @@ local server; here a call is the request, the response and the same error classe
   falls back, as on the litellm path);
 - usage and ``finish_reason`` are read from the answer.
 
-One ``httpx.Client`` per process (connections kept alive), made on first use, so a forked
-worker child never shares its parent's sockets. A stop signal raised inside the call (a
-soft time limit) goes through untouched: httpx wraps only its own errors.
+The transport is the standard library's ``http.client``: one kept-alive connection per
+thread and server, made on first use (so a forked worker child never shares its parent's
+sockets); the timeout bounds each wait on the socket. A connection the server closed while
+idle is opened again once, at no attempt's cost. A stop signal raised inside the call (a
+soft time limit) goes through untouched. Proxies from the environment are not used: a model
+server is reached directly.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import threading
 from collections.abc import Mapping
 from typing import Any
-
-import httpx
+from urllib.parse import urlsplit
 
 from harvest.errors import (
     ContextWindowExceeded,
@@ -56,20 +59,61 @@ _CONTEXT_WORDS = (
 # The error text kept in a message (a server may echo the whole request back).
 MAX_ERROR_CHARS = 500
 
-_clients: dict[int, httpx.Client] = {}
-_clients_lock = threading.Lock()
+# Connections of this thread, by (process, scheme, host, port): a forked child or another
+# thread opens its own (http.client connections are neither fork- nor thread-safe).
+_local = threading.local()
 
 
-def _client() -> httpx.Client:
-    """This process's client (a forked child makes its own: sockets are not shared)."""
-    pid = os.getpid()
-    with _clients_lock:
-        client = _clients.get(pid)
-        if client is None:
-            # The timeout is set per request; redirects are not followed (an API does not
-            # redirect a POST), and the environment's proxies are honoured as httpx does.
-            client = _clients[pid] = httpx.Client(follow_redirects=False)
-        return client
+def _connection(scheme: str, host: str, port: int, timeout: float) -> http.client.HTTPConnection:
+    """This thread's kept-alive connection to the server (opened on first use)."""
+    pool: dict[tuple[int, str, str, int], http.client.HTTPConnection] = _local.__dict__.setdefault(
+        "pool", {}
+    )
+    key = (os.getpid(), scheme, host, port)
+    conn = pool.get(key)
+    if conn is None:
+        kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+        conn = pool[key] = kind(host, port, timeout=timeout)
+    conn.timeout = timeout
+    if conn.sock is not None:
+        conn.sock.settimeout(timeout)
+    return conn
+
+
+def _drop(scheme: str, host: str, port: int) -> None:
+    pool = _local.__dict__.get("pool", {})
+    conn = pool.pop((os.getpid(), scheme, host, port), None)
+    if conn is not None:
+        conn.close()
+
+
+def _post(
+    url: str, body: bytes, headers: dict[str, str], timeout: float
+) -> tuple[int, dict[str, str], bytes]:
+    """POST on this thread's connection: ``(status, headers lowercased, body)``."""
+    parts = urlsplit(url)
+    scheme = parts.scheme or "http"
+    host = parts.hostname or "localhost"
+    port = parts.port or (443 if scheme == "https" else 80)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    while True:
+        conn = _connection(scheme, host, port, timeout)
+        reused = conn.sock is not None  # kept alive from an earlier call
+        try:
+            conn.request("POST", path, body, headers)
+            response = conn.getresponse()
+            data = response.read()
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            _drop(scheme, host, port)
+            if not reused:
+                raise
+            continue  # the server closed the idle kept-alive connection: once more, fresh
+        except BaseException:
+            _drop(scheme, host, port)  # half-used: never reuse it
+            raise
+        if response.will_close:
+            _drop(scheme, host, port)
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, data
 
 
 def served_model(model: str) -> str:
@@ -102,33 +146,34 @@ def openai_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
         headers["Authorization"] = f"Bearer {options.api_key.get_secret_value()}"
     url = options.api_base.rstrip("/") + "/chat/completions"
     try:
-        response = _client().post(
-            url, content=json.dumps(body), headers=headers, timeout=options.timeout_seconds
+        status, response_headers, data = _post(
+            url, json.dumps(body).encode(), headers, options.timeout_seconds
         )
-    except httpx.TimeoutException:
+    except TimeoutError:
         raise TransientModelError(
             f"Timeout: the model server did not answer within {options.timeout_seconds:g} s"
         ) from None
-    except httpx.TransportError as exc:
+    except (OSError, http.client.HTTPException) as exc:
         raise TransientModelError(f"connection error: {type(exc).__name__}: {exc}") from None
-    if response.status_code >= 400:
-        raise _error(response.status_code, _error_text(response), response.headers, mode)
-    return _answer(response, options.model)
+    if status >= 400:
+        raise _error(status, _error_text(data), response_headers, mode)
+    return _answer(status, data, options.model)
 
 
-def _error_text(response: httpx.Response) -> str:
+def _error_text(data: bytes) -> str:
     """The server's error message: ``error.message`` of a JSON body, else the body."""
+    text = data.decode("utf-8", "replace")
     try:
-        data = response.json()
+        parsed = json.loads(text)
     except ValueError:
-        return response.text[:MAX_ERROR_CHARS]
-    error = data.get("error") if isinstance(data, dict) else None
+        return text[:MAX_ERROR_CHARS]
+    error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, dict):
         parts = [str(error.get(key)) for key in ("message", "type", "code") if error.get(key)]
         return " ".join(parts)[:MAX_ERROR_CHARS]
     if isinstance(error, str):
         return error[:MAX_ERROR_CHARS]
-    return response.text[:MAX_ERROR_CHARS]
+    return text[:MAX_ERROR_CHARS]
 
 
 def _error(status: int, text: str, headers: Mapping[str, str], mode: str) -> ModelError:
@@ -151,11 +196,11 @@ def _error(status: int, text: str, headers: Mapping[str, str], mode: str) -> Mod
     return PermanentModelError(message)
 
 
-def _answer(response: httpx.Response, default_model: str) -> LLMAnswer:
+def _answer(status: int, body: bytes, default_model: str) -> LLMAnswer:
     """The answer's text, usage and finish reason; an unreadable body is transient (a proxy's
     error page, a server restarting)."""
     try:
-        data = response.json()
+        data = json.loads(body)
         choice = data["choices"][0]
         message = choice.get("message") or {}
         usage = data.get("usage") or {}
@@ -168,6 +213,5 @@ def _answer(response: httpx.Response, default_model: str) -> LLMAnswer:
         )
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         raise TransientModelError(
-            f"the model server's answer is not a chat completion (HTTP {response.status_code}, "
-            f"{len(response.content)} bytes)"
+            f"the model server's answer is not a chat completion (HTTP {status}, {len(body)} bytes)"
         ) from None

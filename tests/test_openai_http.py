@@ -4,15 +4,18 @@ clients)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from harvest.errors import PermanentModelError, TransientModelError
 from harvest.model import ModelOptions, litellm_call, resolve_llm
-from harvest.openai_http import _client, openai_call, served_model
+from harvest.openai_http import _connection, openai_call, served_model
 from tests.llm_server import Behaviour, LLMServer, answer, llm_server, note
 
 MESSAGES = [{"role": "user", "content": "I use tabs."}]
@@ -76,11 +79,62 @@ def test_an_error_answer_keeps_the_servers_message_not_the_whole_body(server: LL
     assert str(caught.value).startswith("HTTP 403") and len(str(caught.value)) < 600
 
 
-def test_each_process_has_its_own_client() -> None:
-    first = _client()
-    assert _client() is first
+def test_each_process_and_thread_has_its_own_connection() -> None:
+    first = _connection("http", "127.0.0.1", 9, 1.0)
+    assert _connection("http", "127.0.0.1", 9, 1.0) is first  # kept for the next call
+    seen: list[object] = []
+    thread = threading.Thread(target=lambda: seen.append(_connection("http", "127.0.0.1", 9, 1)))
+    thread.start()
+    thread.join()
+    assert seen[0] is not first
     child = os.fork()
-    if child == 0:  # a forked worker child makes its own: sockets are never shared
-        os._exit(0 if _client() is not first else 1)
+    if child == 0:  # a forked worker child opens its own: sockets are never shared
+        os._exit(0 if _connection("http", "127.0.0.1", 9, 1.0) is not first else 1)
     _, status = os.waitpid(child, 0)
     assert os.WEXITSTATUS(status) == 0
+
+
+ANSWER = json.dumps(
+    {"choices": [{"message": {"content": '{"notes": []}'}, "finish_reason": "stop"}]}
+).encode()
+
+
+def one_answer_per_connection(listener: socket.socket, connections: int) -> None:
+    """Answer one request on each connection, keep-alive promised, then close it, as a server
+    does to a connection it finds idle."""
+    for _ in range(connections):
+        conn, _ = listener.accept()
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(65536)
+            head, _, rest = request.partition(b"\r\n\r\n")
+            length = int(
+                next(
+                    line.split(b":")[1]
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+            )
+            while len(rest) < length:
+                rest += conn.recv(65536)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(ANSWER)}\r\nConnection: keep-alive\r\n\r\n".encode()
+                + ANSWER
+            )
+
+
+def test_a_kept_alive_connection_the_server_closed_is_opened_again() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        serving = threading.Thread(target=one_answer_per_connection, args=(listener, 2))
+        serving.start()
+        opts = options(f"http://127.0.0.1:{port}/v1")
+        assert openai_call(MESSAGES, options=opts).text == '{"notes": []}'
+        time.sleep(0.2)  # the server has closed the connection the client keeps
+        assert openai_call(MESSAGES, options=opts).text == '{"notes": []}'  # reopened
+        serving.join(5)
+        assert not serving.is_alive()
