@@ -26,7 +26,7 @@ from harvest.job import (
     resolve_owner,
 )
 from harvest.locks import locks_for, transcript_key
-from harvest.redact import redact_transcript
+from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Transcript
 from store import StorageFailure, Store, format_error
 from store import jobs as job_records
@@ -55,6 +55,7 @@ def new_jobs(
                 provenance=provenance,
                 conversation_id=redacted.conversation_id,
                 transcript=redacted.model_dump(mode="json"),
+                transcript_hash=transcript_hash(redacted),
             )
         )
     return out

@@ -114,9 +114,14 @@ def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -
     owner = owner_key(scope)
     buried = 0
     if tombstones:
-        digests = sorted(
-            set(session.execute(select(HarvestLedger.transcript_hash).where(*in_ledger)).scalars())
+        # Harvested transcripts (the ledger) and those still waiting or running (jobs).
+        harvested = session.execute(select(HarvestLedger.transcript_hash).where(*in_ledger))
+        waiting = session.execute(
+            select(Job.transcript_hash).where(
+                Job.owner == principal, Job.transcript_hash.is_not(None)
+            )
         )
+        digests = sorted({str(d) for d in (*harvested.scalars(), *waiting.scalars())})
         rows = [
             {"key": transcript_key(scope, d), "owner_key": owner, "forgotten_at": now}
             for d in digests

@@ -50,6 +50,7 @@ class NewJob:
     provenance: str
     conversation_id: str
     transcript: dict[str, Any]
+    transcript_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ def add_jobs(
             "provenance": job.provenance,
             "conversation_id": job.conversation_id[:255],
             "transcript": job.transcript,
+            "transcript_hash": job.transcript_hash,
             "import_id": import_id,
             "attempts": 0,
             "created_at": now,

@@ -284,6 +284,9 @@ class Job(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     lease_token: Mapped[str | None] = mapped_column(String(64))
     claimed_by: Mapped[str | None] = mapped_column(String(255))
+    # sha256 of the redacted transcript (harvest's transcript hash): what a forget of the
+    # owner tombstones even when the job never ran.
+    transcript_hash: Mapped[str | None] = mapped_column(String(64))
     # What every run of the job cost the model, failed runs included (summed over runs).
     model_calls: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))

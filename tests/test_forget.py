@@ -138,3 +138,12 @@ def test_worker_logs_carry_ids_and_counts_not_slugs_or_owners(
         cluster.stop()
         cluster.redis().flushdb()
         store.dispose()
+
+
+def test_forget_tombstones_the_owners_transcripts_not_harvested_yet(store: Store) -> None:
+    waiting = transcript(ALICE_LINE, cid="waiting", owner=OWNER)
+    record_jobs(store, [waiting], owner=None, provenance="compaction", queue="harvest")
+    counts = store.forget_owner(OWNER)
+    assert (counts["jobs"], counts["tombstones"]) == (1, 1)
+    again = harvest_transcript(store, waiting)  # enqueued or imported once more
+    assert again.status == "skipped" and store.fingerprint(Scope.owner(OWNER))[0] == 0
