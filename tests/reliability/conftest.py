@@ -102,6 +102,8 @@ class Recorder:
                 "redis": next((v.split("=")[1] for v in versions if v.startswith("v=")), "?"),
             },
             "settings": SUITE_SETTINGS,
+            # The client the workers talk to the model with (GLEANER_HARVEST_LLM's default).
+            "harvest_llm": test_settings().harvest_llm,
         }
 
     def add(self, entry: dict[str, Any]) -> None:

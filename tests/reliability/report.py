@@ -262,7 +262,8 @@ def render(data: dict[str, Any]) -> str:
         f"Run of {run.get('started_at')}, commit {run.get('commit')}"
         + (" (with uncommitted changes)" if run.get("uncommitted_changes") else "")
         + f", {machine.get('cpus')} CPUs, Python {machine.get('python')}, PostgreSQL "
-        f"{machine.get('postgresql')}, Redis {machine.get('redis')}: {len(scenarios)} "
+        f"{machine.get('postgresql')}, Redis {machine.get('redis')}, model client "
+        f"`GLEANER_HARVEST_LLM={run.get('harvest_llm', '?')}`: {len(scenarios)} "
         f"scenarios in {_fmt(run.get('seconds'))} s; {outcomes.count('passed')} passed, "
         f"{outcomes.count('xfail')} known bugs (strict xfail), "
         f"{len(outcomes) - outcomes.count('passed') - outcomes.count('xfail')} failed.",

@@ -293,6 +293,7 @@ class Scenario:
         chunks: int = 1,
         words: Iterable[str] = (),
         forgotten: Sequence[str] = (),
+        skipped: Iterable[str] = (),
         gone_ok: bool = False,
     ) -> dict[str, Any]:
         """Compute the figures, run the common checks, and return the figures.
@@ -301,11 +302,13 @@ class Scenario:
         reasons any job may fail with (e.g. ``model_transient`` during a model outage).
         ``refused``: markers refused at the door (never a job, never a note). ``words``:
         text that must be in no table, model request or log (the secret always is);
-        ``forgotten``: text that must be in no table or log. ``gone_ok``: jobs may be missing
-        (deleted by forget).
+        ``forgotten``: text that must be in no table or log. ``skipped``: markers whose jobs
+        end done without a note (a forgotten transcript sent again). ``gone_ok``: jobs may be
+        missing (deleted by forget).
         """
         expect_failed = expect_failed or {}
         allowed = set(allowed_failures)
+        skipped = set(skipped)
         jobs = self.jobs()
         settings = self.settings
         attempts_per_call = int(settings["GLEANER_HARVEST_MAX_ATTEMPTS"])
@@ -365,8 +368,10 @@ class Scenario:
             not wrong,
             "; ".join(f"{m}: {s}" for m, s in list(wrong.items())[:5]),
         )
-        done_markers = {m for m, j in by_marker.items() if j["state"] == "done"}
-        not_done = (set(by_marker) - done_markers) | set(refused)
+        done_markers = {
+            m for m, j in by_marker.items() if j["state"] == "done" and m not in skipped
+        }
+        not_done = (set(by_marker) - done_markers) | set(refused) | set(skipped)
         missing = sorted(m for m in done_markers if stored[m] == 0)
         duplicated = sorted(m for m in stored if stored[m] > 1)
         stray = sorted(m for m in not_done if stored[m] > 0)
