@@ -439,30 +439,24 @@ class KeyedNote:
     title: str
 
 
-# Keyed notes sharing terms with a text, most shared first (then the most recently changed).
-_KEYED_BY_TERMS = (
-    select(Memory.topic_key, Memory.title, func.count().label("shared"))
-    .join(MemoryTerm, MemoryTerm.memory_id == Memory.id)
-    .where(
-        MemoryTerm.scope_kind == bindparam("kind"),
-        MemoryTerm.scope_id == bindparam("sid"),
-        MemoryTerm.term.in_(bindparam("terms", expanding=True)),
-        Memory.status == LIVE,
-        Memory.topic_key.is_not(None),
+# The scope's live keyed notes (the partial topic-key index finds them: an owner has few),
+# each with how many of the given terms it holds (one primary-key probe per note and term),
+# most shared first, then the most recently changed.
+_KEYED = (
+    select(Memory.topic_key, Memory.title, func.count(MemoryTerm.term).label("shared"))
+    .outerjoin(
+        MemoryTerm,
+        (MemoryTerm.memory_id == Memory.id)
+        & MemoryTerm.term.in_(bindparam("terms", expanding=True)),
     )
-    .group_by(Memory.id, Memory.topic_key, Memory.title, Memory.updated_seq)
-    .order_by(func.count().desc(), Memory.updated_seq.desc())
-    .limit(bindparam("limit", type_=Integer))
-)
-_KEYED_RECENT = (
-    select(Memory.topic_key, Memory.title)
     .where(
         Memory.scope_kind == bindparam("kind"),
         Memory.scope_id == bindparam("sid"),
-        Memory.status == LIVE,
         Memory.topic_key.is_not(None),
+        Memory.status == LIVE,
     )
-    .order_by(Memory.updated_seq.desc())
+    .group_by(Memory.id, Memory.topic_key, Memory.title, Memory.updated_seq)
+    .order_by(func.count(MemoryTerm.term).desc(), Memory.updated_seq.desc())
     .limit(bindparam("limit", type_=Integer))
 )
 
@@ -475,15 +469,9 @@ def keyed_notes(
     often shares no word with the note it replaces, "Based in Lisbon")."""
     if limit <= 0:
         return []
-    params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id, "limit": limit}
-    found: dict[str, str] = {}
-    wanted = sorted(set(terms))[:TERM_CHUNK]
-    if wanted:
-        for key, title, _ in session.execute(_KEYED_BY_TERMS, {**params, "terms": wanted}):
-            found.setdefault(str(key), title)
-    if len(found) < limit:
-        for key, title in session.execute(_KEYED_RECENT, params):
-            if len(found) >= limit:
-                break
-            found.setdefault(str(key), title)
-    return [KeyedNote(key, title) for key, title in found.items()]
+    # An empty IN list matches nothing; a term no note holds keeps the statement's shape.
+    wanted = sorted(set(terms))[:TERM_CHUNK] or [""]
+    rows = session.execute(
+        _KEYED, {"kind": scope.kind, "sid": scope.id, "limit": limit, "terms": wanted}
+    )
+    return [KeyedNote(str(key), title) for key, title, _ in rows]
