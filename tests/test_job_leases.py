@@ -444,3 +444,12 @@ def test_the_sweep_does_not_wait_behind_a_harvest_backlog(
     # With housekeeping polled first the sweep is the first task taken; at most the one
     # harvest already reserved can show up before it in the log.
     assert harvested_before <= 1, before
+
+
+def test_a_database_retry_comes_back_before_the_lease_runs_out() -> None:
+    from workers.tasks import DB_RETRIES, db_retry_delay
+
+    for lease in (5.0, 120.0, 600.0):
+        waits = [db_retry_delay(n, lease) for n in range(DB_RETRIES) for _ in range(50)]
+        assert all(0 < wait <= lease / 2 for wait in waits)  # the claim is still this one's
+    assert db_retry_delay(0, 600) <= 5 < db_retry_delay(4, 600)  # it backs off

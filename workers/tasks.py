@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from celery import Task, shared_task
@@ -13,16 +14,20 @@ from workers import runtime
 log = get_task_logger(__name__)
 
 
-@shared_task(
-    bind=True,
-    name="gleaner.harvest",
-    # The database was unreachable: the retry (same task id) takes its own claim back.
-    autoretry_for=(StorageFailure,),
-    retry_backoff=5,
-    retry_backoff_max=120,
-    retry_jitter=True,
-    max_retries=5,
-)
+# The database was unreachable: the retry (same task id) takes its own claim back. Its wait
+# doubles from 5 s up to 120 s, jittered, but never reaches half the job's lease: the lease
+# is not renewed between two tries, and a retry after it ran out would count a lost worker.
+DB_RETRIES = 5
+DB_RETRY_FIRST, DB_RETRY_MAX = 5.0, 120.0
+
+
+def db_retry_delay(retries: int, lease_seconds: float) -> float:
+    """Seconds before the ``retries``-th retry of a harvest whose database failed."""
+    ceiling = min(DB_RETRY_FIRST * 2**retries, DB_RETRY_MAX, lease_seconds / 2)
+    return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not a secret
+
+
+@shared_task(bind=True, name="gleaner.harvest", max_retries=DB_RETRIES)
 def harvest(self: Task, job_id: str) -> dict[str, Any] | None:
     """Harvest the recorded job ``job_id`` (model retries happen inside, not here).
 
@@ -39,6 +44,9 @@ def harvest(self: Task, job_id: str) -> dict[str, Any] | None:
     store = runtime.store()
     try:
         result = run_job(store, job_id, token=request.id, redelivered=redelivered)
+    except StorageFailure as exc:
+        delay = db_retry_delay(request.retries, store.settings.job_lease_seconds)
+        raise self.retry(exc=exc, countdown=delay) from exc
     except SoftTimeLimitExceeded:
         # Over the time limit: running it again would end the same way.
         limit = store.settings.task_soft_time_limit
