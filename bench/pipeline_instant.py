@@ -41,8 +41,8 @@ FINDING = (
     "CPU per call on this machine (litellm.completion: {litellm:.1f} ms; a raw HTTP POST: "
     "{raw:.1f} ms), and on {cores} cores {target}/s leaves {budget:.1f} ms of CPU per "
     "transcript for everything: broker, pool, model call, database. What is left is the "
-    "broker and pool, and SQLAlchemy + psycopg (3 transactions a job: claim, known keys, "
-    "notes); more cores close it"
+    "broker and pool, and SQLAlchemy + psycopg (2 transactions a job: claim with the known keys, "
+    "notes + ledger); more cores close it"
 )
 CONCURRENCY = 2  # `gleaner worker` default: one prefork child per core
 

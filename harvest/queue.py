@@ -142,6 +142,7 @@ def run_job(
                 key = wanted
                 if harvested_before(session, plan):
                     return _record_outcome(session, job_id, plan.report, token)
+                recall_keys(session, settings, plan)  # in the claim's transaction: no extra one
         heartbeats.hold(job_id, token)  # the claim is committed: keep its lease alive
         held = True
         if key is None:  # another worker is harvesting the same transcript: wait, look again
@@ -150,9 +151,8 @@ def run_job(
             with store.transaction() as session:
                 if harvested_before(session, plan):
                     return _record_outcome(session, job_id, plan.report, token)
-        try:
-            with store.transaction() as session:
                 recall_keys(session, settings, plan)
+        try:
             found = extract_notes(plan, settings)
             with store.transaction() as session:
                 if found is not None:

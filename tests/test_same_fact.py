@@ -387,3 +387,16 @@ def test_recorded_jobs_follow_the_same_owner_rule(store: Store) -> None:
 def test_cli_reassign_owner_needs_an_owner(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["harvest", str(EXAMPLES), "--reassign-owner"]) == 2
     assert "--reassign-owner needs --owner" in capsys.readouterr().err
+
+
+def test_a_queued_job_shows_the_model_the_owners_topic_keys(make_store, server) -> None:
+    from harvest.queue import run_job
+
+    store = make_store("sqlite", **model_settings(server))
+    store.mem_save("alice", "Lisbon", type="profile", title="Lives in Lisbon", topic_key="p/city")
+    [job_id] = record_jobs(
+        store, [transcript("I moved.", cid="j1")], owner=None, provenance="compaction", queue="q"
+    )
+    server.script(answer([note("Moved to Porto", type="profile", topic_key="p/city")]))
+    assert run_job(store, job_id)["notes_updated"] == 1  # type: ignore[index]
+    assert "- p/city: Lives in Lisbon" in server.requests[-1].user_text
