@@ -1,0 +1,213 @@
+"""Operating the store: ``housekeep``, ``status``, ``retry``, ``forget``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from workers.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    current_settings,
+    open_store,
+    require_broker,
+)
+
+
+def cmd_housekeep(args: argparse.Namespace) -> int:
+    store = open_store()
+    if args.task == "requeue":
+        from workers.app import make_celery
+        from workers.enqueue import requeue_stale
+
+        settings = require_broker("housekeep requeue")
+        make_celery(settings)
+        sent = requeue_stale(store)
+        print(json.dumps({"requeued": sent}) if args.json else f"re-enqueued {sent} job(s)")
+        return EXIT_OK
+    if args.task == "decay":
+        data = store.decay(dry_run=args.dry_run).model_dump(mode="json")
+    else:
+        data = store.dedupe(dry_run=args.dry_run).model_dump(mode="json")
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(", ".join(f"{k} {v}" for k, v in data.items() if not isinstance(v, list | dict)))
+        for pair in data.get("pairs", [])[:20]:
+            print(f"  {pair}")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from store import jobs as job_records
+    from store import ledger
+    from store.models import utcnow
+
+    settings = current_settings()
+    store = open_store()
+    lease = timedelta(seconds=settings.job_lease_seconds)
+    with store.transaction() as session:
+        by_queue = job_records.counts_by_queue(session)
+        totals = job_records.counts(session)
+        oldest = job_records.oldest_pending(session)
+        running = job_records.running(session, lease, limit=args.limit)
+        failures = job_records.failures(session, limit=args.limit)
+        harvested = ledger.totals(session)
+        cost = job_records.cost_by_state(session)
+    depths: dict[str, int | None] = {}
+    if settings.broker_url:
+        depths = _queue_depths(settings.broker_url)
+    out = {
+        "broker": bool(settings.broker_url),
+        "queue_depths": depths,
+        "jobs": totals,
+        "jobs_by_queue": by_queue,
+        "running": running,
+        "oldest_pending_seconds": None
+        if oldest is None
+        else round((utcnow() - oldest).total_seconds(), 1),
+        "failures": failures,
+        "harvested": harvested,
+        "job_cost": cost,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return EXIT_OK
+    print("queues: " + (", ".join(f"{q} {n}" for q, n in depths.items()) or "no broker"))
+    print("jobs: " + ", ".join(f"{state} {n}" for state, n in totals.items()))
+    if out["oldest_pending_seconds"] is not None:
+        print(f"oldest pending: {out['oldest_pending_seconds']} s")
+    for job in running:
+        beat = job["heartbeat_age_seconds"]
+        print(
+            f"  RUNNING {job['id']} on {job['queue']} for {job['running_seconds']} s, "
+            + ("no heartbeat" if beat is None else f"last heartbeat {beat} s ago")
+            + (" (lease expired: the sweep recovers it)" if job["lease_expired"] else "")
+        )
+    print(
+        f"harvested transcripts {harvested['transcripts']}, model calls "
+        f"{harvested['model_calls']}, tokens {harvested['prompt_tokens']} prompt + "
+        f"{harvested['completion_tokens']} completion"
+    )
+    for state, spent in cost.items():
+        if spent["model_calls"]:
+            print(
+                f"{state} jobs cost model calls {spent['model_calls']}, tokens "
+                f"{spent['prompt_tokens']} prompt + {spent['completion_tokens']} completion"
+            )
+    for failure in failures:
+        print(
+            f"  FAILED {failure['id']} {failure['owner']}/{failure['conversation_id']} "
+            f"(attempts {failure['attempts']}, model calls {failure['model_calls']}, tokens "
+            f"{failure['prompt_tokens']} + {failure['completion_tokens']}): {failure['error']}"
+        )
+    return EXIT_OK
+
+
+def _queue_depths(broker_url: str) -> dict[str, int | None]:
+    """Messages waiting on each queue (Redis list lengths); None when Redis cannot be reached."""
+    import redis
+
+    from workers.app import QUEUES
+
+    client = redis.Redis.from_url(broker_url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        return {queue: int(client.llen(queue)) for queue in QUEUES}
+    except redis.RedisError:
+        return dict.fromkeys(QUEUES)
+    finally:
+        client.close()
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    from store import jobs as job_records
+
+    if not args.all and not args.job_id:
+        raise UsageError("say which failed job to re-run: JOB_ID or --all")
+    settings = current_settings()
+    store = open_store()
+    with store.transaction() as session:
+        reset = job_records.reset(session, None if args.all else [args.job_id])
+    if not reset:
+        print("no failed job to retry" if args.all else f"no failed job {args.job_id}")
+        return EXIT_OK if args.all else EXIT_FAILED
+    if settings.broker_url:
+        from workers.app import make_celery
+        from workers.enqueue import send_jobs
+
+        make_celery(settings)
+        for job_id, queue in reset:
+            send_jobs(queue, [job_id])
+        print(f"re-enqueued {len(reset)} job(s)")
+        return EXIT_OK
+    from harvest.queue import run_job
+
+    failed = 0
+    for job_id, _ in reset:
+        result = run_job(store, job_id)
+        status = (result or {}).get("status", "done")
+        failed += status == "failed"
+        print(f"{job_id}: {status}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise UsageError("forget deletes data: pass --yes to confirm")
+        answer = input(f"Delete every note, session and job of {args.owner!r}? [y/N] ")
+        if answer.strip().lower() not in {"y", "yes"}:
+            print("nothing deleted")
+            return EXIT_OK
+    counts = open_store().forget_owner(args.owner, tombstones=not args.allow_reharvest)
+    print(", ".join(f"{k} {v}" for k, v in counts.items()) + " deleted")
+    return EXIT_OK
+
+
+def register(sub: Any) -> None:
+    housekeep = sub.add_parser(
+        "housekeep",
+        help="run decay, dedupe or the lost-job sweep now, in process",
+        description="decay: recompute decayed weights (archive below "
+        "GLEANER_ARCHIVE_BELOW_WEIGHT); dedupe: supersede near-duplicates; requeue: send "
+        "jobs pending longer than GLEANER_REQUEUE_AFTER_SECONDS to their queue again.",
+    )
+    housekeep.add_argument("task", choices=("decay", "dedupe", "requeue"))
+    housekeep.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    housekeep.add_argument("--json", action="store_true")
+    housekeep.set_defaults(func=cmd_housekeep)
+
+    status = sub.add_parser(
+        "status", help="queue depths, jobs by state, oldest pending job, recent failures"
+    )
+    status.add_argument("--limit", type=int, default=20, help="failures to list")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    retry = sub.add_parser("retry", help="re-run failed jobs (on the queue, or in process)")
+    retry.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    retry.add_argument("--all", action="store_true", help="every failed job")
+    retry.set_defaults(func=cmd_retry)
+
+    forget = sub.add_parser(
+        "forget",
+        help="delete everything stored for one owner",
+        description="Delete the owner's notes (with their history), sessions, ledger, jobs and "
+        "imports, and the words they left in the search index. Each harvested conversation "
+        "leaves a tombstone (a hash, not its text): harvesting it again writes nothing, and a "
+        "harvest still running for the owner writes nothing when it ends.",
+    )
+    forget.add_argument("--owner", metavar="NAME", required=True)
+    forget.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    forget.add_argument(
+        "--allow-reharvest",
+        action="store_true",
+        help="leave no tombstones (and remove earlier ones): the same conversations, "
+        "harvested again, come back",
+    )
+    forget.set_defaults(func=cmd_forget)

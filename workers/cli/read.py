@@ -1,0 +1,118 @@
+"""Reading notes: ``db upgrade``, ``search``, ``show``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from workers.cli.common import EXIT_OK, add_scope_flags, note_json, open_store, scope_of
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from store.db import current_revision
+
+    store = open_store()
+    store.migrate()
+    print(f"database at revision {current_revision(store.engine)} ({store.dialect})")
+    return EXIT_OK
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    store = open_store()
+    hits = store.search(scope_of(args), args.query, limit=args.limit)
+    if args.json:
+        out = [
+            {**note_json(h.memory), "score": h.score, "snippet": h.snippet, "backend": h.backend}
+            for h in hits
+        ]
+        print(json.dumps(out, ensure_ascii=False, indent=2))
+        return EXIT_OK
+    if not hits:
+        print("no notes match")
+    for hit in hits:
+        note = hit.memory
+        pin = " [pinned]" if note.pinned else ""
+        print(f"{hit.score:6.3f}  {note.slug}{pin}  {note.title}")
+        print(f"        {hit.snippet}")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = open_store()
+    scope = scope_of(args)
+    found = store.read(scope, args.slug)
+    versions = store.history(scope, args.slug) if args.history else []
+    if args.json:
+        out = note_json(found.memory)
+        out["links"] = [{"rel": ln.rel, "slug": ln.note.slug} for ln in found.links]
+        out["backlinks"] = [{"rel": ln.rel, "slug": ln.note.slug} for ln in found.backlinks]
+        out["superseded_by"] = found.superseded_by
+        if args.history:
+            out["history"] = [v.model_dump(mode="json") for v in versions]
+        print(json.dumps(out, ensure_ascii=False, indent=2))
+        return EXIT_OK
+    note = found.memory
+    print(f"{note.title}  [{note.slug}]")
+    print(
+        f"type={note.type or '-'} provenance={note.provenance} pinned={note.pinned} "
+        f"status={note.status} topics={' '.join(note.topics) or '-'}"
+    )
+    if found.superseded_by:
+        print(f"superseded by: {found.superseded_by}")
+    for ln in found.links:
+        print(f"-> {ln.rel} {ln.note.slug}")
+    for ln in found.backlinks:
+        print(f"<- {ln.rel} {ln.note.slug}")
+    print()
+    print(note.body)
+    if args.history:
+        _print_history(versions)
+    return EXIT_OK
+
+
+def _print_history(versions: Sequence[Any]) -> None:
+    """Earlier versions, newest first: when and why each was replaced, then its text."""
+    print()
+    if not versions:
+        print("history: no earlier version (the text was never changed)")
+        return
+    print(f"history: {len(versions)} earlier version(s), newest first")
+    for version in versions:
+        by = version.changed_conversation_id or "-"
+        print(
+            f"\n-- replaced {version.changed_at:%Y-%m-%d %H:%M:%S} UTC by {version.reason} "
+            f"({version.changed_provenance}, conversation {by}); written "
+            f"{version.written_at:%Y-%m-%d %H:%M:%S} UTC ({version.written_provenance}, "
+            f"conversation {version.written_conversation_id or '-'})"
+        )
+        print(f"{version.title}")
+        print(version.body)
+
+
+def register(sub: Any) -> None:
+    db = sub.add_parser("db", help="database schema commands")
+    db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    upgrade = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")
+    upgrade.set_defaults(func=cmd_db_upgrade)
+
+    search = sub.add_parser("search", help="search a scope's notes (lexical, recency-ranked)")
+    search.add_argument("query", help="words to look for; any text is safe")
+    add_scope_flags(search)
+    search.add_argument("--limit", type=int, default=10, help="most hits to show (1-100)")
+    search.add_argument("--json", action="store_true", help="print one JSON list of hits")
+    search.set_defaults(func=cmd_search)
+
+    show = sub.add_parser("show", help="show one note with its links")
+    show.add_argument("slug")
+    add_scope_flags(show)
+    show.add_argument("--json", action="store_true", help="print the note as JSON")
+    show.add_argument(
+        "--history",
+        action="store_true",
+        help="also print the note's earlier versions: each text a change replaced, with when, "
+        "why (slug_upsert, topic_key_upsert, mem_save_upsert, harvest_same_fact) and which "
+        "conversation changed it",
+    )
+    show.set_defaults(func=cmd_show)
