@@ -7,6 +7,14 @@ the export ``.zip``).
 
 from __future__ import annotations
 
-from harvest.readers.load import EXPECTED, SUFFIXES, ReadResult, iter_paths, kind_of, read_path
+from harvest.readers.load import (
+    EXPECTED,
+    SUFFIXES,
+    ReadResult,
+    iter_paths,
+    kind_of,
+    read_bytes,
+    read_path,
+)
 
-__all__ = ["EXPECTED", "SUFFIXES", "ReadResult", "iter_paths", "kind_of", "read_path"]
+__all__ = ["EXPECTED", "SUFFIXES", "ReadResult", "iter_paths", "kind_of", "read_bytes", "read_path"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import zipfile
@@ -273,15 +274,16 @@ def _inflate(
     return data
 
 
-def _read_zip(path: Path, limits: Limits) -> str:
-    """The text of the export's conversations.json; no other member is read.
+def _read_zip(path: Path, limits: Limits, data: bytes | None = None) -> str:
+    """The text of the export's conversations.json; no other member is read. ``data`` is the
+    archive's bytes when it is not read from ``path``.
 
     Refused (``too_large``) before anything is inflated when the archive declares more than
     MAX_ZIP_ENTRIES entries or the member more than ``limits.file_bytes`` bytes, and while
     inflating once the member grows past that (a declared size can lie).
     """
     try:
-        with path.open("rb") as fp:
+        with path.open("rb") if data is None else io.BytesIO(data) as fp:
             entries = _declared_entries(fp)
             if entries > MAX_ZIP_ENTRIES:
                 raise TranscriptFormatError(
@@ -372,7 +374,26 @@ def read_path(
     nested too deeply to parse (``too_deep``). Nothing here tokenizes.
     """
     path = Path(path)
-    text = _read_text(path, limits)
+    return _read_document(_read_text(path, limits), path, default_owner, limits)
+
+
+def read_bytes(
+    data: bytes, name: str, *, default_owner: str | None = None, limits: Limits = DEFAULT_LIMITS
+) -> ReadResult:
+    """Every conversation in a file's bytes that were not read from disk (an upload, standard
+    input), under the same formats, limits and errors as :func:`read_path`; ``name`` stands
+    for the file in labels and errors."""
+    path = Path(name)
+    if len(data) > limits.file_bytes:
+        raise too_large(
+            f"{path}: file", f"{len(data):,} bytes", limits.file_bytes, "GLEANER_MAX_FILE_BYTES"
+        )
+    zipped = data[:4] == b"PK\x03\x04"
+    text = _read_zip(path, limits, data) if zipped else _decode(data, path)
+    return _read_document(text, path, default_owner, limits)
+
+
+def _read_document(text: str, path: Path, default_owner: str | None, limits: Limits) -> ReadResult:
     if not text.strip():
         raise not_a_transcript(path, "the file is empty")
     if path.suffix.lower() in _LINES_SUFFIXES:
