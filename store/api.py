@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from store import history, index, links, mem, notes, search
+from store import history, index, job_status, keys, links, mem, notes, search
 from store.db import make_engine, migrate
 from store.errors import NotFound, StorageFailure, StoreError
 from store.schemas import (
@@ -160,6 +160,27 @@ class Store:
     ) -> SaveResult:
         """Save the active session's summary and end the session."""
         return self._run(mem.mem_session_summary, self.settings, user_id, content, title=title)
+
+    def job(self, job_id: str) -> job_status.JobStatus | None:
+        """The job's state, outcome and cost (no transcript), or None when there is none."""
+        return self._run(job_status.job_status, job_id)
+
+    def create_api_key(self, owner: str | None) -> tuple[keys.ApiKey, str]:
+        """A new API key allowed ``owner`` (None: every owner) and its token, which is shown
+        only now: the store keeps its sha256."""
+        return self._run(keys.create_key, owner)
+
+    def api_keys(self) -> list[keys.ApiKey]:
+        """Every API key (never a token), oldest first."""
+        return self._run(keys.list_keys)
+
+    def revoke_api_key(self, key_id: str) -> keys.ApiKey:
+        """Delete the key with this id; InvalidInput (``unknown_key``) when there is none."""
+        return self._run(keys.revoke_key, key_id)
+
+    def verify_api_key(self, token: str) -> keys.ApiKey | None:
+        """The key a token is, or None when it is no live key."""
+        return self._run(keys.verify_key, token)
 
     def forget_owner(self, principal: str, *, tombstones: bool = True) -> dict[str, int]:
         """Delete everything stored for an owner (see ``store.forget``); with ``tombstones``

@@ -35,6 +35,7 @@ TABLES = (
     "imports",
     "housekeeping_state",
     "memories",
+    "api_keys",
 )
 
 
