@@ -1,6 +1,6 @@
 """Scenario 7: decay over the large store, with single writes going on beside it.
 
-``housekeeping.decay`` runs through a transaction factory that times each batch (one short
+``store.decay.decay`` runs through a transaction factory that times each batch (one short
 transaction each). A writer thread with its own engine calls ``Store.write`` in a loop for the
 whole run, alternately adding a note and rewriting a random existing note (an explicit-slug
 upsert, so it needs the row lock a decay batch may hold); its latencies are compared with the
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from bench import data
 from bench.core import Context, Row, percentile
-from store import Scope, Store, housekeeping
+from store import Scope, Store, decay
 
 NAME = "decay"
 
@@ -70,7 +70,7 @@ def run(ctx: Context) -> None:
     thread = threading.Thread(target=writer, args=(url, dataset.notes, stop, during))
     thread.start()
     started = time.perf_counter()
-    result = housekeeping.decay(timed_transaction, store.settings)
+    result = decay.decay(timed_transaction, store.settings)
     seconds = time.perf_counter() - started
     stop.set()
     thread.join()

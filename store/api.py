@@ -16,6 +16,7 @@ from store.errors import NotFound, StorageFailure, StoreError
 from store.schemas import (
     LinkResult,
     Note,
+    NoteChange,
     NoteVersion,
     NoteWithLinks,
     SaveResult,
@@ -26,7 +27,8 @@ from store.schemas import (
 from store.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from store.housekeeping import DecayResult, DedupeResult
+    from store.decay import DecayResult
+    from store.dedupe import DedupeResult
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -109,6 +111,37 @@ class Store:
         """The note's earlier texts, newest first, each with when, why and by whom it was
         replaced; NotFound when there is no such note."""
         return self._run(history.history, scope, slug)
+
+    def list_notes(
+        self,
+        scope: Scope | tuple[str, str],
+        *,
+        status: str | None = "live",
+        pinned: bool | None = None,
+        limit: int = 100,
+    ) -> list[Note]:
+        """The scope's notes, most recently changed first (see ``store.tending``)."""
+        from store import tending
+
+        return self._run(tending.list_notes, scope, status=status, pinned=pinned, limit=limit)
+
+    def pin(self, scope: Scope | tuple[str, str], slug: str) -> NoteChange:
+        """Pin a live note by a person's choice: its body goes into the index text."""
+        from store import tending
+
+        return self._run(tending.set_pinned, scope, slug, True)
+
+    def unpin(self, scope: Scope | tuple[str, str], slug: str) -> NoteChange:
+        """Unpin a note."""
+        from store import tending
+
+        return self._run(tending.set_pinned, scope, slug, False)
+
+    def archive(self, scope: Scope | tuple[str, str], slug: str) -> NoteChange:
+        """Archive a note: out of search and the index, its row and history kept."""
+        from store import tending
+
+        return self._run(tending.archive, scope, slug)
 
     def link(
         self, scope: Scope | tuple[str, str], from_slug: str, to_slug: str, rel: str
@@ -197,15 +230,15 @@ class Store:
 
     def decay(self, *, dry_run: bool = False) -> DecayResult:
         """Bring every note's recency weight up to date, in short batches (archiving if set)."""
-        from store import housekeeping
+        from store import decay
 
-        return housekeeping.decay(self.transaction, self.settings, dry_run=dry_run)
+        return decay.decay(self.transaction, self.settings, dry_run=dry_run)
 
     def dedupe(self, *, dry_run: bool = False) -> DedupeResult:
         """Supersede near-duplicate notes changed since the last run; ``locked`` if one runs."""
-        from store import housekeeping
+        from store import dedupe
 
-        return self._run(housekeeping.dedupe, self.settings, dry_run=dry_run)
+        return self._run(dedupe.dedupe, self.settings, dry_run=dry_run)
 
 
 _SCHEMA_MISSING = ("no such table", "no such column", "does not exist")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
+from store import supersede
 from store.errors import InvalidInput, LinkRefused, NotFound
-from store.models import SUPERSEDED, Link, Memory, utcnow
-from store.notes import next_seq
+from store.models import Link, Memory, utcnow
 from store.schemas import RELS, LinkedNote, LinkResult, Note, NoteWithLinks, Scope
-from store.sql import advisory_key, dialect_insert
+from store.sql import dialect_insert, scope_key
 
 # A supersedes chain longer than this is corrupt data, not a real history.
 MAX_CHAIN = 10_000
@@ -17,7 +17,7 @@ MAX_CHAIN = 10_000
 
 def scope_lock_key(scope: Scope, purpose: str) -> int:
     """A signed 64-bit key for a PostgreSQL advisory lock on (purpose, scope)."""
-    return advisory_key(purpose, scope.kind, scope.id)
+    return scope_key(purpose, scope.kind, scope.id)
 
 
 def _note_row(session: Session, scope: Scope, slug: str, *, lock: bool = False) -> Memory:
@@ -45,12 +45,8 @@ def link(
         raise InvalidInput(f"rel {rel!r} is not one of {', '.join(RELS)}", reason="bad_rel")
     if from_slug == to_slug:
         raise LinkRefused(f"a note cannot link to itself ({from_slug!r})", reason="self_link")
-    if rel == "supersedes" and session.get_bind().dialect.name == "postgresql":
-        # Serialize supersedes edits per scope so two concurrent links cannot close a cycle.
-        session.execute(
-            text("SELECT pg_advisory_xact_lock(:key)"),
-            {"key": scope_lock_key(scope, "supersedes")},
-        )
+    if rel == "supersedes":
+        supersede.lock_scopes(session, [scope])
     source = _note_row(session, scope, from_slug, lock=rel == "supersedes")
     target = _note_row(session, scope, to_slug, lock=rel == "supersedes")
 
@@ -70,10 +66,11 @@ def link(
                 reason="already_superseded",
             )
         _refuse_cycle(session, source, target)
-        target.status = SUPERSEDED
-        target.superseded_by_id = source.id
-        target.updated_at = utcnow()
-        target.updated_seq = next_seq(session)
+        supersede.write(session, [(source.id, target.id)])
+        session.refresh(target)
+        return LinkResult(
+            from_=Note.from_row(source), to=Note.from_row(target), rel=rel, created=True
+        )
 
     values = {"from_id": source.id, "to_id": target.id, "rel": rel, "created_at": utcnow()}
     session.execute(dialect_insert(session, Link).values(**values).on_conflict_do_nothing())

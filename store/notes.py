@@ -31,7 +31,7 @@ from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
 from store.schemas import Note, Scope, WriteResult
 from store.settings import Settings
 from store.similar import similar_notes
-from store.sql import ID_CHUNK, dialect_insert
+from store.sql import ID_CHUNK, dialect_insert, next_seq, next_seqs, seq_expression
 from store.terms import similarity_terms
 from store.text import (
     check_text,
@@ -172,37 +172,6 @@ def check_pin(draft: Draft, provenance: str, *, allow_pin_untrusted: bool) -> No
             "pinned is refused for a note with source.url (pass allow_pin_untrusted=True)",
             reason="pin_refused",
         )
-
-
-def next_seq(session: Session) -> int:
-    """The next value of the store-wide, monotonic ``updated_seq``."""
-    if session.get_bind().dialect.name == "postgresql":
-        return int(session.execute(select(func.nextval("memories_updated_seq_seq"))).scalar_one())
-    # SQLite transactions are BEGIN IMMEDIATE: no other writer runs between read and write.
-    current = session.execute(select(func.max(Memory.updated_seq))).scalar_one()
-    return int(current or 0) + 1
-
-
-def seq_expression(session: Session) -> Any:
-    """SQL for the next ``updated_seq``, inlined into an INSERT: no round trip of its own."""
-    if session.get_bind().dialect.name == "postgresql":
-        return func.nextval("memories_updated_seq_seq")
-    # SQLite transactions are BEGIN IMMEDIATE: no other writer runs between read and write.
-    return select(func.coalesce(func.max(Memory.updated_seq), 0) + 1).scalar_subquery()
-
-
-def next_seqs(session: Session, count: int) -> list[int]:
-    """``count`` new ``updated_seq`` values, ascending, in one statement."""
-    if count <= 0:
-        return []
-    if session.get_bind().dialect.name == "postgresql":
-        values = session.execute(
-            text("SELECT nextval('memories_updated_seq_seq') FROM generate_series(1, :n)"),
-            {"n": count},
-        ).scalars()
-        return sorted(int(v) for v in values)
-    first = next_seq(session)
-    return list(range(first, first + count))
 
 
 _INSERTS: dict[str, Any] = {}

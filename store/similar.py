@@ -14,7 +14,6 @@ statements, whatever their number: harvest asks for every candidate of a transcr
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
 from store.models import LIVE, Memory, MemoryTerm
+from store.overlap import min_shared
 from store.schemas import Scope, Similar
 from store.sql import FLOAT_SLACK, ID_CHUNK
 from store.terms import FactText, disagreement, similarity_terms
@@ -50,11 +50,6 @@ class Twin:
     score: float
     pinned: bool
     provenance: str
-
-
-def min_shared(threshold: float, size: int) -> int:
-    """Terms a note must share with a probe of ``size`` terms to score ``threshold``."""
-    return max(1, math.ceil(threshold * size - FLOAT_SLACK))
 
 
 def prefix_size(terms: frozenset[str], threshold: float) -> int:

@@ -4,6 +4,8 @@
 - ``FLOAT_SLACK``: slack for float rounding in ``threshold * size`` comparisons, so a filter
   never drops a pair the exact Jaccard score keeps.
 - ``advisory_key``: a PostgreSQL advisory-lock key for a purpose and its parts.
+- ``scope_key`` / ``xact_locks``: advisory-lock keys for a scope, and taking them.
+- ``next_seq`` / ``next_seqs`` / ``seq_expression``: the store-wide ``updated_seq``.
 - ``dialect_insert``: the dialect's INSERT (with ``on_conflict_*``) for a table.
 - ``recency_sql`` / ``decayed_weight``: the recency factor ``0.5 ** (age_days /
   half_life_days)``, as SQL text (search) and as an expression (decay). Both count a future
@@ -14,10 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import DateTime, Float, cast, extract, func, literal
+from sqlalchemy import DateTime, Float, cast, extract, func, literal, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
@@ -36,6 +39,22 @@ def advisory_key(purpose: str, *parts: str) -> int:
     """A signed 64-bit key for a PostgreSQL advisory lock on ``purpose`` and ``parts``."""
     digest = hashlib.sha256("\x00".join((purpose, *parts)).encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def scope_key(purpose: str, kind: str, scope_id: str) -> int:
+    """The advisory-lock key of ``purpose`` in one scope."""
+    return advisory_key(purpose, kind, scope_id)
+
+
+def xact_locks(session: Session, keys: Sequence[int]) -> None:
+    """Take PostgreSQL transaction-level advisory locks on ``keys``, in one order (so two
+    holders of overlapping sets cannot deadlock); a no-op on SQLite, whose ``BEGIN
+    IMMEDIATE`` already serializes writers."""
+    if keys and dialect_name(session) == "postgresql":
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(key) FROM unnest(CAST(:keys AS bigint[])) key"),
+            {"keys": sorted(set(keys))},
+        )
 
 
 def dialect_name(session: Session) -> str:
@@ -71,3 +90,38 @@ def decayed_weight(dialect: str, now: datetime, half_life_days: float) -> Column
     stamp = now.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
     days = func.max(func.julianday(stamp) - func.julianday(Memory.updated_at), 0.0)
     return func.exp(LN_HALF * func.min(days / half_life_days, MAX_HALF_LIVES))
+
+
+# The store-wide ``updated_seq``: a sequence on PostgreSQL, max + 1 under SQLite's
+# single writer.
+
+
+def next_seq(session: Session) -> int:
+    """The next value of the store-wide, monotonic ``updated_seq``."""
+    if session.get_bind().dialect.name == "postgresql":
+        return int(session.execute(select(func.nextval("memories_updated_seq_seq"))).scalar_one())
+    # SQLite transactions are BEGIN IMMEDIATE: no other writer runs between read and write.
+    current = session.execute(select(func.max(Memory.updated_seq))).scalar_one()
+    return int(current or 0) + 1
+
+
+def seq_expression(session: Session) -> Any:
+    """SQL for the next ``updated_seq``, inlined into an INSERT: no round trip of its own."""
+    if session.get_bind().dialect.name == "postgresql":
+        return func.nextval("memories_updated_seq_seq")
+    # SQLite transactions are BEGIN IMMEDIATE: no other writer runs between read and write.
+    return select(func.coalesce(func.max(Memory.updated_seq), 0) + 1).scalar_subquery()
+
+
+def next_seqs(session: Session, count: int) -> list[int]:
+    """``count`` new ``updated_seq`` values, ascending, in one statement."""
+    if count <= 0:
+        return []
+    if session.get_bind().dialect.name == "postgresql":
+        values = session.execute(
+            text("SELECT nextval('memories_updated_seq_seq') FROM generate_series(1, :n)"),
+            {"n": count},
+        ).scalars()
+        return sorted(int(v) for v in values)
+    first = next_seq(session)
+    return list(range(first, first + count))

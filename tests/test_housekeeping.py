@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, insert, select, text
 
-from store import Scope, Store, housekeeping
-from store.housekeeping import Candidates, DedupeResult, similar_groups
+from store import Scope, Store, dedupe, supersede
+from store.dedupe import DedupeResult
 from store.models import HousekeepingState, Memory, MemoryTerm
+from store.overlap import Candidates, similar_groups
 from store.terms import FactText, disagreement, same_fact, similarity_terms
 from store.text import content_hash
 
@@ -269,10 +270,12 @@ def test_every_scope_is_read_and_deduplicated_on_its_own(store: Store) -> None:
     assert result.superseded == 3
 
 
-def fail_on_call(monkeypatch: pytest.MonkeyPatch, name: str, nth: int, message: str) -> list[int]:
-    """Make ``housekeeping.<name>`` raise RuntimeError(message) on its ``nth`` call; the
-    returned list grows by one per call."""
-    real = getattr(housekeeping, name)
+def fail_on_call(
+    monkeypatch: pytest.MonkeyPatch, module: Any, name: str, nth: int, message: str
+) -> list[int]:
+    """Make ``module.<name>`` raise RuntimeError(message) on its ``nth`` call; the returned
+    list grows by one per call."""
+    real = getattr(module, name)
     calls: list[int] = []
 
     def failing(*args: Any) -> Any:
@@ -281,7 +284,7 @@ def fail_on_call(monkeypatch: pytest.MonkeyPatch, name: str, nth: int, message: 
             raise RuntimeError(message)
         return real(*args)
 
-    monkeypatch.setattr(housekeeping, name, failing)
+    monkeypatch.setattr(module, name, failing)
     return calls
 
 
@@ -292,8 +295,8 @@ def test_a_failure_in_a_later_scope_leaves_every_scope_as_it_was(
     for scope in owners:
         put(store, BASE, scope=scope)
         put(store, NEAR, scope=scope)
-    fail_on_call(monkeypatch, "similar_groups", 3, "boom")
-    monkeypatch.setattr(housekeeping, "SUPERSEDE_BATCH", 1)  # the first scopes are written
+    fail_on_call(monkeypatch, dedupe, "similar_groups", 3, "boom")
+    monkeypatch.setattr(dedupe, "SUPERSEDE_BATCH", 1)  # the first scopes are written
     with pytest.raises(RuntimeError, match="boom") as raised:
         store.dedupe()
     monkeypatch.undo()
@@ -312,9 +315,9 @@ def test_a_failed_write_fails_the_run_and_leaves_every_scope_as_it_was(
     for n in range(5):
         put(store, BASE, scope=Scope.owner(f"user{n}"))
         put(store, NEAR, scope=Scope.owner(f"user{n}"))
-    writes = fail_on_call(monkeypatch, "_supersede", 2, "disk full")
-    monkeypatch.setattr(housekeeping, "SUPERSEDE_BATCH", 1)
-    monkeypatch.setattr(housekeeping, "ID_CHUNK", 1)  # a write after every scope
+    writes = fail_on_call(monkeypatch, supersede, "write", 2, "disk full")
+    monkeypatch.setattr(dedupe, "SUPERSEDE_BATCH", 1)
+    monkeypatch.setattr(dedupe, "ID_CHUNK", 1)  # a write after every scope
     with pytest.raises(RuntimeError, match="disk full"):
         store.dedupe()
     monkeypatch.undo()

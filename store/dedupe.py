@@ -1,0 +1,426 @@
+"""Dedupe: near-duplicate live notes superseded by their best keeper, scope by scope.
+
+Per scope, live notes whose title+topic Jaccard score reaches ``duplicate_threshold`` are
+found by the prefix-filter join (``store.overlap``), only for notes changed since the last
+run's ``updated_seq`` watermark; a pair is superseded only when the two hold the same fact
+(``store.terms``: nothing in title or body contradicts). Every pair acted on is scored exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Generator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import Field
+from sqlalchemy import (
+    bindparam,
+    func,
+    or_,
+    select,
+    text,
+)
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.orm import Session
+
+from store import supersede
+from store.housekeeping import DEDUPE, MAX_REPORTED_PAIRS, elapsed, lock_key, record, watermark
+from store.mem import SUMMARY_TYPE
+from store.models import LIVE, Memory
+from store.overlap import Candidates, similar_groups
+from store.schemas import Frozen, Scope
+from store.settings import Settings
+from store.sql import (
+    ID_CHUNK,
+)
+from store.terms import FactText, disagreement, similarity_terms
+
+# Dedupe -----------------------------------------------------------------------------------
+
+log = logging.getLogger(__name__)
+
+
+class DuplicatePair(Frozen):
+    """``loser`` is (with ``dry_run``: would be) superseded by ``keeper``, Jaccard ``score``."""
+
+    scope: Scope
+    keeper: str
+    loser: str
+    score: float
+
+
+class DedupeResult(Frozen):
+    """What a dedupe run found and did; ``locked``: another run held the lock, nothing done."""
+
+    dry_run: bool
+    locked: bool = False
+    scopes_scanned: int = 0
+    notes_scanned: int = 0  # live notes loaded from the scanned scopes
+    notes_changed: int = 0  # of those, changed since the watermark
+    candidates_checked: int = 0  # pairs of distinct term sets scored exactly
+    superseded: int = 0  # with dry_run: would be
+    skipped: int = 0  # pairs left because a note changed during the run (tried again next run)
+    pairs: list[DuplicatePair] = Field(default_factory=list)  # the first MAX_REPORTED_PAIRS
+    since_seq: int = 0  # the watermark the run started from
+    watermark: int = 0  # the watermark it left
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class _Row:
+    """What choosing keepers needs of a note with a near-duplicate (``seq`` as scanned)."""
+
+    id: int
+    slug: str
+    pinned: bool
+    updated_at: datetime
+    confidence: float | None
+    text: FactText
+    seq: int
+
+    @property
+    def rank(self) -> tuple[bool, datetime, float, int]:
+        """Keeper order, best highest: pinned, then newer, then more confident, then higher id."""
+        confidence = -1.0 if self.confidence is None else self.confidence
+        return (self.pinned, self.updated_at, confidence, self.id)
+
+
+def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[int, int, float]]:
+    """``(keeper, loser, score)`` positions: each duplicate paired with its best keeper.
+
+    ``rows`` holds the positions that have an edge (one missing, deleted mid-run, is left
+    out). Notes are visited best first (``_Row.rank``); one nobody has claimed is a keeper and
+    claims every unclaimed, unpinned, lower-ranked note it is similar to. So a loser's keeper
+    is the best surviving note similar to it (never one it only reaches through a third note),
+    pinned notes are never claimed, and keepers outrank losers (no cycles).
+    """
+    group_of = {p: g for g in found.edges for p in found.groups[g] if p in rows}
+    involved = sorted(group_of, key=lambda p: rows[p].rank, reverse=True)
+    place = {p: n for n, p in enumerate(involved)}
+    claimed: set[int] = set()
+    # A group a keeper has claimed from holds nothing a later (lower) keeper could claim.
+    drained: set[int] = set()
+    plan: list[tuple[int, int, float]] = []
+    for keeper in involved:
+        if keeper in claimed:
+            continue
+        for group, score in found.edges[group_of[keeper]]:
+            if group in drained:
+                continue
+            contradicted = False
+            for loser in found.groups[group]:
+                if (
+                    loser in place
+                    and place[loser] > place[keeper]
+                    and not rows[loser].pinned
+                    and loser not in claimed
+                ):
+                    # The score says near-duplicate; only the same fact is superseded.
+                    if disagreement(rows[keeper].text, rows[loser].text) is not None:
+                        contradicted = True
+                        continue
+                    claimed.add(loser)
+                    plan.append((keeper, loser, score))
+            if not contradicted:
+                drained.add(group)
+    return plan
+
+
+# Planned pairs written per set of statements (and kept in memory until then).
+SUPERSEDE_BATCH = 2_000
+
+# Built once: only the scope changes from one load to the next. Every live note is read,
+# so only what similarity needs is; the few notes with a near-duplicate get the rest
+# (``_DETAILS``).
+_LOAD = (
+    select(Memory.id, Memory.title, Memory.topics, Memory.updated_seq)
+    .where(
+        Memory.scope_kind == bindparam("kind"),
+        Memory.scope_id == bindparam("sid"),
+        Memory.status == LIVE,
+        # Session summaries share a title by design; each is its session's record.
+        or_(Memory.type.is_(None), Memory.type != SUMMARY_TYPE),
+    )
+    .order_by(Memory.id)
+)
+_DETAILS = select(
+    Memory.id,
+    Memory.slug,
+    Memory.pinned,
+    Memory.updated_at,
+    Memory.confidence,
+    Memory.title,
+    Memory.body,
+    Memory.topics,
+).where(Memory.id.in_(bindparam("ids", expanding=True)))
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """A scope's live notes, by position: ids, ``updated_seq`` and term sets."""
+
+    ids: list[int]
+    seqs: list[int]
+    terms: list[frozenset[str]]
+
+
+# Scopes read ahead of the one being scanned (PostgreSQL): enough to keep the reader busy
+# through a large scope, few enough to keep memory at a few scopes' rows.
+READ_AHEAD = 3
+
+
+def _reads_apart(session: Session, scopes: Sequence[Scope]) -> bool:
+    """Whether ``_scans`` reads on a connection of its own (PostgreSQL, several scopes)."""
+    return len(scopes) > 1 and session.get_bind().dialect.name == "postgresql"
+
+
+def _scans(session: Session, scopes: Sequence[Scope]) -> Generator[tuple[Scope, _Scan], None, None]:
+    """Each scope's live notes, in order.
+
+    On PostgreSQL, with more than one scope, the next scopes are read on a second connection
+    while the caller works on this one, so the database's time hides behind Python's; the
+    reading thread only fetches (terms are extracted here), as it is the one waited on. Plain
+    reads are enough: ``_supersede`` writes a pair only if both notes are still as read,
+    whichever connection read them.
+    """
+
+    def read(conn: Connection, scope: Scope) -> Sequence[Row[int, str, str, int]]:
+        return conn.execute(_LOAD, {"kind": scope.kind, "sid": scope.id}).all()
+
+    def scan(rows: Sequence[Row[int, str, str, int]]) -> _Scan:
+        ids, titles, topics, seqs = zip(*rows, strict=True) if rows else ((), (), (), ())
+        return _Scan(list(ids), list(seqs), list(map(similarity_terms, titles, topics)))
+
+    if not _reads_apart(session, scopes):
+        for scope in scopes:
+            # Straight through the connection: plain rows, none of the ORM's statement work.
+            yield scope, scan(read(session.connection(), scope))
+        return
+    with session.get_bind().engine.connect() as reader, ThreadPoolExecutor(1) as ahead:
+        pending = deque(ahead.submit(read, reader, scope) for scope in scopes[:READ_AHEAD])
+        for n, scope in enumerate(scopes):
+            rows = pending.popleft().result()
+            if n + READ_AHEAD < len(scopes):
+                pending.append(ahead.submit(read, reader, scopes[n + READ_AHEAD]))
+            yield scope, scan(rows)
+
+
+# A planned ``keeper supersedes loser`` pair, with its scope and score.
+_Pair = tuple[Scope, _Row, _Row, float]
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A scope's duplicate edges, waiting for its notes' details: ``(id, seq)`` by position
+    for every note with an edge."""
+
+    scope: Scope
+    candidates: Candidates
+    notes: dict[int, tuple[int, int]]
+
+
+def _found(scope: Scope, scan: _Scan, found: Candidates) -> _Found:
+    positions = {p for g in found.edges for p in found.groups[g]}
+    return _Found(scope, found, {p: (scan.ids[p], scan.seqs[p]) for p in sorted(positions)})
+
+
+def _plan_pairs(session: Session, waiting: Sequence[_Found]) -> list[_Pair]:
+    """Read the details of every waiting scope's notes (many scopes per statement) and pair
+    each duplicate with its keeper. A note deleted since its scope was read is left out."""
+    ids = sorted(note_id for found in waiting for note_id, _ in found.notes.values())
+    details: dict[int, tuple[str, bool, datetime, float | None, FactText]] = {}
+    for start in range(0, len(ids), ID_CHUNK):
+        result = session.connection().execute(_DETAILS, {"ids": ids[start : start + ID_CHUNK]})
+        details.update(
+            {
+                row[0]: (row[1], bool(row[2]), row[3], row[4], FactText(row[5], row[6], row[7]))
+                for row in result
+            }
+        )
+    pairs: list[_Pair] = []
+    for found in waiting:
+        rows = {
+            p: _Row(note_id, *details[note_id], seq=seq)
+            for p, (note_id, seq) in found.notes.items()
+            if note_id in details
+        }
+        pairs.extend(
+            (found.scope, rows[keep], rows[lose], score)
+            for keep, lose, score in _choose_keepers(rows, found.candidates)
+        )
+    return pairs
+
+
+def _supersede(session: Session, plan: Sequence[_Pair]) -> list[_Pair]:
+    """Write the planned ``keeper supersedes loser`` pairs in bulk; return those written.
+
+    ``store.links.link``'s rules hold because a pair is written only when both notes are as
+    loaded (same ``updated_seq``, live, no superseder): the keeper then heads no chain, so no
+    cycle can form, and the loser gets its first and only superseder. The scopes' supersede
+    locks are taken first and, on PostgreSQL, the rows are locked before the check.
+    """
+    supersede.lock_scopes(session, {scope for scope, *_ in plan})
+    postgres = session.get_bind().dialect.name == "postgresql"
+    loaded = {row.id: row.seq for _, keeper, loser, _ in plan for row in (keeper, loser)}
+    ids = sorted(loaded)
+    current: set[int] = set()
+    for start in range(0, len(ids), ID_CHUNK):
+        stmt = (
+            select(Memory.id, Memory.updated_seq)
+            .where(
+                Memory.id.in_(ids[start : start + ID_CHUNK]),
+                Memory.status == LIVE,
+                Memory.superseded_by_id.is_(None),
+            )
+            .order_by(Memory.id)
+        )
+        if postgres:
+            stmt = stmt.with_for_update()
+        current.update(note_id for note_id, seq in session.execute(stmt) if seq == loaded[note_id])
+    done = [pair for pair in plan if pair[1].id in current and pair[2].id in current]
+    supersede.write(session, [(keeper.id, loser.id) for _, keeper, loser, _ in done])
+    return done
+
+
+class _Settler:
+    """Turns found duplicates into superseded notes: reads their notes' details, pairs each
+    duplicate with its keeper and writes the pairs, many scopes per statement.
+
+    With ``apart`` (the scan reads on a connection of its own), this happens on a thread of
+    its own, so the session's statements run while the next scopes are scanned; the session
+    is then used by that thread alone until :meth:`finish` has returned.
+    """
+
+    def __init__(self, session: Session, *, dry_run: bool, apart: bool) -> None:
+        self.session = session
+        self.dry_run = dry_run
+        self.superseded = self.skipped = 0
+        self.reported: list[DuplicatePair] = []
+        self._plan: list[_Pair] = []
+        self._waiting: list[_Found] = []  # scopes whose notes' details are not read yet
+        self._noted = 0
+        self._thread = ThreadPoolExecutor(1) if apart else None
+        self._running: list[Future[None]] = []
+        self._failed = False
+
+    def add(self, found: _Found) -> None:
+        self._waiting.append(found)
+        self._noted += len(found.notes)
+        if self._noted >= ID_CHUNK:
+            self._run(self._waiting, last=False)
+            self._waiting, self._noted = [], 0
+
+    def finish(self) -> None:
+        self._run(self._waiting, last=True)
+        for future in self._running:
+            future.result()  # a failed write raises here
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)  # nothing touches the session after this
+
+    def _run(self, batch: list[_Found], *, last: bool) -> None:
+        if self._thread is None:
+            self._settle(batch, last=last)
+            return
+        for future in self._running:
+            if future.done():
+                future.result()  # stop at the first failed write, not at the end
+        self._running = [f for f in self._running if not f.done()]
+        self._running.append(self._thread.submit(self._settle, batch, last=last))
+
+    def _settle(self, batch: list[_Found], *, last: bool) -> None:
+        if self._failed:
+            return  # queued behind a failed write: the run is over
+        try:
+            self._plan.extend(_plan_pairs(self.session, batch))
+            if last or len(self._plan) >= SUPERSEDE_BATCH:  # many scopes' pairs per statement
+                self._write()
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _write(self) -> None:
+        plan = self._plan
+        applied = plan if self.dry_run or not plan else _supersede(self.session, plan)
+        if len(applied) < len(plan):
+            log.warning(
+                "dedupe skipped %d pair(s): notes changed during the run; the next run looks again",
+                len(plan) - len(applied),
+            )
+            self.skipped += len(plan) - len(applied)
+        self.superseded += len(applied)
+        room = MAX_REPORTED_PAIRS - len(self.reported)
+        self.reported.extend(
+            DuplicatePair(scope=scope, keeper=keeper.slug, loser=loser.slug, score=score)
+            for scope, keeper, loser, score in applied[:room]
+        )
+        self._plan = []
+
+
+def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> DedupeResult:
+    """Supersede near-duplicates among live notes changed since the last run, scope by scope.
+
+    One transaction, the caller's. On PostgreSQL it first tries an advisory lock and, when
+    another run holds it, returns ``locked=True`` having done nothing; SQLite's
+    ``BEGIN IMMEDIATE`` makes a second run wait instead. The watermark moves to the highest
+    ``updated_seq`` seen at the start (not in a dry run, nor when a pair was skipped because
+    its notes changed mid-run: the next run then looks again), so the next run sees only
+    later changes; pairs of two unchanged notes are never rescanned.
+    """
+    started = time.perf_counter()
+    if session.get_bind().dialect.name == "postgresql":
+        acquired = session.execute(
+            text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": lock_key(DEDUPE)}
+        ).scalar_one()
+        if not acquired:
+            return DedupeResult(dry_run=dry_run, locked=True, seconds=elapsed(started))
+    since = watermark(session, DEDUPE)
+    top = int(session.execute(select(func.max(Memory.updated_seq))).scalar_one() or 0)
+    scopes = session.execute(
+        select(Memory.scope_kind, Memory.scope_id)
+        .where(Memory.updated_seq > since, Memory.status == LIVE)
+        .distinct()
+        .order_by(Memory.scope_kind, Memory.scope_id)
+    ).all()
+
+    scanned = changed = checked = 0
+    in_scopes = [Scope(kind=kind, id=sid) for kind, sid in scopes]
+    settler = _Settler(session, dry_run=dry_run, apart=_reads_apart(session, in_scopes))
+    # closing(): on an error the reading thread stops and its connection goes back at once,
+    # not whenever the traceback holding this frame is let go.
+    with closing(_scans(session, in_scopes)) as scans:
+        try:
+            for scope, scan in scans:
+                fresh = [seq > since for seq in scan.seqs]
+                found = similar_groups(scan.terms, fresh, settings.duplicate_threshold)
+                scanned += len(scan.ids)
+                changed += sum(fresh)
+                checked += found.checked
+                if found.edges:
+                    settler.add(_found(scope, scan, found))
+            settler.finish()
+        finally:
+            settler.close()
+    superseded, skipped = settler.superseded, settler.skipped
+    result = DedupeResult(
+        dry_run=dry_run,
+        scopes_scanned=len(scopes),
+        notes_scanned=scanned,
+        notes_changed=changed,
+        candidates_checked=checked,
+        superseded=superseded,
+        skipped=skipped,
+        pairs=settler.reported,
+        since_seq=since,
+        watermark=since if dry_run or skipped else max(since, top),
+        seconds=elapsed(started),
+    )
+    if not dry_run:
+        record(session, DEDUPE, result, watermark=result.watermark)
+    return result
