@@ -36,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "celery_passthrough", False):  # only `worker` passes on
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.celery_args = extra
     from store.errors import ConfigError, InvalidInput, StoreError, format_error
 
     usage_reasons = {"no_owner", "bad_owner", "bad_provenance", "bad_config"}

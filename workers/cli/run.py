@@ -1,11 +1,36 @@
-"""Long-running processes: ``worker`` and ``beat``."""
+"""Long-running processes and their probe: ``worker``, ``beat`` and ``health``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
-from workers.cli.common import EXIT_OK, UsageError, require_broker
+from workers.cli.common import EXIT_FAILED, EXIT_OK, UsageError, require_broker
+
+# Celery's own spellings of the node-name option: when given, the default name stays out.
+NODE_NAME_OPTIONS = ("-n", "--hostname")
+
+
+def celery_options(args: argparse.Namespace) -> list[str]:
+    """The options gleaner does not know, for Celery unchanged (gleaner's ``--`` dropped)."""
+    extra = list(getattr(args, "celery_args", None) or [])
+    if "--" in extra:
+        extra.remove("--")
+    return extra
+
+
+def names_node(options: list[str]) -> bool:
+    """Whether Celery options already name the node (``-n X``, ``-nX``, ``--hostname=X``)."""
+    for option in options:
+        if option in NODE_NAME_OPTIONS or option.startswith(("--hostname=", "-n")):
+            return True
+    return False
+
+
+def default_node_name(queues: list[str]) -> str:
+    """``gleaner-<queues>-<pid>@%h``: unique per process on a host, readable in Flower."""
+    return f"gleaner-{'-'.join(queues)}-{os.getpid()}@%h"
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -18,6 +43,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown queue(s) {', '.join(unknown)}; known: {', '.join(QUEUES)}")
     # Poll in the fixed priority order whatever order was typed.
     ordered = [q for q in QUEUES if q in queues]
+    passthrough = celery_options(args)
     app = make_celery(settings)
     argv = [
         "worker",
@@ -29,10 +55,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         args.pool,
         "--loglevel",
         args.loglevel,
-        "-n",
-        f"gleaner-{'-'.join(ordered)}@%h",
     ]
-    app.worker_main(argv)
+    if not names_node(passthrough):
+        argv += ["-n", default_node_name(ordered)]
+    # Celery's options come last, so one given twice (-c, -P) takes Celery's value.
+    app.worker_main([*argv, *passthrough])
     return EXIT_OK
 
 
@@ -45,13 +72,44 @@ def cmd_beat(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    """One line per check, exit 0 when all pass, else 1 (never 2: Docker reserves it)."""
+    from store import ConfigError, load_settings
+    from workers.health import Check, check_broker, check_database, check_workers
+
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(Check("settings", False, str(exc)).line())
+        return EXIT_FAILED
+    checks = [check_database(settings, args.timeout)]
+    broker = check_broker(settings, args.timeout)
+    checks.append(broker)
+    if args.worker or args.local_worker:
+        if broker.ok:
+            checks.append(check_workers(settings, args.worker, args.timeout))
+        else:
+            checks.append(Check("worker", False, "not pinged: the broker cannot be reached"))
+    for check in checks:
+        print(check.line(), flush=True)
+    return EXIT_OK if all(check.ok for check in checks) else EXIT_FAILED
+
+
 def register(sub: Any) -> None:
-    worker = sub.add_parser("worker", help="run a Celery worker (needs a broker)")
+    worker = sub.add_parser(
+        "worker",
+        help="run a Celery worker (needs a broker)",
+        description="Run a Celery worker on the given queues. Any option gleaner does not "
+        "know goes to `celery worker` unchanged, after gleaner's own (e.g. -E for task "
+        "events, -n NAME, --max-memory-per-child KB); a `--` ends gleaner's options. The "
+        "node is named gleaner-<queues>-<pid>@<host> unless -n/--hostname says otherwise.",
+        allow_abbrev=False,  # a Celery option must never be read as a prefix of gleaner's
+    )
     worker.add_argument(
         "--queues",
         default="harvest,housekeeping,import",
-        help="comma-separated queues to serve; harvest is always polled first "
-        "(default: harvest,housekeeping,import)",
+        help="comma-separated queues to serve; housekeeping is polled first, then harvest, "
+        "then import (default: harvest,housekeeping,import)",
     )
     worker.add_argument("--concurrency", type=int, default=2, help="worker processes/threads")
     worker.add_argument(
@@ -61,7 +119,7 @@ def register(sub: Any) -> None:
         help="prefork (default) for CPU-bound offline harvests; threads for slow remote models",
     )
     worker.add_argument("--loglevel", default="INFO")
-    worker.set_defaults(func=cmd_worker)
+    worker.set_defaults(func=cmd_worker, celery_passthrough=True)
 
     beat = sub.add_parser("beat", help="run Celery beat: decay, dedupe, lost-job sweep")
     beat.add_argument("--loglevel", default="INFO")
@@ -69,3 +127,27 @@ def register(sub: Any) -> None:
         "--schedule-file", default="celerybeat-schedule", help="where beat keeps its state"
     )
     beat.set_defaults(func=cmd_beat)
+
+    health = sub.add_parser(
+        "health",
+        help="check the database, the broker and (optionally) a worker; exit 0 or 1",
+        description="For container healthchecks and operators: one line per check. The "
+        "database must answer and be migrated; the broker (if GLEANER_BROKER_URL is set) must "
+        "answer a PING; with --worker NODE or --local-worker a worker must answer a Celery "
+        "ping. Exit 0 when every check passes, 1 otherwise.",
+    )
+    target = health.add_mutually_exclusive_group()
+    target.add_argument(
+        "--worker",
+        metavar="NODE",
+        help="this node must answer a ping (e.g. gleaner-harvest-7@%%h; %%h is this host)",
+    )
+    target.add_argument(
+        "--local-worker",
+        action="store_true",
+        help="some worker on this host (node name ending in @<hostname>) must answer a ping",
+    )
+    health.add_argument(
+        "--timeout", type=float, default=3.0, help="seconds each check may take (default 3)"
+    )
+    health.set_defaults(func=cmd_health)
