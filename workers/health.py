@@ -85,7 +85,7 @@ def broker_problem(broker_url: str, timeout: float = 3.0) -> str | None:
     try:
         client.ping()
     except redis.RedisError as exc:
-        return f"cannot reach the broker at {safe_broker_url(broker_url)}: {exc}"
+        return f"cannot reach the broker at {safe_broker_url(broker_url)}: {str(exc).rstrip('.')}"
     finally:
         client.close()
     return None

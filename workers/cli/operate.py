@@ -49,6 +49,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     from store.models import utcnow
 
     settings = current_settings()
+    if settings.broker_url:
+        from workers.health import broker_problem
+
+        problem = broker_problem(settings.broker_url)
+        if problem:  # queue depths would be unknown: say so instead of printing None
+            print(f"gleaner: {problem}: start Redis or fix GLEANER_BROKER_URL", file=sys.stderr)
+            return EXIT_FAILED
     store = open_store()
     lease = timedelta(seconds=settings.job_lease_seconds)
     with store.transaction() as session:
