@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
@@ -244,9 +245,24 @@ class Store:
 _SCHEMA_MISSING = ("no such table", "no such column", "does not exist")
 
 
+# PostgreSQL refuses the connection itself when the URL names a database or role it does not
+# have; no SQLSTATE reaches the client then, only this text.
+_NO_DATABASE = re.compile(r'FATAL:\s+(database|role) "([^"]*)" does not exist')
+
+
 def _storage_failure(exc: SQLAlchemyError) -> StorageFailure:
-    """Say what went wrong in one line, and what to do when the schema is missing or old."""
+    """Say what went wrong in one line, and what to do when the database, the role or the
+    schema is missing."""
     detail = str(exc.orig if isinstance(exc, DBAPIError) else exc).strip().splitlines()[0]
+    missing = _NO_DATABASE.search(detail)
+    if missing:
+        kind, name = missing.groups()
+        fix = f"createdb {name}" if kind == "database" else f"createuser {name}"
+        return StorageFailure(
+            f'the server has no {kind} "{name}" (GLEANER_DATABASE_URL): create it ({fix}) '
+            "or fix the URL, then run `gleaner db upgrade`",
+            reason="no_database",
+        )
     if any(marker in detail for marker in _SCHEMA_MISSING):
         return StorageFailure(
             f"the database schema is missing or older than this Gleaner ({detail}): "
