@@ -12,6 +12,11 @@ Reliability choices (see README, "Running workers"):
   lost-job sweep, which must not wait behind a backlog), then ``harvest`` before ``import``,
   so a bulk import never starves live conversations.
 - JSON only, no pickle: messages carry job ids and small dicts.
+- Task events (what Flower shows) follow GLEANER_TASK_EVENTS; ``gleaner worker -E`` turns
+  them on for one worker.
+
+``workers.celery_app`` holds an app made from the environment, for Celery's own command line
+(``celery -A workers.celery_app inspect ping``) and Flower.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ def make_celery(settings: Settings | None = None) -> Celery:
         worker_prefetch_multiplier=1,
         worker_max_tasks_per_child=settings.worker_max_tasks_per_child,
         worker_hijack_root_logger=False,
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         task_queues=[Queue(name) for name in QUEUES],
         task_default_queue=LIVE_QUEUE,
         task_routes=ROUTES,
