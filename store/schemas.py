@@ -161,13 +161,34 @@ class LinkResult(Frozen):
     created: bool
 
 
+class ScoreParts(Frozen):
+    """A hit's score as the sum of its three terms: ``(1 - recency_weight) * lexical``,
+    ``recency_weight * recency`` and ``pinned_bonus`` when pinned (else 0)."""
+
+    lexical: float
+    recency: float
+    pinned: float
+
+
 class SearchHit(Frozen):
+    """One search result. ``lexical`` and ``recency`` are the raw factors (0..1); ``parts``
+    are their shares of ``score`` (set by ``Store.search``)."""
+
     memory: Note
     score: float
     lexical: float
     recency: float
     snippet: str
     backend: str
+    parts: ScoreParts | None = None
+
+
+class NoteChange(Frozen):
+    """A note after a change by hand (pin, unpin, archive); ``changed`` False when it already
+    was so."""
+
+    memory: Note
+    changed: bool
 
 
 class SaveResult(Frozen):

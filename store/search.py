@@ -5,8 +5,14 @@
     recency = 0.5 ** (age_days / half_life_days) age since the note was last updated
 
 ``r`` is ``ts_rank_cd`` on PostgreSQL and ``-bm25`` on SQLite FTS5 (title weighs 10, topics 5,
-body 1). The LIKE fallback, used when the engine cannot use the query (no word in it, only
-stop words, or a parse error), scores the share of query words found. Only live notes match.
+body 1). The LIKE fallback, used when the engine cannot use the query (a parse error, or a
+word the engine takes for a stop word), scores the share of query words found. Only live notes
+match.
+
+A query is searched by its **content words** (``content_words``): its words less English stop
+words (the ``stopwords`` package's list, apostrophe-free entries, and the pieces contractions
+split into). A query with none (``the``, ``-``, ``?!``) matches nothing: it returns no hit
+rather than every note holding ``the`` (callers say why: see ``content_words``).
 
 The score is computed for a bounded candidate set: the newest ``RANK_CANDIDATES`` matches of
 the scope (by ``updated_seq`` on PostgreSQL, by note id on SQLite); the top ``limit`` of those
@@ -17,19 +23,34 @@ from __future__ import annotations
 
 from typing import Any
 
+import stopwords
 from sqlalchemy import BigInteger, Float, Row, TextClause, column, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput
 from store.models import LIVE, Memory
-from store.schemas import Note, Scope, SearchHit
+from store.schemas import Note, Scope, ScoreParts, SearchHit
 from store.settings import Settings
 from store.sql import recency_sql
 from store.text import check_text, snippet, words
 
 MAX_LIMIT = 100
 MAX_QUERY_WORDS = 32
+# Words that carry no meaning on their own; a contraction splits into a word and one of the
+# trailing pieces ("don't" -> "don", "t"), which are no words either.
+SEARCH_STOP_WORDS = frozenset(
+    w for w in stopwords.get_stopwords("english") if w and "'" not in w
+) | frozenset({"s", "t", "d", "ll", "re", "ve", "m"})
+
+
+def content_words(query: str) -> list[str]:
+    """The words of ``query`` that search looks for (lowercased, in order, at most 32).
+
+    Empty when the query holds only stop words or no word at all: ``search`` then returns no
+    hit, and a caller that shows results says the query had nothing to look for.
+    """
+    return [w for w in words(query) if w not in SEARCH_STOP_WORDS][:MAX_QUERY_WORDS]
 
 
 def _params(settings: Settings, scope: Scope, limit: int) -> dict[str, Any]:
@@ -171,13 +192,13 @@ def search(
     query = check_text(query, "query", max_bytes=4_000)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {limit!r}", reason="bad_limit")
-    if not query.strip():
-        return []
-    tokens = words(query)[:MAX_QUERY_WORDS]
+    tokens = content_words(query)
+    if not tokens:
+        return []  # only stop words or punctuation: nothing to look for
     dialect = session.get_bind().dialect.name
     rows: list[Row[Any]] | None = None
     backend = "like"
-    if settings.search != "like" and tokens:
+    if settings.search != "like":
         params = _params(settings, scope, limit)
         if dialect == "postgresql":
             params["q"] = " ".join(tokens)
@@ -197,8 +218,9 @@ def search(
             except OperationalError:
                 rows, backend = None, "like"  # the engine could not parse it: use LIKE
     if rows is None:
-        sql, params = _like_query(session, settings, scope, tokens or [query.strip()], limit)
+        sql, params = _like_query(session, settings, scope, tokens, limit)
         rows = _ranked(session, sql, params)
+    weight, bonus = settings.recency_weight, settings.pinned_bonus
     return [
         SearchHit(
             memory=Note.from_row(memory),
@@ -207,6 +229,12 @@ def search(
             recency=round(float(recency), 6),
             snippet=snippet(memory.body, tokens),
             backend=backend,
+            # The score's three terms, from values already fetched: no work for the database.
+            parts=ScoreParts(
+                lexical=round((1 - weight) * float(lexical), 6),
+                recency=round(weight * float(recency), 6),
+                pinned=bonus if memory.pinned else 0.0,
+            ),
         )
         for memory, lexical, recency, score in (tuple(row) for row in rows)
     ]

@@ -85,13 +85,15 @@ def test_no_query_raises(store: Store, query: str) -> None:
 def test_like_fallback_for_queries_full_text_cannot_use(store: Store) -> None:
     put(store, "Percent", "it is 100% done")
     put(store, "Stop words", "the and of")
-    hits = store.search(ALICE, "%")
-    assert [(h.memory.slug, h.backend) for h in hits] == [("percent", "like")]
-    # Only stop words: PostgreSQL's full text has nothing to match on, LIKE still finds the
-    # note (FTS5 keeps stop words, so SQLite matches it in full text).
-    hits = store.search(ALICE, "the")
+    put(store, "Timing", "just now")
+    # No content word (punctuation, stop words only): nothing to look for, so no hit at all.
+    for query in ("%", "the", "-", "the and of"):
+        assert store.search(ALICE, query) == []
+    # A word PostgreSQL's English configuration drops but search keeps: LIKE finds the note
+    # (FTS5 has no stop words, so SQLite matches it in full text).
+    hits = store.search(ALICE, "just")
     expected = "like" if store.dialect == "postgresql" else "sqlite-fts5"
-    assert [(h.memory.slug, h.backend) for h in hits] == [("stop-words", expected)]
+    assert [(h.memory.slug, h.backend) for h in hits] == [("timing", expected)]
 
 
 def test_like_backend_setting(make_store, backend: str) -> None:
