@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from store import history, index, job_status, keys, links, mem, notes, search
 from store.db import make_engine, migrate
 from store.errors import NotFound, StorageFailure, StoreError
+from store.locks import TranscriptLock, transcript_lock
 from store.schemas import (
     LinkResult,
     Note,
@@ -66,6 +67,12 @@ class Store:
         """A session inside one transaction: committed on success, rolled back on any error."""
         with self._failures(), self._sessions() as session, session.begin():
             yield session
+
+    def transcript_lock(self, scope: Scope, digest: str) -> TranscriptLock:
+        """This process's advisory lock on one transcript (its redacted hash) in ``scope``,
+        not taken yet (see ``store.locks``): held on a dedicated connection, never a pooled
+        one, so it may be held across a model call."""
+        return transcript_lock(self.engine, scope, digest)
 
     @contextmanager
     def _failures(self) -> Iterator[None]:

@@ -7,65 +7,118 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine, select
+from sqlalchemy import create_engine, select, text
 
-from harvest.locks import TranscriptLocks
 from harvest.queue import record_jobs, run_job
 from harvest.transcript import Transcript
-from store import Store
+from store import Scope, StorageFailure, Store
+from store.locks import locks_for, transcript_key
 from store.models import HarvestLedger, Job
+from tests.conftest import test_settings
 from tests.samples import native
 
-pytestmark = pytest.mark.postgres
+DIGEST = "ab" * 32
+ALICE = Scope.owner("alice")
 
 
 @pytest.fixture
-def engines(pg_url: str) -> Iterator[tuple[Engine, Engine]]:
-    first, second = create_engine(pg_url, pool_size=1), create_engine(pg_url, pool_size=1)
+def stores(pg_url: str) -> Iterator[tuple[Store, Store]]:
+    # Two stores stand for two worker processes: two engines, two PostgreSQL sessions.
+    first = Store(pg_url, settings=test_settings(db_pool_size=1))
+    second = Store(pg_url, settings=test_settings(db_pool_size=1))
     yield first, second
-    first.dispose()
-    second.dispose()
+    for store in (first, second):
+        locks_for(store.engine).close()
+        store.dispose()
 
 
+@pytest.mark.postgres
 def test_a_lock_is_exclusive_across_processes_and_costs_no_pooled_connection(
-    engines: tuple[Engine, Engine],
+    stores: tuple[Store, Store],
 ) -> None:
-    # Two engines stand for two worker processes (two PostgreSQL sessions).
-    mine, theirs = TranscriptLocks(engines[0]), TranscriptLocks(engines[1])
-    try:
-        assert mine.try_acquire(42)
-        assert engines[0].pool.checkedout() == 0  # held on the dedicated connection
-        assert not theirs.try_acquire(42)
-        assert theirs.try_acquire(43)
-        mine.release(42)
-        assert theirs.try_acquire(42)
-    finally:
-        mine.close()
-        theirs.close()
+    mine = stores[0].transcript_lock(ALICE, DIGEST)
+    theirs = stores[1].transcript_lock(ALICE, DIGEST)
+    elsewhere = stores[1].transcript_lock(Scope.owner("bob"), DIGEST)  # another scope
+    assert mine.try_acquire()
+    assert stores[0].engine.pool.checkedout() == 0  # held on the dedicated connection
+    assert not theirs.try_acquire()
+    assert elsewhere.try_acquire()
+    mine.release()
+    assert theirs.try_acquire()
+    theirs.release()
+    elsewhere.release()
+    mine.release()  # released twice: nothing happens
+    with stores[1].transcript_lock(ALICE, DIGEST):
+        assert not mine.try_acquire()
+    assert mine.try_acquire()
+    mine.release()
 
 
-def test_threads_of_one_process_wait_for_each_other(engines: tuple[Engine, Engine]) -> None:
-    locks = TranscriptLocks(engines[0])
-    try:
-        locks.acquire(7)
-        # PostgreSQL would grant a second try on the same session: the process must not.
-        seen: list[bool] = []
-        probe = threading.Thread(target=lambda: seen.append(locks.try_acquire(7)))
-        probe.start()
-        probe.join()
-        assert seen == [False]
-        order: list[str] = []
-        waiter = threading.Thread(target=lambda: (locks.acquire(7), order.append("waiter")))
-        waiter.start()
-        order.append("holder")
-        locks.release(7)
-        waiter.join()
-        assert order == ["holder", "waiter"]
-        locks.release(7)
-    finally:
-        locks.close()
+@pytest.mark.postgres
+def test_threads_of_one_process_wait_for_each_other(stores: tuple[Store, Store]) -> None:
+    store = stores[0]
+    holder = store.transcript_lock(ALICE, DIGEST)
+    holder.acquire()
+    # PostgreSQL would grant a second try on the same session: the process must not.
+    seen: list[bool] = []
+    probe = threading.Thread(
+        target=lambda: seen.append(store.transcript_lock(ALICE, DIGEST).try_acquire())
+    )
+    probe.start()
+    probe.join()
+    assert seen == [False]
+    order: list[str] = []
+
+    def wait_then_take() -> None:
+        with store.transcript_lock(ALICE, DIGEST):
+            order.append("waiter")
+
+    waiter = threading.Thread(target=wait_then_take)
+    waiter.start()
+    order.append("holder")
+    holder.release()
+    waiter.join()
+    assert order == ["holder", "waiter"]
+    assert holder.try_acquire()  # the waiter released it at the end of its block
+    holder.release()
 
 
+@pytest.mark.postgres
+def test_a_lost_lock_connection_is_a_storage_failure_and_reconnects(
+    stores: tuple[Store, Store], pg_url: str
+) -> None:
+    store = stores[0]
+    lock = store.transcript_lock(ALICE, DIGEST)
+    assert lock.try_acquire()
+    key = transcript_key(ALICE, DIGEST) & 0xFFFF_FFFF_FFFF_FFFF  # as pg_locks splits it
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:  # a database restart, as far as the lock's session can tell
+        ended = conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "AND classid = :high AND objid = :low AND objsubid = 1"
+            ),
+            {"high": key >> 32, "low": key & 0xFFFF_FFFF},
+        ).all()
+    admin.dispose()
+    assert ended == [(True,)]
+    other = store.transcript_lock(Scope.owner("bob"), DIGEST)
+    with pytest.raises(StorageFailure):
+        other.try_acquire()
+    assert other.try_acquire()  # a fresh connection; the lost session's locks are gone
+    other.release()
+    assert stores[1].transcript_lock(ALICE, DIGEST).try_acquire()
+
+
+def test_sqlite_grants_every_lock(make_store: Callable[[str], Store]) -> None:
+    store = make_store("sqlite")
+    first = store.transcript_lock(ALICE, DIGEST)
+    assert first.try_acquire() and store.transcript_lock(ALICE, DIGEST).try_acquire()
+    first.release()
+
+
+@pytest.mark.postgres
 def test_run_job_finishes_a_duplicate_in_its_claim_and_runs_a_job_once(
     make_store: Callable[[str], Store],
 ) -> None:

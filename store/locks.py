@@ -1,0 +1,170 @@
+"""Per-transcript advisory locks that cost no pooled connection while they are held.
+
+Two workers given the same transcript at once (a re-import racing the first, a redelivery)
+must not both call the model: the second waits for the first and then finds its ledger row.
+The lock is held across the model call, which may take a minute, so holding it on a pooled
+connection would cost one idle PostgreSQL connection per task in flight (64 threads, 64
+connections). Instead each process keeps ONE dedicated connection per engine that holds all
+of its session-level advisory locks; it is busy only for the lock and unlock statements.
+
+PostgreSQL advisory locks are re-entrant within a session, so threads of one process are
+kept apart by an in-process set of held keys. A process that dies closes its connection and
+PostgreSQL releases its locks. The lock only saves duplicate model calls: exactly-once
+writes come from the ledger's unique row, so losing the lock connection (a database restart)
+can at worst cost a second model call, never a second set of notes. On SQLite, which has one
+writer anyway, every lock is granted at once.
+
+Callers use ``Store.transcript_lock(scope, digest)``, a :class:`TranscriptLock`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from types import TracebackType
+
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
+
+from store.errors import StorageFailure
+from store.schemas import Scope
+from store.sql import scope_key
+
+# Waiting for another process's lock polls (a blocking call would tie up the shared
+# connection); contention is rare, so the poll starts short and backs off.
+FIRST_POLL_SECONDS = 0.05
+MAX_POLL_SECONDS = 1.0
+
+
+class ProcessLocks:
+    """The session-level advisory locks one process holds, on one dedicated connection of
+    ``engine``; keys are ``store.sql`` advisory keys."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._connection: Connection | None = None
+        self._held: set[int] = set()
+        self._changed = threading.Condition()
+        self.enabled = engine.dialect.name == "postgresql"
+
+    def _run(self, statement: str, key: int) -> bool:
+        try:
+            if self._connection is None or self._connection.closed:
+                # Outside the store's pool: a caller may hold the last pooled connection
+                # while it waits here, and the pool is sized for the transactions alone.
+                own = create_engine(self._engine.url, poolclass=NullPool)
+                self._connection = own.connect().execution_options(isolation_level="AUTOCOMMIT")
+            return bool(self._connection.execute(text(statement), {"key": key}).scalar())
+        except DBAPIError as exc:
+            # The session (and every lock on it) is gone; the next call reconnects.
+            broken, self._connection = self._connection, None
+            if broken is not None:
+                broken.invalidate()
+            self._held.clear()
+            raise StorageFailure(f"database error while locking a transcript: {exc}") from exc
+
+    def try_acquire(self, key: int) -> bool:
+        """Take ``key`` if nobody (no thread here, no other process) holds it."""
+        if not self.enabled:
+            return True
+        with self._changed:
+            if key in self._held or not self._run("SELECT pg_try_advisory_lock(:key)", key):
+                return False
+            self._held.add(key)
+            return True
+
+    def acquire(self, key: int) -> None:
+        """Block until this process holds ``key`` (other threads and processes wait)."""
+        pause = FIRST_POLL_SECONDS
+        while not self.try_acquire(key):
+            with self._changed:
+                if key in self._held:  # a thread of this process has it: wait for its release
+                    self._changed.wait(MAX_POLL_SECONDS)
+                    continue
+            time.sleep(pause)  # another process has it: poll, without holding the mutex
+            pause = min(pause * 2, MAX_POLL_SECONDS)
+
+    def release(self, key: int) -> None:
+        if not self.enabled:
+            return
+        with self._changed:
+            try:
+                if key in self._held:
+                    self._run("SELECT pg_advisory_unlock(:key)", key)
+            finally:
+                self._held.discard(key)
+                self._changed.notify_all()
+
+    def close(self) -> None:
+        """Close the dedicated connection: PostgreSQL releases every lock it held."""
+        with self._changed:
+            if self._connection is not None:
+                self._connection.close()
+            self._connection = None
+            self._held.clear()
+
+
+_by_engine: weakref.WeakKeyDictionary[Engine, ProcessLocks] = weakref.WeakKeyDictionary()
+_registry_lock = threading.Lock()
+
+
+def locks_for(engine: Engine) -> ProcessLocks:
+    """The process's lock holder for ``engine`` (one per engine, created on first use)."""
+    with _registry_lock:
+        found = _by_engine.get(engine)
+        if found is None:
+            found = _by_engine[engine] = ProcessLocks(engine)
+        return found
+
+
+def transcript_key(scope: Scope, digest: str) -> int:
+    """The advisory key of one transcript (its redacted hash) in one scope."""
+    return scope_key(f"harvest:{digest}", scope.kind, scope.id)
+
+
+class TranscriptLock:
+    """One (scope, transcript) lock of this process, not taken yet.
+
+    ``try_acquire`` takes it only if it is free, ``acquire`` waits for it, ``release`` gives
+    it back (a no-op unless taken). As a context manager it is acquired for the block.
+    Meant for one thread: other threads and processes take their own.
+    """
+
+    def __init__(self, locks: ProcessLocks, key: int) -> None:
+        self._locks = locks
+        self._key = key
+        self.held = False
+
+    def try_acquire(self) -> bool:
+        self.held = self.held or self._locks.try_acquire(self._key)
+        return self.held
+
+    def acquire(self) -> None:
+        if not self.held:
+            self._locks.acquire(self._key)
+            self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self._locks.release(self._key)
+
+    def __enter__(self) -> TranscriptLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def transcript_lock(engine: Engine, scope: Scope, digest: str) -> TranscriptLock:
+    """The (scope, transcript) lock on ``engine``'s database, held on the process's
+    dedicated lock connection."""
+    return TranscriptLock(locks_for(engine), transcript_key(scope, digest))
