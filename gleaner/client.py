@@ -1,0 +1,273 @@
+"""``Gleaner``: the one object a platform's backend needs (and the HTTP and MCP services use).
+
+Built on the store and the harvest pipeline: a submitted conversation is recorded as a job
+exactly as ``gleaner enqueue`` records one (redacted first), then sent to the ``harvest``
+queue when GLEANER_BROKER_URL is set, or harvested right away in this process when it is not.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from gleaner.conversation import Conversation, ConversationInput, read_conversation
+from gleaner.errors import InvalidRequest, NotFound, Unavailable, translated
+from store import Note, NoteVersion
+from store.schemas import LinkedNote
+
+if TYPE_CHECKING:
+    from store import SaveResult, SearchHit, Settings, Store
+    from store.job_status import JobStatus
+    from store.keys import ApiKey
+
+
+class NoteDetail(BaseModel):
+    """A note with its links both ways, its superseder, and its earlier texts (newest first)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    memory: Note
+    links: list[LinkedNote]
+    backlinks: list[LinkedNote]
+    superseded_by: str | None
+    history: list[NoteVersion]
+
+
+class Gleaner:
+    """Gleaner on one database: hand over conversations, follow their jobs, read the notes.
+
+    ``Gleaner()`` takes its configuration from the ``GLEANER_*`` environment;
+    ``Gleaner(database_url, settings)`` overrides it. Nothing connects until the first call.
+    Every method takes the owner it acts for: it never reads or changes another's notes.
+    Errors are :mod:`gleaner.errors` (``InvalidRequest``, ``TooLarge``, ``NotFound``,
+    ``Unavailable``), each with a ``reason``.
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        settings: Settings | None = None,
+        *,
+        store: Store | None = None,
+    ) -> None:
+        from store import Store
+
+        with translated():
+            self.store = store or Store(database_url, settings=settings)
+        self.settings = self.store.settings
+        self._celery: Any = None
+        self._celery_lock = threading.Lock()
+
+    # --- lifetime --------------------------------------------------------------------
+
+    @property
+    def queued(self) -> bool:
+        """Whether ``submit`` queues (a broker is set) rather than harvesting in process."""
+        return bool(self.settings.broker_url)
+
+    def migrate(self) -> None:
+        """Bring the database's schema up to date (``gleaner db upgrade``)."""
+        with translated():
+            self.store.migrate()
+
+    def close(self) -> None:
+        """Close the database connections (the object is still usable: they reopen)."""
+        self.store.dispose()
+
+    def __enter__(self) -> Gleaner:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- conversations in ------------------------------------------------------------
+
+    def read(
+        self,
+        conversation: ConversationInput,
+        *,
+        owner: str | None = None,
+        reassign_owner: bool = False,
+    ) -> Conversation:
+        """Read one conversation (bytes, text or parsed JSON, in any format the CLI reads)
+        and settle its owner, recording nothing: what ``submit`` does first. ``owner`` fills
+        in a conversation that names none; ``reassign_owner`` overrides the one it names."""
+        return read_conversation(
+            conversation, self.settings, owner=owner, reassign_owner=reassign_owner
+        )
+
+    def submit(
+        self,
+        conversation: ConversationInput | Conversation,
+        *,
+        owner: str | None = None,
+        reassign_owner: bool = False,
+    ) -> str:
+        """Record one finished conversation as a harvest job and return the job's id.
+
+        The transcript is redacted before it is recorded. With a broker the job is sent to
+        the ``harvest`` queue (a worker harvests it); without one it is harvested here before
+        this returns. Either way ``job(id)`` follows it. A ``Conversation`` from ``read``
+        keeps the owner settled there (``owner`` must then be None).
+        """
+        from harvest.queue import LIVE_QUEUE, record_jobs
+
+        if isinstance(conversation, Conversation):
+            if owner is not None or reassign_owner:
+                raise InvalidRequest(
+                    "a read conversation keeps the owner settled by read()", reason="bad_owner"
+                )
+            found = conversation
+        else:
+            found = self.read(conversation, owner=owner, reassign_owner=reassign_owner)
+        with translated():
+            (job_id,) = record_jobs(
+                self.store,
+                [found.transcript],
+                owner=found.owner,
+                provenance="compaction",
+                queue=LIVE_QUEUE,
+                reassign_owner=True,  # the owner was settled by read()
+            )
+        if self.queued:
+            self._send(LIVE_QUEUE, job_id)
+        else:
+            from harvest.queue import run_job
+
+            with translated():
+                run_job(self.store, job_id)
+        return job_id
+
+    def _send(self, queue: str, job_id: str) -> None:
+        """Put the job on its queue. A broker that cannot be reached leaves the job pending;
+        the sweep (``gleaner beat``) sends it again once the broker is back."""
+        from workers.enqueue import send_jobs
+
+        with self._celery_lock:
+            if self._celery is None:
+                from workers.app import make_celery
+
+                self._celery = make_celery(self.settings)
+        try:
+            send_jobs(queue, [job_id])
+        except Exception as exc:
+            # kombu and redis raise their own trees; the job itself is safe in the database.
+            raise Unavailable(
+                f"job {job_id} is recorded but the broker could not be reached "
+                f"({type(exc).__name__}); it will be sent again by the sweep",
+                reason="broker_unavailable",
+            ) from exc
+
+    def job(self, job_id: str, *, owner: str | None = None) -> JobStatus:
+        """A job's state, outcome and cost (model calls and tokens over every run). With
+        ``owner``, a job of another owner is NotFound, like one that does not exist."""
+        with translated():
+            found = self.store.job(job_id) if isinstance(job_id, str) else None
+            name = None if owner is None else self.owner_name(owner)
+        if found is None or (name is not None and found.owner != name):
+            raise NotFound(f"no job with id {job_id!r}", reason="not_found")
+        return found
+
+    # --- notes out -------------------------------------------------------------------
+
+    def search(self, owner: str, query: str, *, limit: int = 10) -> list[SearchHit]:
+        """The owner's live notes matching ``query``, best first (at most ``limit``)."""
+        from store import Scope
+
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
+            raise InvalidRequest(f"limit must be 1..100, got {limit!r}", reason="bad_limit")
+        with translated():
+            return self.store.search(Scope.owner(owner), query, limit=limit)
+
+    def note(self, owner: str, slug: str) -> NoteDetail:
+        """The owner's note ``slug`` with its links, superseder and history, read in one
+        transaction; NotFound when the owner has no such note."""
+        from store import Scope, history, links
+
+        with translated():
+            scope = Scope.owner(owner)
+            with self.store.transaction() as session:
+                found = links.read(session, scope, slug)
+                earlier = history.history(session, scope, slug)
+        return NoteDetail(
+            memory=found.memory,
+            links=found.links,
+            backlinks=found.backlinks,
+            superseded_by=found.superseded_by,
+            history=earlier,
+        )
+
+    def index_text(self, owner: str) -> str:
+        """The compact memory index of the owner's notes that goes into a system prompt."""
+        from store import Scope
+
+        with translated():
+            return self.store.index_text(Scope.owner(owner))
+
+    def forget(self, owner: str, *, allow_reharvest: bool = False) -> dict[str, int]:
+        """Delete everything stored for the owner (notes, history, jobs, ...) in one
+        transaction; counts by table. Its harvested conversations leave hash tombstones, so
+        submitted again they write nothing, unless ``allow_reharvest``. API keys stay."""
+        with translated():
+            return self.store.forget_owner(self.owner_name(owner), tombstones=not allow_reharvest)
+
+    def mem_save(
+        self,
+        owner: str,
+        content: str,
+        *,
+        type: str,
+        title: str,
+        topic_key: str | None = None,
+    ) -> SaveResult:
+        """Save an observation for the owner (seed 003's ``mem_save``)."""
+        with translated():
+            return self.store.mem_save(owner, content, type=type, title=title, topic_key=topic_key)
+
+    def mem_session_summary(
+        self, owner: str, content: str, *, title: str = "Session summary"
+    ) -> SaveResult:
+        """Save the owner's active session's summary and end the session."""
+        with translated():
+            return self.store.mem_session_summary(owner, content, title=title)
+
+    # --- owners and keys -------------------------------------------------------------
+
+    def owner_name(self, owner: str) -> str:
+        """The owner as stored (the owner rule: NFKC, no blank, no control characters...);
+        InvalidRequest (``bad_owner``) when it breaks the rule."""
+        from store.text import check_principal
+
+        with translated():
+            return check_principal(owner)
+
+    def create_api_key(self, owner: str | None) -> tuple[ApiKey, str]:
+        """A new API key for ``owner`` (None: every owner) and its token, shown only now."""
+        with translated():
+            return self.store.create_api_key(owner)
+
+    def api_keys(self) -> list[ApiKey]:
+        """Every API key (ids, owners, creation times; never a token)."""
+        with translated():
+            return self.store.api_keys()
+
+    def revoke_api_key(self, key_id: str) -> ApiKey:
+        """Delete an API key; NotFound when there is none with that id."""
+        try:
+            with translated():
+                return self.store.revoke_api_key(key_id)
+        except InvalidRequest as exc:
+            raise NotFound(exc.message, reason="not_found") from exc
+
+    def verify_api_key(self, token: str) -> ApiKey | None:
+        """The API key a token is, or None when it is none (unknown or revoked)."""
+        with translated():
+            return self.store.verify_api_key(token)

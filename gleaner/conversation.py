@@ -1,0 +1,99 @@
+"""One conversation handed over from Python: read, bounded, redacted, its owner settled.
+
+The bytes go through the same readers, formats and limits as a file given to
+``gleaner enqueue``; what is kept afterwards is the redacted transcript only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gleaner.errors import InvalidRequest, TooLarge, translated
+
+if TYPE_CHECKING:
+    from harvest.transcript import Transcript
+    from store import Settings
+
+# Stands for the file in the readers' labels and errors (there is none).
+DOCUMENT_NAME = "conversation"
+
+ConversationInput = Mapping[str, Any] | Sequence[Any] | str | bytes
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A conversation ready to submit: ``owner`` is whose scope its notes go to, and
+    ``transcript`` is already redacted (nothing after reading sees a ``<private>`` span)."""
+
+    owner: str
+    conversation_id: str
+    transcript: Transcript
+
+
+def read_conversation(
+    document: ConversationInput,
+    settings: Settings,
+    *,
+    owner: str | None = None,
+    reassign_owner: bool = False,
+) -> Conversation:
+    """Read exactly one conversation from ``document`` under the CLI's formats and limits.
+
+    ``document`` is a file's bytes or text, or its parsed JSON (a native conversation, an
+    OpenAI-style ``{"messages": [...]}``, a one-conversation export...). ``owner`` fills in a
+    conversation that names none; ``reassign_owner`` puts it in ``owner``'s scope whatever it
+    names. InvalidRequest (``bad_transcript``, ``no_owner``, ``bad_owner``,
+    ``not_one_conversation``) or TooLarge when it cannot be taken as it is.
+    """
+    from harvest.job import resolve_owner
+    from harvest.readers import read_bytes
+    from harvest.redact import redact_transcript
+    from harvest.transcript import Limits
+    from store.text import check_principal
+
+    data = _as_bytes(document)
+    with translated():
+        if owner is not None:
+            owner = check_principal(owner)  # refused even when the conversation names its own
+        found = read_bytes(data, DOCUMENT_NAME, limits=Limits.from_settings(settings))
+    if found.errors:
+        _, why = found.errors[0]
+        reason = why.split(":", 1)[0] if why.startswith(("too_large:", "too_deep:")) else None
+        kind = TooLarge if reason == "too_large" else InvalidRequest
+        raise kind(f"{DOCUMENT_NAME}: {why}", reason=reason or "bad_transcript")
+    if len(found.transcripts) != 1:
+        raise InvalidRequest(
+            f"the document holds {len(found.transcripts)} conversations: submit one at a time",
+            reason="not_one_conversation",
+        )
+    transcript = redact_transcript(found.transcripts[0].model_copy(update={"source_path": None}))
+    with translated():
+        name = resolve_owner(transcript, owner, reassign_owner=reassign_owner)
+    return Conversation(
+        owner=name, conversation_id=transcript.conversation_id, transcript=transcript
+    )
+
+
+def _as_bytes(document: ConversationInput) -> bytes:
+    if isinstance(document, bytes | bytearray | memoryview):
+        return bytes(document)
+    if isinstance(document, str):
+        return document.encode("utf-8", "surrogatepass")
+    if isinstance(document, Mapping | list | tuple):
+        try:
+            return json.dumps(document, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequest(
+                f"the conversation is not JSON-serializable ({exc})", reason="bad_transcript"
+            ) from None
+        except RecursionError:
+            raise InvalidRequest(
+                "the conversation is nested too deeply to be one", reason="too_deep"
+            ) from None
+    raise InvalidRequest(
+        f"a conversation is bytes, text or its parsed JSON, got {type(document).__name__}",
+        reason="bad_transcript",
+    )

@@ -1,0 +1,204 @@
+"""The public Python API (``from gleaner import Gleaner``) on PostgreSQL and SQLite: submit
+in process and queued, follow the job, read the notes back, forget, keys; the same formats,
+limits and owner rule as the CLI; the transcript redacted before it is recorded; and one
+owner never reaching another's notes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import text
+
+from gleaner import Gleaner, InvalidRequest, NotFound, TooLarge
+from store import Store
+from tests.samples import native
+from tests.workers_harness import REDIS_URL
+
+SECRET = "sk-live-0f9e8d7c6b5a"
+
+
+@pytest.fixture
+def gleaner(store: Store) -> Gleaner:
+    return Gleaner(store=store)
+
+
+def _jobs(store: Store) -> list[dict[str, Any]]:
+    with store.engine.connect() as conn:
+        rows = conn.execute(text("SELECT owner, state, transcript FROM jobs")).mappings()
+        return [dict(row) for row in rows]
+
+
+def test_submit_in_process_harvests_and_the_job_reports_it(gleaner: Gleaner) -> None:
+    job_id = gleaner.submit(native(1, owner="alice"))
+    job = gleaner.job(job_id)
+    assert job.state == "done" and job.owner == "alice" and job.harvest_status == "harvested"
+    assert job.notes_written == 3 and len(job.slugs) == 3
+    assert (job.model_calls, job.prompt_tokens, job.completion_tokens) == (0, 0, 0)  # offline
+    hits = gleaner.search("alice", "keymap1")
+    assert [h.memory.slug for h in hits][:1] and hits[0].memory.slug in job.slugs
+    detail = gleaner.note("alice", hits[0].memory.slug)
+    assert detail.memory.title == hits[0].memory.title and detail.history == []
+    assert detail.links == [] and detail.superseded_by is None
+    assert hits[0].memory.title in gleaner.index_text("alice")
+    # The same conversation again: a job of its own, which writes nothing (the ledger).
+    again = gleaner.job(gleaner.submit(native(1, owner="alice")))
+    assert again.state == "done" and again.harvest_status == "skipped"
+    assert again.notes_written == 0
+
+
+def test_formats_as_the_cli_reads_them(gleaner: Gleaner) -> None:
+    openai = {"messages": [{"role": "user", "content": "I prefer helix with the kit9 keymap9."}]}
+    assert gleaner.job(gleaner.submit(openai, owner="alice")).notes_written == 1
+    as_text = json.dumps(native(2, owner="alice"))
+    assert gleaner.job(gleaner.submit(as_text)).notes_written == 3
+    export = io.BytesIO()
+    with zipfile.ZipFile(export, "w") as archive:
+        claude = [
+            {
+                "uuid": "c-7",
+                "chat_messages": [
+                    {"sender": "human", "text": "We decided to use DuckDB for the svc7 ledger7."}
+                ],
+            }
+        ]
+        archive.writestr("conversations.json", json.dumps(claude))
+    job = gleaner.job(gleaner.submit(export.getvalue(), owner="alice"))
+    assert job.conversation_id == "c-7" and job.notes_written == 1
+
+
+def test_bad_input_is_refused_and_records_nothing(make_store: Any, backend: str) -> None:
+    store = make_store(backend, max_transcript_bytes=2_000, max_file_bytes=50_000)
+    gleaner = Gleaner(store=store)
+    cases: list[tuple[object, dict[str, Any], type[Exception], str]] = [
+        (native(1, extra=" pad" * 400), {}, TooLarge, "too_large"),
+        (b"x" * 60_000, {}, TooLarge, "too_large"),
+        (b"not json at all", {}, InvalidRequest, "bad_transcript"),
+        ({"hello": "world"}, {}, InvalidRequest, "bad_transcript"),
+        ([native(1), native(2)], {}, InvalidRequest, "not_one_conversation"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, {}, InvalidRequest, "no_owner"),
+        (native(1, owner=" alice"), {}, InvalidRequest, "bad_owner"),
+        (native(1, owner="alice"), {"owner": "bob\u200b"}, InvalidRequest, "bad_owner"),
+        (object(), {}, InvalidRequest, "bad_transcript"),
+    ]
+    for document, options, error, reason in cases:
+        with pytest.raises(error) as caught:
+            gleaner.submit(document, **options)  # type: ignore[arg-type]
+        assert caught.value.reason == reason, (reason, caught.value)
+    assert _jobs(store) == []
+
+
+def test_the_owner_rule(gleaner: Gleaner) -> None:
+    # A conversation naming its owner keeps it; ``owner`` fills in only the ones naming none.
+    assert gleaner.job(gleaner.submit(native(1, owner="bob"), owner="alice")).owner == "bob"
+    moved = gleaner.submit(native(2, owner="bob"), owner="alice", reassign_owner=True)
+    assert gleaner.job(moved).owner == "alice"
+    read = gleaner.read(native(3, owner="\uff43\uff41\uff52\uff4f\uff4c"))  # full-width: NFKC
+    assert read.owner == "carol"
+    assert gleaner.job(gleaner.submit(read)).owner == "carol"
+
+
+def test_the_transcript_is_redacted_before_it_is_recorded(
+    gleaner: Gleaner, store: Store, worker_id: str
+) -> None:
+    leaky = native(4, owner="alice", extra=f" <private>{SECRET}</private>")
+    leaky["conversation_id"] = f"conv-<private>{SECRET}</private>"
+    job_id = gleaner.submit(leaky)
+    (row,) = _jobs(store)
+    assert SECRET not in json.dumps(row["transcript"]) and "[REDACTED]" in json.dumps(row)
+    assert SECRET not in gleaner.job(job_id).conversation_id
+    for hit in gleaner.search("alice", "keymap4"):
+        assert SECRET not in hit.memory.body
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_submit_with_a_broker_queues_the_job_id_only(
+    make_store: Any, backend: str, worker_id: str
+) -> None:
+    redis_db = 4 + int(hashlib.sha256(worker_id.encode()).hexdigest(), 16) % 6
+    broker_url = f"{REDIS_URL}/{redis_db}"
+    store = make_store(backend, broker_url=broker_url)
+    gleaner = Gleaner(store=store)
+    leaky = native(5, owner="alice", extra=f" <private>{SECRET}</private>")
+    job_id = gleaner.submit(leaky)
+    job = gleaner.job(job_id)
+    assert job.state == "pending" and job.queue == "harvest" and job.notes_written == 0
+    client = redis.Redis.from_url(broker_url)
+    try:
+        mine = [m for m in client.lrange("harvest", 0, -1) if job_id.encode() in m]
+        assert len(mine) == 1 and SECRET.encode() not in mine[0]
+    finally:
+        for message in mine:
+            client.lrem("harvest", 0, message)
+        client.close()
+    assert SECRET not in json.dumps(_jobs(store))
+
+
+def test_an_owner_never_reaches_another_owners_notes(gleaner: Gleaner) -> None:
+    alice_job = gleaner.submit(native(1, owner="alice"))
+    gleaner.submit(native(2, owner="bob"))
+    alice_slugs = gleaner.job(alice_job).slugs
+    assert gleaner.search("bob", "keymap1") == []
+    assert all(gleaner.search("alice", "keymap1"))
+    with pytest.raises(NotFound):
+        gleaner.note("bob", alice_slugs[0])
+    assert "keymap1" not in gleaner.index_text("bob")
+    with pytest.raises(NotFound):
+        gleaner.job(alice_job, owner="bob")
+    assert gleaner.job(alice_job, owner="alice").owner == "alice"
+    counts = gleaner.forget("bob")
+    assert counts and gleaner.search("bob", "keymap2") == []
+    assert [h.memory.slug for h in gleaner.search("alice", "keymap1")]
+    gleaner.note("alice", alice_slugs[0])  # still there
+
+
+def test_forget_leaves_a_tombstone_unless_reharvest_is_allowed(gleaner: Gleaner) -> None:
+    gleaner.submit(native(1, owner="alice"))
+    gleaner.forget("alice")
+    assert gleaner.job(gleaner.submit(native(1, owner="alice"))).notes_written == 0
+    gleaner.forget("alice", allow_reharvest=True)
+    assert gleaner.job(gleaner.submit(native(1, owner="alice"))).notes_written == 3
+
+
+def test_mem_save_and_session_summary_pass_through(gleaner: Gleaner) -> None:
+    saved = gleaner.mem_save(
+        "alice", "Use <private>x</private> React.", type="decision", title="Frontend"
+    )
+    assert saved.outcome == "created"
+    assert gleaner.note("alice", "frontend").memory.body == "Use [REDACTED] React."
+    summary = gleaner.mem_session_summary("alice", "Chose the frontend.")
+    assert summary.session_id == saved.session_id
+    with pytest.raises(InvalidRequest) as caught:
+        gleaner.mem_save("alice", "x", type="summary", title="t")
+    assert caught.value.reason
+    assert gleaner.search("bob", "react") == []
+
+
+def test_keys_are_stored_hashed_and_revoked(gleaner: Gleaner, store: Store) -> None:
+    key, token = gleaner.create_api_key("alice")
+    every, every_token = gleaner.create_api_key(None)
+    assert token.startswith("glk_") and len(token) > 40 and token != every_token
+    assert [k.id for k in gleaner.api_keys()] == [key.id, every.id]
+    with store.engine.connect() as conn:
+        stored = json.dumps(
+            [list(r) for r in conn.execute(text("SELECT * FROM api_keys"))], default=str
+        )
+    assert token not in stored and hashlib.sha256(token.encode()).hexdigest() in stored
+    found = gleaner.verify_api_key(token)
+    assert found is not None and found.owner == "alice"
+    assert found.allows("alice") and not found.allows("bob")
+    assert every.allows("bob") and every.owner is None
+    assert gleaner.verify_api_key(token + "x") is None and gleaner.verify_api_key("") is None
+    gleaner.revoke_api_key(key.id)
+    assert gleaner.verify_api_key(token) is None and [k.id for k in gleaner.api_keys()] == [
+        every.id
+    ]
+    with pytest.raises(NotFound):
+        gleaner.revoke_api_key(key.id)
+    with pytest.raises(InvalidRequest):
+        gleaner.create_api_key(" bad")
