@@ -1,0 +1,247 @@
+"""``gleaner serve``: the public Python API over HTTP (FastAPI, served by uvicorn).
+
+Every route calls :class:`gleaner.Gleaner` and adds no rule of its own; the key in
+``Authorization: Bearer`` decides which owners a request may act for. Errors are JSON,
+``{"error": {"reason": ..., "message": ...}}``, and a refused request changes nothing:
+
+    401 no key, or an unknown or revoked one      403 the key is not allowed that owner
+    400 the body is no conversation we can read  413 over a size limit
+    422 a bad owner, parameter or note type      404 no such note or job (for this key)
+    503 the database or the broker is down
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from gleaner import (
+    Gleaner,
+    GleanerError,
+    InvalidRequest,
+    JobStatus,
+    NoteDetail,
+    NotFound,
+    SearchHit,
+    TooLarge,
+    Unavailable,
+)
+from service.keys import Key, Refused, Service, allowed_owner
+
+# Refusals of the body itself: it is not one conversation that can be read.
+UNREADABLE = frozenset({"bad_transcript", "too_deep", "not_one_conversation"})
+
+
+class Accepted(BaseModel):
+    """A conversation taken in: its job, whose owner it is, and whether it was queued
+    (``false``: harvested in the server's process before the answer)."""
+
+    job_id: str
+    owner: str
+    conversation_id: str
+    queued: bool
+
+
+class Hits(BaseModel):
+    hits: list[SearchHit]
+
+
+class IndexText(BaseModel):
+    owner: str
+    text: str
+
+
+class Forgotten(BaseModel):
+    owner: str
+    deleted: dict[str, int]
+
+
+class ErrorBody(BaseModel):
+    reason: str
+    message: str
+
+
+class Error(BaseModel):
+    error: ErrorBody
+
+
+def error(status: int, reason: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"reason": reason, "message": message}}, status_code=status)
+
+
+def status_of(exc: GleanerError) -> int:
+    if isinstance(exc, TooLarge):
+        return 413
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, Unavailable):
+        return 503
+    if isinstance(exc, InvalidRequest) and exc.reason in UNREADABLE:
+        return 400
+    return 422
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Error} for code in (400, 401, 403, 404, 413, 422, 503)
+}
+
+
+def create_app(gleaner: Gleaner) -> FastAPI:
+    """The service for one ``Gleaner`` (its database, its broker or none)."""
+    app = FastAPI(
+        title="Gleaner",
+        version="1",
+        summary="Finished conversations in, durable notes out.",
+        responses=ERRORS,
+    )
+    app.state.gleaner = gleaner
+    _handle_errors(app)
+
+    @app.get("/healthz", tags=["service"])
+    def healthz() -> dict[str, bool]:
+        """Answers while the process serves (no key, no database)."""
+        return {"ok": True}
+
+    @app.post(
+        "/v1/conversations",
+        status_code=202,
+        tags=["conversations"],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "description": "One conversation, in any format `gleaner enqueue` reads: "
+                "native JSON, OpenAI-style messages, JSON Lines, a one-conversation export "
+                "or its zip. At most GLEANER_MAX_FILE_BYTES.",
+                "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "application/zip": {"schema": {"type": "string", "format": "binary"}},
+                },
+            }
+        },
+    )
+    async def submit(
+        request: Request,
+        key: Key,
+        service: Service,
+        owner: str | None = None,
+        reassign_owner: bool = False,
+    ) -> Accepted:
+        """Take one finished conversation: recorded (redacted) as a job and queued, or
+        harvested at once when the server has no broker. ``owner`` fills in a conversation
+        that names none (a one-owner key's owner when left out); ``reassign_owner`` puts it
+        in ``owner``'s scope whatever it names. The key must be allowed the owner it ends in.
+        """
+        if owner is None and key.owner is not None:
+            owner = key.owner
+        if owner is not None:
+            owner = await run_in_threadpool(allowed_owner, service, key, owner)
+        body = await _body(request, service.settings.max_file_bytes)
+        read = await run_in_threadpool(
+            service.read, body, owner=owner, reassign_owner=reassign_owner
+        )
+        allowed_owner(service, key, read.owner)
+        job_id = await run_in_threadpool(service.submit, read)
+        return Accepted(
+            job_id=job_id,
+            owner=read.owner,
+            conversation_id=read.conversation_id,
+            queued=service.queued,
+        )
+
+    @app.get("/v1/jobs/{job_id}", tags=["conversations"])
+    def job(job_id: str, key: Key, service: Service) -> JobStatus:
+        """A job's state, outcome and cost; 404 for a job of an owner the key is not allowed."""
+        return service.job(job_id, owner=key.owner)
+
+    @app.get("/v1/owners/{owner}/search", tags=["notes"])
+    def search(
+        owner: str,
+        q: Annotated[str, Query(max_length=1000)],
+        key: Key,
+        service: Service,
+        limit: Annotated[int, Query(ge=1, le=100)] = 10,
+    ) -> Hits:
+        """The owner's live notes matching ``q``, best first."""
+        return Hits(hits=service.search(allowed_owner(service, key, owner), q, limit=limit))
+
+    @app.get("/v1/owners/{owner}/notes/{slug}", tags=["notes"])
+    def note(owner: str, slug: str, key: Key, service: Service) -> NoteDetail:
+        """One note with its links, backlinks, superseder and earlier versions."""
+        return service.note(allowed_owner(service, key, owner), slug)
+
+    @app.get("/v1/owners/{owner}/index", tags=["notes"])
+    def index_text(owner: str, key: Key, service: Service) -> IndexText:
+        """The compact memory index that goes into the owner's system prompt."""
+        name = allowed_owner(service, key, owner)
+        return IndexText(owner=name, text=service.index_text(name))
+
+    @app.delete("/v1/owners/{owner}", tags=["owners"])
+    def forget(owner: str, key: Key, service: Service, allow_reharvest: bool = False) -> Forgotten:
+        """Delete everything stored for the owner (``gleaner forget``): rows deleted by table."""
+        name = allowed_owner(service, key, owner)
+        return Forgotten(owner=name, deleted=service.forget(name, allow_reharvest=allow_reharvest))
+
+    return app
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) past ``limit`` bytes before more of it is read."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(
+            f"request body too large: {int(declared):,} bytes, over the limit of {limit:,} "
+            "(GLEANER_MAX_FILE_BYTES)",
+            reason="too_large",
+        )
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise TooLarge(
+                f"request body too large: more than {limit:,} bytes, over the limit "
+                "(GLEANER_MAX_FILE_BYTES)",
+                reason="too_large",
+            )
+    return bytes(data)
+
+
+def _handle_errors(app: FastAPI) -> None:
+    @app.exception_handler(GleanerError)
+    async def gleaner_error(request: Request, exc: GleanerError) -> JSONResponse:
+        return error(status_of(exc), exc.reason, exc.message)
+
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused) -> JSONResponse:
+        response = error(exc.status, exc.reason, exc.message)
+        if exc.status == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
+            for e in exc.errors()
+        )
+        return error(422, "invalid_request", problems or "invalid request")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error(exc.status_code, reason, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        # The message of an unexpected error may hold anything: only its type is shown.
+        return error(500, "internal_error", f"unexpected {type(exc).__name__}")
+
+
+def from_environment() -> FastAPI:
+    """The app on the ``GLEANER_*`` environment (``uvicorn --factory service.http:...``)."""
+    return create_app(Gleaner())

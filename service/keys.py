@@ -1,0 +1,58 @@
+"""The HTTP service's gate: which API key a request carries, and whether it may act for an
+owner. Keys are made with ``gleaner keys create`` and checked through the public API."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from gleaner import ApiKey, Gleaner
+
+# auto_error off: a missing or unknown key gets this service's JSON 401, not FastAPI's own.
+bearer = HTTPBearer(
+    auto_error=False,
+    description="An API key from `gleaner keys create`, as `Authorization: Bearer glk_...`.",
+)
+
+
+class Refused(Exception):
+    """Raised when a request may not go on: ``status`` 401 (no such key) or 403 (not its
+    owner); rendered as the service's JSON error."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+def gleaner_of(request: Request) -> Gleaner:
+    found: Gleaner = request.app.state.gleaner
+    return found
+
+
+def api_key(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> ApiKey:
+    """The live key the request carries; Refused(401) when it carries none or an unknown one.
+    Checked on every request, so a revoked key stops working at once."""
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Refused(401, "no_api_key", "send an API key: Authorization: Bearer glk_...")
+    found = gleaner_of(request).verify_api_key(credentials.credentials)
+    if found is None:
+        raise Refused(401, "unknown_api_key", "the API key is unknown or was revoked")
+    return found
+
+
+def allowed_owner(gleaner: Gleaner, key: ApiKey, owner: str) -> str:
+    """The owner as stored, once the key is allowed it; Refused(403) otherwise (an owner
+    that breaks the owner rule is InvalidRequest, 422, whatever the key)."""
+    name = gleaner.owner_name(owner)
+    if not key.allows(name):
+        raise Refused(403, "forbidden_owner", f"this API key is not allowed owner {name!r}")
+    return name
+
+
+Key = Annotated[ApiKey, Depends(api_key)]
+Service = Annotated[Gleaner, Depends(gleaner_of)]

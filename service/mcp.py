@@ -1,0 +1,118 @@
+"""``gleaner mcp``: seed 003's tools for agents, on the official MCP SDK (``MCPServer``).
+
+The server acts for one owner, fixed when it starts (``--owner`` or GLEANER_MCP_OWNER): no
+tool takes an owner or user id, so an agent cannot reach another owner's notes whatever it
+sends. Tools: ``mem_save`` and ``mem_session_summary`` (seed 003), ``mem_search``,
+``mem_read`` (a note with its links and history) and ``mem_index`` (the index text for a
+system prompt). A refused call is a tool error whose text starts with the reason
+(``bad_type: ...``), for the model to read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TypeVar
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel
+
+from gleaner import Gleaner, GleanerError, NoteDetail, SaveResult
+
+T = TypeVar("T")
+
+
+class Hit(BaseModel):
+    """One search result, slim: enough to choose which note to read."""
+
+    slug: str
+    title: str
+    snippet: str
+    type: str | None
+    topics: list[str]
+    topic_key: str | None
+    pinned: bool
+    score: float
+    updated_at: datetime
+
+
+class SearchResults(BaseModel):
+    hits: list[Hit]
+
+
+@contextmanager
+def _as_tool_errors() -> Iterator[None]:
+    try:
+        yield
+    except GleanerError as exc:
+        raise ToolError(f"{exc.reason}: {exc.message}") from exc
+
+
+def build_server(gleaner: Gleaner, owner: str) -> MCPServer:
+    """The MCP server whose tools act for ``owner`` (already checked by the owner rule)."""
+    server: MCPServer = MCPServer(
+        "gleaner",
+        instructions=(
+            "Long-term memory of one user. Call mem_index at the start for what is known; "
+            "mem_search and mem_read to look things up; mem_save for a durable fact "
+            "(a preference, decision, profile fact, discovery or pattern) and "
+            "mem_session_summary when the session ends."
+        ),
+        log_level="WARNING",
+    )
+
+    def run(call: Callable[[], T]) -> T:
+        with _as_tool_errors():
+            return call()
+
+    @server.tool()
+    def mem_save(content: str, type: str, title: str, topic_key: str | None = None) -> SaveResult:
+        """Save an observation: type one of profile, preference, decision, discovery, pattern;
+        a short searchable title (verb + object); Markdown content. <private>...</private>
+        spans are stored as [REDACTED]. The same topic_key (e.g. "architecture/db") updates
+        that observation in place; identical content in a session is deduped."""
+        return run(
+            lambda: gleaner.mem_save(owner, content, type=type, title=title, topic_key=topic_key)
+        )
+
+    @server.tool()
+    def mem_session_summary(content: str, title: str = "Session summary") -> SaveResult:
+        """Save what this session did and decided, and end the session."""
+        return run(lambda: gleaner.mem_session_summary(owner, content, title=title))
+
+    @server.tool()
+    def mem_search(query: str, limit: int = 10) -> SearchResults:
+        """Search the memory (words, not a question); best first, at most limit (1..100)."""
+        found = run(lambda: gleaner.search(owner, query, limit=limit))
+        return SearchResults(
+            hits=[
+                Hit(
+                    slug=hit.memory.slug,
+                    title=hit.memory.title,
+                    snippet=hit.snippet,
+                    type=hit.memory.type,
+                    topics=hit.memory.topics,
+                    topic_key=hit.memory.topic_key,
+                    pinned=hit.memory.pinned,
+                    score=hit.score,
+                    updated_at=hit.memory.updated_at,
+                )
+                for hit in found
+            ]
+        )
+
+    @server.tool()
+    def mem_read(slug: str) -> NoteDetail:
+        """Read one note by its slug: the full body, links both ways, what superseded it,
+        and its earlier versions."""
+        return run(lambda: gleaner.note(owner, slug))
+
+    @server.tool()
+    def mem_index() -> str:
+        """The compact index of what is remembered (pinned notes first, then titles), as it
+        goes into a system prompt."""
+        return run(lambda: gleaner.index_text(owner))
+
+    return server
