@@ -3,55 +3,45 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict, Field
+
 from harvest.errors import HarvestError
-from harvest.job import TranscriptReport, harvest_transcript, resolve_owner
+from harvest.job import harvest_transcript, resolve_owner
 from harvest.model import HarvestLLM
+from harvest.outcome import Counts, HarvestOutcome
 from harvest.readers import iter_paths, read_path
 from harvest.transcript import Limits, Transcript
 from store import Store, StoreError, format_error, load_settings
 
 
-@dataclass
-class Summary:
-    """Totals of one harvest run; ``failed`` counts conversations and files that failed."""
+class Summary(Counts):
+    """Totals of one harvest run: the counts summed over its transcripts, how many were
+    harvested, skipped (done before) and failed (conversations and files), and each
+    transcript's outcome (``reports``). Kept flat and mutable: the CLI prints its fields."""
+
+    model_config = ConfigDict(frozen=False)
 
     transcripts: int = 0
     harvested: int = 0
     skipped: int = 0
     failed: int = 0
-    notes_written: int = 0
-    notes_updated: int = 0
-    notes_skipped: int = 0
-    items_dropped: int = 0
-    model_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    failures: list[dict[str, str]] = field(default_factory=list)
-    reports: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, str]] = Field(default_factory=list)
+    reports: list[dict[str, Any]] = Field(default_factory=list)
 
-    def add(self, report: TranscriptReport) -> None:
+    def add(self, outcome: HarvestOutcome) -> None:
         self.transcripts += 1
-        if report.status == "harvested":
+        if outcome.status == "harvested":
             self.harvested += 1
-        elif report.status == "skipped":
+        elif outcome.status == "skipped":
             self.skipped += 1
         else:
-            self.failed += 1
-            self.failures.append(
-                {"conversation": report.conversation_id, "error": report.error or "?"}
-            )
-        self.notes_written += report.notes_written
-        self.notes_updated += report.notes_updated
-        self.notes_skipped += report.notes_skipped
-        self.items_dropped += report.items_dropped
-        self.model_calls += report.model_calls
-        self.prompt_tokens += report.prompt_tokens
-        self.completion_tokens += report.completion_tokens
-        self.reports.append(asdict(report))
+            self.fail(outcome.conversation_id or "?", outcome.error or "?")
+        for name, value in (self + outcome).counts().items():
+            setattr(self, name, value)
+        self.reports.append(outcome.as_dict())
 
     def fail(self, label: str, error: str) -> None:
         self.failed += 1
@@ -138,7 +128,7 @@ def harvest_paths(
     )
     for done, transcript in enumerate(transcripts, start=1):
         try:
-            report = harvest_transcript(
+            outcome = harvest_transcript(
                 store,
                 transcript,
                 owner=owner,
@@ -150,7 +140,7 @@ def harvest_paths(
             summary.transcripts += 1
             summary.fail(transcript.conversation_id, format_error(exc))
         else:
-            summary.add(report)
+            summary.add(outcome)
         if on_progress is not None:
             on_progress(done, len(transcripts))
     return summary

@@ -9,26 +9,17 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable
-from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from harvest.errors import HarvestError
-from harvest.job import (
-    TranscriptReport,
-    extract_notes,
-    harvested_before,
-    plan_harvest,
-    recall_keys,
-    record_harvest,
-    resolve_owner,
-)
-from harvest.locks import locks_for, transcript_key
+from harvest.job import Plan, plan_harvest, resolve_owner, run_harvest
+from harvest.outcome import HarvestOutcome
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Transcript
-from store import StorageFailure, Store, format_error
+from store import Store, format_error
 from store import jobs as job_records
 
 LIVE_QUEUE, IMPORT_QUEUE = "harvest", "import"
@@ -85,8 +76,9 @@ def record_jobs(
 def run_job(
     store: Store, job_id: str, *, token: str | None = None, redelivered: bool = False
 ) -> dict[str, Any] | None:
-    """Harvest the transcript of one job and record the outcome; None when there is nothing
-    to do (the job is done, failed, gone, or running elsewhere under a live lease).
+    """Harvest the transcript of one job and record the outcome; returns the outcome as
+    stored on the job (``HarvestOutcome.as_dict``), or None when there is nothing to do (the
+    job is done, failed, gone, or running elsewhere under a live lease).
 
     ``token`` names the delivery (the Celery task id; a fresh one when None) and
     ``redelivered`` is the broker's flag on it. The job is leased to that delivery and its
@@ -97,93 +89,82 @@ def run_job(
     A harvest failure (model error, bad transcript) marks the job failed with its reason; a
     database failure propagates so the queue can redeliver the message.
 
-    Two transactions in the usual case: the claim with the ledger check (a transcript already
-    harvested finishes right there, with no model call), then the notes, the ledger row and
-    the job's outcome together, so a job is ``done`` exactly when its notes are committed.
-    The (scope, transcript) lock is taken between them without a pooled connection (see
-    ``harvest.locks``); only when another worker holds it does the check wait for it in a
-    transaction of its own.
+    The steps are ``harvest.job.run_harvest``'s, in its two transactions: the claim goes
+    into the first, with the ledger check (a transcript already harvested finishes right
+    there, with no model call); the job's outcome into the second, with the notes and the
+    ledger row, so a job is ``done`` exactly when its notes are committed.
     """
-    settings = store.settings
-    locks = locks_for(store.engine)
-    heartbeats = job_records.heartbeats_for(store.engine, settings.job_heartbeat_seconds)
-    key: int | None = None
-    held = False
+    run = _JobRun(store, job_id, token=token, redelivered=redelivered)
     try:
-        with store.transaction() as session:
-            job = job_records.claim(
-                session,
-                job_id,
-                lease=timedelta(seconds=settings.job_lease_seconds),
-                token=token,
-                worker=_this_process(),
-                redelivered=redelivered,
-            )
-            if job is None:
-                return None
-            token = job.token
-            if job.crashes >= settings.job_max_crashes:
-                error = job_records.worker_lost_error(job.crashes)
-                job_records.fail(session, job_id, error, token)
-                return {"status": "failed", "error": error}
-            try:
-                plan = plan_harvest(
-                    settings,
-                    Transcript.model_validate(job.transcript),
-                    owner=job.owner,
-                    provenance=job.provenance,
-                    reassign_owner=True,  # the job's owner was settled when it was recorded
-                )
-            except (HarvestError, ValueError) as exc:
-                job_records.fail(session, job_id, format_error(exc), token)
-                return {"status": "failed", "error": format_error(exc)}
-            wanted = transcript_key(plan.scope, plan.digest)
-            if locks.try_acquire(wanted):
-                key = wanted
-                if harvested_before(session, plan):
-                    return _record_outcome(session, job_id, plan.report, token)
-                recall_keys(session, settings, plan)  # in the claim's transaction: no extra one
-        heartbeats.hold(job_id, token)  # the claim is committed: keep its lease alive
-        held = True
-        if key is None:  # another worker is harvesting the same transcript: wait, look again
-            locks.acquire(wanted)
-            key = wanted
-            with store.transaction() as session:
-                if harvested_before(session, plan):
-                    return _record_outcome(session, job_id, plan.report, token)
-                recall_keys(session, settings, plan)
-        try:
-            found = extract_notes(plan, settings)
-            with store.transaction() as session:
-                if found is not None:
-                    record_harvest(session, settings, plan, found)
-                return _record_outcome(session, job_id, plan.report, token)
-        except StorageFailure:
-            raise
-        except (HarvestError, ValueError) as exc:
-            with store.transaction() as session:
-                job_records.fail(session, job_id, format_error(exc), token)
-            return {"status": "failed", "error": format_error(exc)}
+        outcome = run_harvest(store, run)
     finally:
-        if held:
-            heartbeats.release(job_id)
-        if key is not None:
-            locks.release(key)
+        run.close()
+    return None if outcome is None else outcome.as_dict()
+
+
+class _JobRun:
+    """``run_job``'s steps of the harvest: the claim, the lease and the job's outcome."""
+
+    def __init__(self, store: Store, job_id: str, *, token: str | None, redelivered: bool) -> None:
+        self.store, self.job_id = store, job_id
+        # The delivery's lease token (claim would make the same fresh one).
+        self.token, self.redelivered = token or job_records.new_id(), redelivered
+        self.heartbeats = job_records.heartbeats_for(
+            store.engine, store.settings.job_heartbeat_seconds
+        )
+        self.held = False
+
+    def begin(self, session: Session) -> Plan | HarvestOutcome | None:
+        settings = self.store.settings
+        job = job_records.claim(
+            session,
+            self.job_id,
+            lease=timedelta(seconds=settings.job_lease_seconds),
+            token=self.token,
+            worker=_this_process(),
+            redelivered=self.redelivered,
+        )
+        if job is None:
+            return None
+        if job.crashes >= settings.job_max_crashes:
+            error = job_records.worker_lost_error(job.crashes)
+            job_records.fail(session, self.job_id, error, job.token)
+            return HarvestOutcome(status="failed", owner=job.owner, error=error)
+        try:
+            return plan_harvest(
+                settings,
+                Transcript.model_validate(job.transcript),
+                owner=job.owner,
+                provenance=job.provenance,
+                reassign_owner=True,  # the job's owner was settled when it was recorded
+            )
+        except (HarvestError, ValueError) as exc:
+            job_records.fail(session, self.job_id, format_error(exc), job.token)
+            return HarvestOutcome(status="failed", owner=job.owner, error=format_error(exc))
+
+    def begun(self) -> None:
+        self.heartbeats.hold(self.job_id, self.token)  # the claim is committed: keep it alive
+        self.held = True
+
+    def end(self, session: Session, outcome: HarvestOutcome) -> None:
+        # Recorded only while this delivery holds the job: a run presumed lost that comes
+        # back leaves the outcome to the run that took over (the ledger kept the notes single).
+        result = outcome.as_dict()
+        if outcome.status == "failed":
+            job_records.fail(session, self.job_id, outcome.error or "failed", self.token, result)
+        else:
+            job_records.finish(session, self.job_id, result, self.token)
+
+    def broke(self, plan: Plan, error: HarvestError | ValueError) -> HarvestOutcome:
+        with self.store.transaction() as session:
+            job_records.fail(session, self.job_id, format_error(error), self.token)
+        return plan.outcome("failed", error=format_error(error))
+
+    def close(self) -> None:
+        if self.held:
+            self.heartbeats.release(self.job_id)
 
 
 def _this_process() -> str:
     """Who holds a claim: ``host:pid`` (kept on the job for operators, never in output)."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _record_outcome(
-    session: Session, job_id: str, report: TranscriptReport, token: str
-) -> dict[str, Any]:
-    # Recorded only while this delivery holds the job: a run presumed lost that comes back
-    # leaves the outcome to the run that took over (the ledger kept the notes single).
-    result = asdict(report)
-    if report.status == "failed":
-        job_records.fail(session, job_id, report.error or "failed", token, result)
-    else:
-        job_records.finish(session, job_id, result, token)
-    return result

@@ -8,6 +8,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.utils.log import get_task_logger
 
+from harvest.outcome import COUNTERS
 from store import StorageFailure
 from workers import runtime
 
@@ -68,16 +69,7 @@ def harvest(self: Task, job_id: str) -> dict[str, Any] | None:
 
 
 # What a harvest task returns (and Celery logs): no owner, conversation, slug or error text.
-LOGGED_RESULT = (
-    "status",
-    "notes_written",
-    "notes_updated",
-    "notes_skipped",
-    "items_dropped",
-    "model_calls",
-    "prompt_tokens",
-    "completion_tokens",
-)
+LOGGED_RESULT = ("status", *COUNTERS)
 
 
 @shared_task(name="gleaner.import_file")

@@ -1,0 +1,56 @@
+"""What harvesting did: the counts (notes and model usage) and one transcript's outcome.
+
+``Counts`` is the one structure the counters live in: an extraction's cost, the notes a
+write produced, a transcript's outcome (``HarvestOutcome`` extends it), the ledger row's
+numbers and a run's totals (``harvest.batch.Summary``) all reuse it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Status = Literal["harvested", "skipped", "failed"]
+
+
+class Counts(BaseModel):
+    """Notes written, updated and skipped, items dropped, and the model calls and tokens
+    spent (failed calls included); ``a + b`` sums two."""
+
+    model_config = ConfigDict(frozen=True)
+
+    notes_written: int = 0
+    notes_updated: int = 0
+    notes_skipped: int = 0
+    items_dropped: int = 0
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def counts(self) -> dict[str, int]:
+        """The counters alone (a subclass's other fields left out)."""
+        return {name: getattr(self, name) for name in Counts.model_fields}
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(**{name: getattr(self, name) + getattr(other, name) for name in COUNTERS})
+
+
+COUNTERS = tuple(Counts.model_fields)
+
+
+class HarvestOutcome(Counts):
+    """What harvesting one transcript did (``skipped``: harvested or forgotten before,
+    nothing done). ``conversation_id`` is None only for a job that failed before its
+    transcript was read."""
+
+    status: Status
+    conversation_id: str | None = None
+    owner: str | None = None
+    model: str = "offline"
+    slugs: tuple[str, ...] = ()
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The outcome as JSON-ready data: a job's stored result, a summary's report."""
+        return self.model_dump(mode="json")
