@@ -1,13 +1,21 @@
-"""Reading notes: ``db upgrade``, ``search``, ``show``."""
+"""Reading notes: ``db upgrade``, ``search``, ``show``, ``index``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
-from workers.cli.common import EXIT_OK, add_scope_flags, note_json, open_store, scope_of
+from workers.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    add_scope_flags,
+    note_json,
+    open_store,
+    scope_of,
+)
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -20,11 +28,32 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from store.search import content_words
+
+    query = " ".join(args.query)
+    scope = scope_of(args)
+    if not content_words(query):
+        # Not an error of the store (it returns no hit); said here so nobody reads it as
+        # "no note matches".
+        print(
+            f"gleaner: nothing to search for: the query {query.strip()[:80]!r} has no content "
+            "word (only stop words such as 'the' or punctuation); give a word to look for",
+            file=sys.stderr,
+        )
+        if args.json:
+            print("[]")
+        return EXIT_USAGE
     store = open_store()
-    hits = store.search(scope_of(args), args.query, limit=args.limit)
+    hits = store.search(scope, query, limit=args.limit)
     if args.json:
         out = [
-            {**note_json(h.memory), "score": h.score, "snippet": h.snippet, "backend": h.backend}
+            {
+                **note_json(h.memory),
+                "score": h.score,
+                "snippet": h.snippet,
+                "backend": h.backend,
+                **({"parts": h.parts.model_dump() if h.parts else None} if args.explain else {}),
+            }
             for h in hits
         ]
         print(json.dumps(out, ensure_ascii=False, indent=2))
@@ -35,7 +64,24 @@ def cmd_search(args: argparse.Namespace) -> int:
         note = hit.memory
         pin = " [pinned]" if note.pinned else ""
         print(f"{hit.score:6.3f}  {note.slug}{pin}  {note.title}")
+        if args.explain and hit.parts is not None:
+            parts = hit.parts
+            print(
+                f"        = lexical {parts.lexical:.3f} (match {hit.lexical:.3f}) "
+                f"+ recency {parts.recency:.3f} (factor {hit.recency:.3f}) "
+                f"+ pinned {parts.pinned:.3f}   [{hit.backend}]"
+            )
         print(f"        {hit.snippet}")
+    return EXIT_OK
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    scope = scope_of(args)
+    text = open_store().index_text(scope)
+    if not text:
+        print(f"gleaner: no live notes in {scope}: the index is empty", file=sys.stderr)
+        return EXIT_OK
+    print(text)
     return EXIT_OK
 
 
@@ -97,12 +143,33 @@ def register(sub: Any) -> None:
     upgrade = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")
     upgrade.set_defaults(func=cmd_db_upgrade)
 
-    search = sub.add_parser("search", help="search a scope's notes (lexical, recency-ranked)")
-    search.add_argument("query", help="words to look for; any text is safe")
+    search = sub.add_parser(
+        "search",
+        help="search a scope's notes (lexical, recency-ranked)",
+        description="Search the scope's live notes for the words given (one or more "
+        "arguments; any text is safe). Exit 0 with hits or none, 2 when the query has no "
+        "content word (only stop words or punctuation: nothing is searched).",
+    )
+    search.add_argument("query", nargs="+", metavar="WORD", help="words to look for")
     add_scope_flags(search)
     search.add_argument("--limit", type=int, default=10, help="most hits to show (1-100)")
     search.add_argument("--json", action="store_true", help="print one JSON list of hits")
+    search.add_argument(
+        "--explain",
+        action="store_true",
+        help="show each hit's score as its lexical, recency and pinned parts",
+    )
     search.set_defaults(func=cmd_search)
+
+    index = sub.add_parser(
+        "index",
+        help="print the memory index text that goes into a system prompt",
+        description="Print the scope's index text (Store.index_text): pinned notes with their "
+        "bodies, then other titles, newest first, within GLEANER_INDEX_TOKEN_BUDGET. Prints "
+        "nothing (and says so on stderr) when the scope has no live note.",
+    )
+    add_scope_flags(index)
+    index.set_defaults(func=cmd_index)
 
     show = sub.add_parser("show", help="show one note with its links")
     show.add_argument("slug")
