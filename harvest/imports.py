@@ -80,6 +80,9 @@ def plan_import(
 class Estimate:
     """What an import would cost before anything runs.
 
+    ``conversations`` are those a run would harvest: ``already_harvested`` counts the ones
+    the ledger (or a forget's tombstone) says are done, which cost nothing. ``unreadable``
+    counts files and conversations that cannot be read or whose owner is refused.
     ``too_large`` counts the conversations harvest would refuse for their size: over a
     transcript or file limit when read (those are not among ``unreadable``), or needing more
     than ``harvest_max_calls`` model requests; the calls and tokens count only the rest.
@@ -95,22 +98,41 @@ class Estimate:
     model: str
     cost_usd: float | None
     too_large: int = 0
+    already_harvested: int = 0
+    unreadable_conversations: list[dict[str, str]] = field(default_factory=list)
 
 
-def estimate(paths: Iterable[Path], settings: Settings) -> Estimate:
+def estimate(
+    paths: Iterable[Path],
+    settings: Settings,
+    *,
+    owner: str | None = None,
+    reassign_owner: bool = False,
+    store: Store | None = None,
+) -> Estimate:
     """Count conversations, tokens and calls (and the cost, when litellm knows the model).
 
-    Reads and chunks exactly as a harvest would (the same limits, the same bounded
-    tokenizing), so an input a harvest refuses is counted, never expanded.
+    Reads, judges owners and chunks exactly as a harvest would (the same limits, the same
+    bounded tokenizing, the same owner rule: HarvestError(reason="no_owner") when a
+    conversation names no owner and ``owner`` is None), so an input a harvest refuses is
+    counted, never expanded. With ``store``, conversations its ledger or tombstones say are
+    done are left out (``already_harvested``).
     """
     from harvest.model import chunk_sizes, count_tokens
     from harvest.prompt import render_message, system_prompt, user_prompt
-    from harvest.redact import redact_transcript
 
     summary = Summary()
-    transcripts: list[Transcript] = read_all(paths, summary, limits=Limits.from_settings(settings))
+    transcripts = judge_owners(
+        read_all(paths, summary, limits=Limits.from_settings(settings)),
+        owner,
+        summary,
+        reassign_owner=reassign_owner,
+    )
     # Refused when read: their reason comes first (harvest.readers.ReadResult).
     refused_read = sum(1 for f in summary.failures if f["error"].startswith("too_large:"))
+    redacted_all, harvested = _still_to_harvest(
+        transcripts, settings, store, owner=owner, reassign_owner=reassign_owner
+    )
     refused_calls = 0
     # The fixed part of a request: the system rules and the user turn around the transcript.
     fixed = count_tokens(system_prompt(max_facts=settings.harvest_max_facts)) + count_tokens(
@@ -121,8 +143,7 @@ def estimate(paths: Iterable[Path], settings: Settings) -> Estimate:
         )
     )
     calls = prompt = tokens = messages = 0
-    for transcript in transcripts:
-        redacted = redact_transcript(transcript)
+    for redacted in redacted_all:
         messages += len(redacted.messages)
         blocks = [render_message(m) for m in redacted.messages if m.content.strip()]
         sizes = chunk_sizes(blocks, settings.harvest_context_tokens)
@@ -140,7 +161,7 @@ def estimate(paths: Iterable[Path], settings: Settings) -> Estimate:
     else:
         calls = prompt = completion = 0
     return Estimate(
-        conversations=len(transcripts),
+        conversations=len(redacted_all),
         unreadable=len(summary.failures) - refused_read,
         messages=messages,
         transcript_tokens=tokens,
@@ -150,7 +171,41 @@ def estimate(paths: Iterable[Path], settings: Settings) -> Estimate:
         model=model,
         cost_usd=cost,
         too_large=refused_read + refused_calls,
+        already_harvested=harvested,
+        unreadable_conversations=[
+            f for f in summary.failures if not f["error"].startswith("too_large:")
+        ],
     )
+
+
+def _still_to_harvest(
+    transcripts: list[Transcript],
+    settings: Settings,
+    store: Store | None,
+    *,
+    owner: str | None,
+    reassign_owner: bool,
+) -> tuple[list[Transcript], int]:
+    """The redacted transcripts a harvest would still run, and how many it would skip
+    because the ledger or a tombstone says they are done (only asked with a ``store``)."""
+    from harvest.job import harvested_before, plan_harvest
+    from harvest.redact import redact_transcript
+
+    if store is None:
+        return [redact_transcript(t) for t in transcripts], 0
+    kept = []
+    with store.transaction() as session:
+        for transcript in transcripts:
+            plan = plan_harvest(
+                settings,
+                transcript,
+                owner=owner,
+                provenance="import",
+                reassign_owner=reassign_owner,
+            )
+            if not harvested_before(session, plan):
+                kept.append(plan.transcript)
+    return kept, len(transcripts) - len(kept)
 
 
 def _cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:

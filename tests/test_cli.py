@@ -1,29 +1,17 @@
-"""The `gleaner` command, run as a subprocess against an empty SQLite file and PostgreSQL."""
+"""The `gleaner` command against an empty SQLite file and PostgreSQL: run in process through
+``workers.cli.main`` (fast), and once per command as a real subprocess (slow tier)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli_harness import EXAMPLES, Cli, cli, gleaner_process
 from tests.conftest import head_revision, recreate_pg_database
 
-
-def gleaner(*args: str, url: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GLEANER_")}
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
-        env={**clean, "GLEANER_DATABASE_URL": url, **env},
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+__all__ = ["cli"]  # the fixture, used by name
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -33,14 +21,15 @@ def fresh_url(request: pytest.FixtureRequest, tmp_path: Path, worker_id: str) ->
     return recreate_pg_database(f"gleaner_cli_{worker_id}")
 
 
-def test_upgrade_then_search_and_show(fresh_url: str, tmp_path: Path) -> None:
-    upgraded = gleaner("db", "upgrade", url=fresh_url, cwd=tmp_path)
-    assert upgraded.returncode == 0, upgraded.stderr
-    assert f"revision {head_revision()}" in upgraded.stdout
+def test_upgrade_then_search_and_show(cli: Cli, fresh_url: str) -> None:
+    cli.env(GLEANER_DATABASE_URL=fresh_url)
+    upgraded = cli("db", "upgrade")
+    assert upgraded.code == 0, upgraded.err
+    assert f"revision {head_revision()}" in upgraded.out
 
-    empty = gleaner("search", "--owner", "alice", "anything", "--json", url=fresh_url, cwd=tmp_path)
-    assert empty.returncode == 0, empty.stderr
-    assert json.loads(empty.stdout) == []
+    empty = cli("search", "--owner", "alice", "anything", "--json")
+    assert empty.code == 0, empty.err
+    assert empty.json() == []
 
     from store import Store
     from tests.conftest import test_settings
@@ -54,74 +43,71 @@ def test_upgrade_then_search_and_show(fresh_url: str, tmp_path: Path) -> None:
     store.link(("owner", "alice"), "prefers-dark-mode", "old-theme", "supersedes")
     store.dispose()
 
-    found = gleaner("search", "dark", "--owner", "alice", "--json", url=fresh_url, cwd=tmp_path)
-    hits = json.loads(found.stdout)
+    hits = cli("search", "dark", "--owner", "alice", "--json").json()
     assert [h["slug"] for h in hits] == ["prefers-dark-mode"]
-    for key in (
-        "slug",
-        "title",
-        "body",
-        "topics",
-        "type",
-        "provenance",
-        "pinned",
-        "score",
-        "snippet",
-    ):
+    for key in ("slug", "title", "body", "topics", "type", "provenance", "pinned", "score"):
         assert key in hits[0]
+    assert "snippet" in hits[0]
     assert hits[0]["topics"] == ["ui"] and hits[0]["provenance"] == "agent"
 
-    shown = gleaner("show", "old-theme", "--owner", "alice", "--json", url=fresh_url, cwd=tmp_path)
-    note = json.loads(shown.stdout)
+    note = cli("show", "old-theme", "--owner", "alice", "--json").json()
     assert note["superseded_by"] == "prefers-dark-mode"
     assert note["backlinks"] == [{"rel": "supersedes", "slug": "prefers-dark-mode"}]
     assert note["links"] == []
 
-    text_out = gleaner("search", "dark", "--owner", "alice", url=fresh_url, cwd=tmp_path)
-    assert "prefers-dark-mode" in text_out.stdout
+    assert "prefers-dark-mode" in cli("search", "dark", "--owner", "alice").out
 
 
-def test_exit_codes(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/cli.db"
-    assert gleaner("db", "upgrade", url=url, cwd=tmp_path).returncode == 0
-    no_scope = gleaner("search", "x", url=url, cwd=tmp_path)
-    assert no_scope.returncode == 2 and "--owner NAME or --global" in no_scope.stderr
-    missing = gleaner("show", "nope", "--global", url=url, cwd=tmp_path)
-    assert missing.returncode == 1 and "not_found" in missing.stderr
-    bad = gleaner("search", "x", "--global", url=url, cwd=tmp_path, GLEANER_HALF_LIFE_DAYS="-3")
-    assert bad.returncode == 2 and "GLEANER_HALF_LIFE_DAYS" in bad.stderr
-    bad_limit = gleaner("search", "x", "--global", "--limit", "0", url=url, cwd=tmp_path)
-    assert bad_limit.returncode == 2 and "bad_limit" in bad_limit.stderr
+def test_exit_codes(cli: Cli, tmp_path: Path) -> None:
+    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/cli.db")
+    assert cli("db", "upgrade").code == 0
+    no_scope = cli("search", "x")
+    assert no_scope.code == 2 and "--owner NAME or --global" in no_scope.err
+    missing = cli("show", "nope", "--global")
+    assert missing.code == 1 and "not_found" in missing.err
+    cli.env(GLEANER_HALF_LIFE_DAYS="-3")
+    bad = cli("search", "x", "--global")
+    assert bad.code == 2 and "GLEANER_HALF_LIFE_DAYS" in bad.err
+    cli.env(GLEANER_HALF_LIFE_DAYS="30")
+    bad_limit = cli("search", "x", "--global", "--limit", "0")
+    assert bad_limit.code == 2 and "bad_limit" in bad_limit.err
+    unknown = cli("frobnicate")
+    assert unknown.code == 2 and "invalid choice" in unknown.err
+    for ran in (no_scope, missing, bad, bad_limit):
+        assert "Traceback" not in ran.err
 
 
-def test_unmigrated_database_says_to_upgrade(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/never.db"
-    result = gleaner("search", "x", "--owner", "a", url=url, cwd=tmp_path)
-    assert result.returncode == 1
-    assert "gleaner db upgrade" in result.stderr
+def test_help_documents_the_exit_statuses(cli: Cli) -> None:
+    shown = cli("--help")
+    assert shown.code == 0
+    for status in ("0 ", "1 ", "2 ", "130", "141"):
+        assert f"  {status}" in shown.out.split("exit status:")[1]
 
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+def test_unmigrated_database_says_to_upgrade(cli: Cli, tmp_path: Path) -> None:
+    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/never.db")
+    result = cli("search", "x", "--owner", "a")
+    assert result.code == 1
+    assert "gleaner db upgrade" in result.err and len(result.err.splitlines()) == 1
 
 
-def test_operator_commands_without_a_broker(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/ops.db"
-    assert gleaner("db", "upgrade", url=url, cwd=tmp_path).returncode == 0
+def test_operator_commands_without_a_broker(cli: Cli, tmp_path: Path) -> None:
+    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/ops.db")
+    assert cli("db", "upgrade").code == 0
 
-    estimate = gleaner(
-        "import", str(EXAMPLES / "chatgpt-export"), "--dry-run", "--json", url=url, cwd=tmp_path
-    )
-    assert estimate.returncode == 0, estimate.stderr
-    assert json.loads(estimate.stdout)["conversations"] == 2
+    export = str(EXAMPLES / "chatgpt-export")
+    ownerless = cli("import", export, "--dry-run", "--json")
+    assert ownerless.code == 2 and "--owner" in ownerless.err  # as the real run
+    estimate = cli("import", export, "--dry-run", "--json", "--owner", "ann")
+    assert estimate.code == 0, estimate.err
+    assert estimate.json()["conversations"] == 2
 
-    no_owner = gleaner("import", str(EXAMPLES / "claude-export"), url=url, cwd=tmp_path)
-    assert no_owner.returncode == 2 and "--owner" in no_owner.stderr
+    no_owner = cli("import", str(EXAMPLES / "claude-export"))
+    assert no_owner.code == 2 and "--owner" in no_owner.err
 
-    imported = gleaner(
-        "import", str(EXAMPLES / "claude-export"), "--owner", "ann", "--json", url=url, cwd=tmp_path
-    )
-    summary = json.loads(imported.stdout)
-    assert imported.returncode == 0 and summary["notes_written"] >= 2
+    imported = cli("import", str(EXAMPLES / "claude-export"), "--owner", "ann", "--json")
+    summary = imported.json()
+    assert imported.code == 0 and summary["notes_written"] >= 2
     for key in (
         "transcripts",
         "notes_written",
@@ -134,22 +120,61 @@ def test_operator_commands_without_a_broker(tmp_path: Path) -> None:
     ):
         assert key in summary
 
-    no_broker = gleaner("enqueue", str(EXAMPLES / "native.json"), url=url, cwd=tmp_path)
-    assert no_broker.returncode == 2 and "GLEANER_BROKER_URL" in no_broker.stderr
+    no_broker = cli("enqueue", str(EXAMPLES / "native.json"))
+    assert no_broker.code == 2 and "GLEANER_BROKER_URL" in no_broker.err
 
-    status = json.loads(gleaner("status", "--json", url=url, cwd=tmp_path).stdout)
+    status = cli("status", "--json").json()
     assert status["broker"] is False and status["harvested"]["transcripts"] == summary["harvested"]
 
-    decay = json.loads(gleaner("housekeep", "decay", "--json", url=url, cwd=tmp_path).stdout)
+    decay = cli("housekeep", "decay", "--json").json()
     assert decay["dry_run"] is False and decay["updated"] >= 0
-    dedupe = gleaner("housekeep", "dedupe", "--dry-run", "--json", url=url, cwd=tmp_path)
-    assert json.loads(dedupe.stdout)["dry_run"] is True
+    assert cli("housekeep", "dedupe", "--dry-run", "--json").json()["dry_run"] is True
 
-    assert "no failed job" in gleaner("retry", "--all", url=url, cwd=tmp_path).stdout
+    assert "no failed job" in cli("retry", "--all").out
 
-    refused = gleaner("forget", "--owner", "ann", url=url, cwd=tmp_path)
-    assert refused.returncode == 2 and "--yes" in refused.stderr
-    forgot = gleaner("forget", "--owner", "ann", "--yes", url=url, cwd=tmp_path)
-    assert forgot.returncode == 0 and f"notes {summary['notes_written']}" in forgot.stdout
-    after = gleaner("search", "the", "--owner", "ann", "--json", url=url, cwd=tmp_path)
-    assert json.loads(after.stdout) == []
+    refused = cli("forget", "--owner", "ann")
+    assert refused.code == 2 and "--yes" in refused.err
+    forgot = cli("forget", "--owner", "ann", "--yes")
+    assert forgot.code == 0 and f"notes {summary['notes_written']}" in forgot.out
+    assert cli("search", "pgbouncer", "--owner", "ann", "--json").json() == []
+
+
+def test_housekeeping_dry_runs_say_what_they_would_do(cli: Cli, tmp_path: Path) -> None:
+    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/hk.db")
+    assert cli("harvest", str(EXAMPLES / "native.json")).code == 0
+    dry = cli("housekeep", "decay", "--dry-run")
+    assert dry.code == 0
+    assert "would update" in dry.out and "nothing changed" in dry.out
+    assert "updated" not in dry.out.replace("would update", "")
+    real = cli("housekeep", "decay")
+    assert "updated" in real.out and "would" not in real.out
+    assert "would supersede" in cli("housekeep", "dedupe", "--dry-run").out
+    refused = cli("housekeep", "requeue", "--dry-run")
+    assert refused.code == 2 and "no --dry-run" in refused.err
+
+
+@pytest.mark.slow
+def test_each_command_as_a_real_process(tmp_path: Path) -> None:
+    """One subprocess per command: the console entry point, imports and exit statuses."""
+    env = {"GLEANER_DATABASE_URL": f"sqlite:///{tmp_path}/proc.db"}
+
+    def run(*args: str) -> tuple[int, str, str]:
+        done = gleaner_process(*args, env=env, cwd=tmp_path)
+        return done.returncode, done.stdout, done.stderr
+
+    assert run("db", "upgrade")[0] == 0
+    code, out, err = run("harvest", str(EXAMPLES / "native.json"), "--json")
+    assert code == 0, err
+    assert run("search", "tabs", "--owner", "alice")[0] == 0
+    code, out, _ = run("search", "tabs", "--owner", "alice", "--json")
+    slug = json.loads(out)[0]["slug"]
+    assert run("show", slug, "--owner", "alice")[0] == 0
+    assert run("import", str(EXAMPLES / "claude-export"), "--dry-run", "--owner", "ann")[0] == 0
+    assert run("import", str(EXAMPLES / "claude-export"), "--owner", "ann")[0] == 0
+    assert run("enqueue", str(EXAMPLES / "native.json"))[0] == 2  # no broker
+    assert run("status")[0] == 0
+    assert run("housekeep", "decay", "--dry-run")[0] == 0
+    assert run("retry", "--all")[0] == 0
+    assert run("forget", "--owner", "ann", "--yes")[0] == 0
+    code, _, err = run("search", "x")
+    assert code == 2 and "Traceback" not in err

@@ -42,14 +42,53 @@ _PRIORITY_SEP, _PRIORITY_STEPS = "\x06\x16", (3, 6, 9)
 _READ_CHUNK = 500
 
 
+# Messages pushed to Redis in one pipeline (one round trip instead of one each).
+SEND_BATCH = 500
+
+
+class BrokerUnavailable(Exception):
+    """Raised when messages could not be handed to the broker. Their jobs stay recorded as
+    pending: the lost-job sweep (or ``gleaner housekeep requeue``) sends them later."""
+
+    reason = "broker_unavailable"
+
+    def __init__(self, queue: str, sent: int, unsent: int, detail: str) -> None:
+        super().__init__(
+            f"the broker did not take {unsent} message(s) for queue {queue!r} "
+            f"({sent} sent before): {detail}"
+        )
+        self.queue, self.sent, self.unsent, self.detail = queue, sent, unsent, detail
+
+
 def send_jobs(queue: str, job_ids: Iterable[str]) -> int:
-    """Send one ``gleaner.harvest`` message per job id to ``queue``; returns how many."""
+    """Send one ``gleaner.harvest`` message per job id to ``queue``; returns how many.
+
+    Messages go in pipelined batches of SEND_BATCH (kombu's producer batch, where the
+    transport has one). Raises BrokerUnavailable when the broker cannot be reached; the
+    messages of the batch that failed may or may not have arrived (a duplicate is harmless).
+    """
+    from contextlib import nullcontext
+
+    from kombu.exceptions import KombuError
+    from redis.exceptions import RedisError
+
     from workers.tasks import harvest
 
+    ids = list(job_ids)
     sent = 0
-    for job_id in job_ids:
-        harvest.apply_async(args=[job_id], queue=queue)
-        sent += 1
+    try:
+        with harvest.app.producer_or_acquire() as producer:
+            batch = getattr(producer, "batch", None)  # kombu >= 5.7
+            for start in range(0, len(ids), SEND_BATCH):
+                chunk = ids[start : start + SEND_BATCH]
+                with batch(max_size=len(chunk)) if batch else nullcontext():
+                    for job_id in chunk:
+                        harvest.apply_async(args=[job_id], queue=queue, producer=producer)
+                sent += len(chunk)
+    except (KombuError, RedisError, OSError) as exc:
+        cause = exc.__cause__ or exc
+        detail = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise BrokerUnavailable(queue, sent, len(ids) - sent, detail) from exc
     return sent
 
 
@@ -123,9 +162,17 @@ def _job_id(raw: bytes | str) -> str | None:
         return None
 
 
-def requeue_stale(store: Store, *, scan_limit: int = SCAN_LIMIT) -> int:
+def requeue_stale(
+    store: Store, *, scan_limit: int = SCAN_LIMIT, older_than: timedelta | None = None
+) -> int:
     """Recover jobs whose worker was lost and re-send pending jobs whose message was lost
-    (see the module's docstring for the rule); returns how many messages were sent."""
+    (see the module's docstring for the rule); returns how many messages were sent.
+
+    ``older_than`` (default GLEANER_REQUEUE_AFTER_SECONDS) is how long ago a pending job must
+    have been sent. Beat keeps the default, so it never races a producer between its commit
+    and its send; an operator (``gleaner housekeep requeue``) passes zero to send at once
+    every pending job whose message does not wait on its queue.
+    """
     settings = store.settings
     with store.transaction() as session:
         recovered = jobs.recover_lost(
@@ -141,7 +188,8 @@ def requeue_stale(store: Store, *, scan_limit: int = SCAN_LIMIT) -> int:
         )
     sent = _send_by_queue(recovered.requeued)
 
-    older_than = timedelta(seconds=settings.requeue_after_seconds)
+    if older_than is None:
+        older_than = timedelta(seconds=settings.requeue_after_seconds)
     with store.transaction() as session:
         queues = sorted(jobs.pending_counts(session, older_than))
     if not queues:  # the usual case: nothing waited that long, Redis is not even asked

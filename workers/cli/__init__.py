@@ -1,32 +1,47 @@
 """The ``gleaner`` command line: one module per group of commands, each with a ``register``.
 
 Imports are deferred into each command so ``gleaner search`` never pays for Celery or litellm.
-Exit status: 0 success, 1 some input failed, 2 usage or configuration error.
+Every failure ends as one line on stderr (the problem, then the next step) and an exit status
+chosen by the error's type or ``reason``: see ``EXIT_STATUS_HELP`` (``gleaner --help``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from workers.cli import imports, intake, notes, operate, read, run, serve
-from workers.cli.common import EXIT_FAILED, EXIT_USAGE, UsageError
+from workers.cli.common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_PIPE,
+    EXIT_STATUS_HELP,
+    EXIT_USAGE,
+    CommandFailed,
+    Interrupted,
+    UsageError,
+)
 
 __all__ = ["build_parser", "main"]
 
 # Order here is the order of `gleaner --help`.
 COMMAND_GROUPS = (read, notes, intake, imports, run, operate, serve)
+# Harvest reasons that mean the command line lacks something (exit 2), not a failed input.
+USAGE_REASONS = frozenset({"no_owner", "bad_owner", "bad_provenance", "bad_config"})
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gleaner",
         description=(
-            "Gleaner turns finished conversations into durable notes. Configuration comes from "
-            "GLEANER_* environment variables (GLEANER_DATABASE_URL defaults to "
+            "Gleaner turns finished conversations into durable notes. Configuration comes\n"
+            "from GLEANER_* environment variables (GLEANER_DATABASE_URL defaults to\n"
             "sqlite:///gleaner.db in the working directory)."
         ),
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
@@ -35,15 +50,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``gleaner`` command; returns its exit status (argparse itself exits 2 on a
+    command line it cannot parse, 0 after ``--help``)."""
+    try:
+        code = _dispatch(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except BrokenPipeError:
+        _drop_stdout()
+        return EXIT_PIPE
+    except KeyboardInterrupt:
+        print("gleaner: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return code
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "celery_passthrough", False):  # only `worker` passes on
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.celery_args = extra
-    from store.errors import ConfigError, InvalidInput, StoreError, format_error
-
-    usage_reasons = {"no_owner", "bad_owner", "bad_provenance", "bad_config"}
-
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
@@ -51,15 +77,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"gleaner: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (ConfigError, InvalidInput) as exc:
-        print(f"gleaner: {format_error(exc)}", file=sys.stderr)
-        return EXIT_USAGE
-    except StoreError as exc:
-        print(f"gleaner: {format_error(exc)}", file=sys.stderr)
+    except Interrupted as exc:
+        print(f"gleaner: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except CommandFailed as exc:
+        print(f"gleaner: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except Exception as exc:
-        # Harvest's errors carry a reason too; a missing owner is a usage error.
-        if getattr(exc, "reason", None) is None:
+        # Store, harvest and broker errors carry a machine-readable reason; anything
+        # without one is a bug and keeps its traceback.
+        reason = getattr(exc, "reason", None)
+        if not isinstance(reason, str):
             raise
+        from store.errors import ConfigError, InvalidInput, format_error
+
         print(f"gleaner: {format_error(exc)}", file=sys.stderr)
-        return EXIT_USAGE if exc.reason in usage_reasons else EXIT_FAILED  # type: ignore[attr-defined]
+        usage = isinstance(exc, ConfigError | InvalidInput) or reason in USAGE_REASONS
+        return EXIT_USAGE if usage else EXIT_FAILED
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what is left in its
+    buffer does not fail on the closed pipe again (and print a second error)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is no file (captured in tests)
+        pass

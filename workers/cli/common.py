@@ -1,27 +1,88 @@
-"""What every ``gleaner`` command shares: exit codes, the store, scopes, flags, progress."""
+"""What every ``gleaner`` command shares: exit codes, the store and its schema, scopes,
+flags, summaries."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from store import Note, Scope, Store
+    from workers.enqueue import BrokerUnavailable
 
+# The exit statuses README ("The command line") documents.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_PIPE = 141  # 128 + SIGPIPE, as `seq 1000000 | head -1` reports for seq
+EXIT_STATUS_HELP = """exit status:
+  0    success
+  1    the command ran and something failed: an input (the rest was done), the
+       database or the broker; the line on stderr says what, and what to do next
+  2    the command could not run as given: arguments, a GLEANER_* setting, a
+       conversation with no owner and no --owner; nothing was done
+  130  interrupted (Ctrl-C); an import being followed goes on in the workers
+  141  stdout was closed early (`gleaner search ... | head -1`): output stops quietly
+"""
+# Lines of a text summary that list one conversation each, before "... and N more".
+LISTED = 20
 
 
 class UsageError(Exception):
     """Raised for a command line that cannot run as given (exit 2)."""
 
 
+class CommandFailed(Exception):
+    """Raised when a command ran and failed as a whole (exit 1); the message says what to
+    do next."""
+
+
+class Interrupted(Exception):
+    """Raised when Ctrl-C stopped a command (exit 130); the message says what is kept."""
+
+
 def open_store() -> Store:
     from store import Store
 
     return Store()
+
+
+def ensure_schema(store: Store) -> None:
+    """Make sure the schema is this Gleaner's newest before a command writes.
+
+    The embedded SQLite default is migrated here (and says so on stderr), so a first
+    ``gleaner harvest`` just works; PostgreSQL is left to ``gleaner db upgrade`` (run once,
+    before the workers), so one clear error ends the command instead of one per transcript.
+    """
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import text
+
+    from store import StorageFailure
+    from store.db import MIGRATIONS
+
+    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    with store.transaction() as session:
+        # The version table is absent from a database never migrated.
+        if session.get_bind().dialect.has_table(session.connection(), "alembic_version"):
+            current = session.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        else:
+            current = None
+    if current == head:
+        return
+    if store.dialect != "sqlite":
+        found = "no schema" if current is None else f"schema revision {current}"
+        raise StorageFailure(
+            f"the database holds {found}, this Gleaner needs revision {head}: "
+            "run `gleaner db upgrade` once, then this command again",
+            reason="not_migrated",
+        )
+    store.migrate()
+    print(
+        f"gleaner: migrated the SQLite database {store.engine.url.database} to revision {head}",
+        file=sys.stderr,
+    )
 
 
 def scope_of(args: argparse.Namespace) -> Scope:
@@ -40,38 +101,21 @@ def note_json(note: Note) -> dict[str, Any]:
     return data
 
 
-def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from store.db import current_revision
-
-    store = open_store()
-    store.migrate()
-    print(f"database at revision {current_revision(store.engine)} ({store.dialect})")
-    return EXIT_OK
-
-
-def progress_bar(total_hint: str) -> tuple[Any, Callable[[int, int], None]]:
-    """A rich progress bar on stderr (shown only on a terminal), and its update callback."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    console = Console(stderr=True)
-    progress = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not console.is_terminal,
+def broker_down(error: BrokerUnavailable, jobs: int, done: str = "recorded") -> CommandFailed:
+    """The one line for jobs ``done`` (recorded, reset) whose messages the broker did not
+    take: they are pending in the database, and the lost-job sweep (or an operator) sends
+    them."""
+    return CommandFailed(
+        f"broker_unavailable: {jobs} job(s) {done}, {error.unsent} not sent: the broker "
+        f"did not answer ({error.detail}). They wait in the database as pending: beat's "
+        "lost-job sweep sends them once the broker is back and GLEANER_REQUEUE_AFTER_SECONDS "
+        "have passed, or run `gleaner housekeep requeue` to send them at once"
     )
-    task = progress.add_task(total_hint, total=None)
-
-    def update(done: int, total: int) -> None:
-        progress.update(task, completed=done, total=total)
-
-    return progress, update
 
 
 def print_summary(summary: Any, as_json: bool) -> None:
+    """A harvest's totals; in text at most LISTED conversations with their notes and LISTED
+    failures (each named with its reason), then how many more ``--json`` lists."""
     data = {k: v for k, v in vars(summary).items() if k != "reports"}
     if as_json:
         data["conversations"] = summary.reports
@@ -89,13 +133,20 @@ def print_summary(summary: Any, as_json: bool) -> None:
         f"model calls {summary.model_calls}, tokens {summary.prompt_tokens} prompt + "
         f"{summary.completion_tokens} completion"
     )
-    for report in summary.reports:
-        if report["slugs"]:
-            print(
-                f"  {report['owner']} / {report['conversation_id']}: {', '.join(report['slugs'])}"
-            )
-    for failure in summary.failures:
-        print(f"  FAILED {failure['conversation']}: {failure['error']}", file=sys.stderr)
+    with_notes = [r for r in summary.reports if r["slugs"]]
+    for report in with_notes[:LISTED]:
+        print(f"  {report['owner']} / {report['conversation_id']}: {', '.join(report['slugs'])}")
+    if len(with_notes) > LISTED:
+        print(f"  ... and {len(with_notes) - LISTED} more conversation(s) with notes (--json)")
+    print_failures(summary.failures)
+
+
+def print_failures(failures: Sequence[dict[str, str]], *, word: str = "FAILED") -> None:
+    """Name each failed file or conversation and why, on stderr (at most LISTED)."""
+    for failure in failures[:LISTED]:
+        print(f"  {word} {failure['conversation']}: {failure['error']}", file=sys.stderr)
+    if len(failures) > LISTED:
+        print(f"  ... and {len(failures) - LISTED} more (--json lists them)", file=sys.stderr)
 
 
 def current_settings() -> Any:

@@ -4,41 +4,62 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from workers.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    Interrupted,
     UsageError,
     add_owner_flags,
+    broker_down,
+    ensure_schema,
     existing_paths,
     open_store,
     owner_options,
+    print_failures,
     print_summary,
-    progress_bar,
     require_broker,
 )
+from workers.cli.progress import Progress
 
 
 def cmd_harvest(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from harvest.batch import harvest_paths
 
-    paths = [Path(p) for p in args.paths]
-    for path in paths:
-        if not path.exists():
-            raise UsageError(f"no such file or folder: {path}")
+    paths = inputs(args.paths)
     owners = owner_options(args)
     store = open_store()
-    progress, update = progress_bar("harvesting")
-    with progress:
-        summary = harvest_paths(
-            store, paths, provenance=args.provenance, on_progress=update, **owners
-        )
+    ensure_schema(store)
+    try:
+        with Progress("harvesting", from_zero=True) as progress:
+            summary = harvest_paths(
+                store, paths, provenance=args.provenance, on_progress=progress.update, **owners
+            )
+    except KeyboardInterrupt:
+        raise Interrupted(RUN_AGAIN) from None
     print_summary(summary, args.json)
     return EXIT_FAILED if summary.failed else EXIT_OK
+
+
+# What an interrupted in-process harvest keeps: each conversation commits on its own.
+RUN_AGAIN = (
+    "interrupted: the conversations harvested so far are kept; run the same command again "
+    "to go on (those already harvested are skipped at no cost)"
+)
+
+
+def inputs(raw: list[str]) -> list[Any]:
+    """The files and folders given, in order; ``-`` is standard input (one transcript file
+    of any supported format, read once)."""
+    from pathlib import Path
+
+    from harvest.readers.load import STDIN
+
+    if raw.count(STDIN) > 1:
+        raise UsageError("standard input (-) can be read only once")
+    return [Path(STDIN) if p == STDIN else existing_paths([p])[0] for p in raw]
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -46,11 +67,13 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     from harvest.queue import LIVE_QUEUE, record_jobs
     from harvest.transcript import Limits
     from workers.app import make_celery
-    from workers.enqueue import send_jobs
+    from workers.enqueue import BrokerUnavailable, send_jobs
 
     settings = require_broker("enqueue")
     owners = owner_options(args)
-    paths = existing_paths(args.paths)
+    paths = inputs(args.paths)
+    store = open_store()
+    ensure_schema(store)
     summary = Summary()
     transcripts = judge_owners(
         read_all(paths, summary, limits=Limits.from_settings(settings)),
@@ -59,9 +82,12 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         reassign_owner=args.reassign_owner,
     )
     make_celery(settings)
-    store = open_store()
     job_ids = record_jobs(store, transcripts, provenance="compaction", queue=LIVE_QUEUE, **owners)
-    sent = send_jobs(LIVE_QUEUE, job_ids)
+    try:
+        sent = send_jobs(LIVE_QUEUE, job_ids)
+    except BrokerUnavailable as exc:
+        print_failures(summary.failures)
+        raise broker_down(exc, len(job_ids)) from None
     out = {
         "enqueued": sent,
         "queue": LIVE_QUEUE,
@@ -73,9 +99,11 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(f"enqueued {sent} transcript(s) on queue {LIVE_QUEUE!r}")
-        for failure in summary.failures:
-            print(f"  FAILED {failure['conversation']}: {failure['error']}", file=sys.stderr)
+        print_failures(summary.failures)
     return EXIT_FAILED if summary.failed else EXIT_OK
+
+
+PATHS_HELP = "transcript files or folders; - reads one transcript file from standard input"
 
 
 def register(sub: Any) -> None:
@@ -90,7 +118,7 @@ def register(sub: Any) -> None:
             "GLEANER_HARVEST_MODEL set, the offline extractor runs (no key, no network)."
         ),
     )
-    harvest.add_argument("paths", nargs="+", metavar="PATH", help="transcript files or folders")
+    harvest.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
     add_owner_flags(harvest)
     harvest.add_argument(
         "--provenance",
@@ -107,7 +135,7 @@ def register(sub: Any) -> None:
         description="Read the files, redact them, record one job per conversation in the "
         "database and send its id to the `harvest` queue. Workers do the rest.",
     )
-    enqueue.add_argument("paths", nargs="+", metavar="PATH")
+    enqueue.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
     add_owner_flags(enqueue)
     enqueue.add_argument("--json", action="store_true", help="print the job ids as JSON")
     enqueue.set_defaults(func=cmd_enqueue)

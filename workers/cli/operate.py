@@ -10,7 +10,9 @@ from typing import Any
 from workers.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    CommandFailed,
     UsageError,
+    broker_down,
     current_settings,
     open_store,
     require_broker,
@@ -20,24 +22,56 @@ from workers.cli.common import (
 def cmd_housekeep(args: argparse.Namespace) -> int:
     store = open_store()
     if args.task == "requeue":
-        from workers.app import make_celery
-        from workers.enqueue import requeue_stale
-
-        settings = require_broker("housekeep requeue")
-        make_celery(settings)
-        sent = requeue_stale(store)
-        print(json.dumps({"requeued": sent}) if args.json else f"re-enqueued {sent} job(s)")
-        return EXIT_OK
+        return _requeue(store, args)
     if args.task == "decay":
         data = store.decay(dry_run=args.dry_run).model_dump(mode="json")
     else:
         data = store.dedupe(dry_run=args.dry_run).model_dump(mode="json")
     if args.json:
         print(json.dumps(data, indent=2))
-    else:
-        print(", ".join(f"{k} {v}" for k, v in data.items() if not isinstance(v, list | dict)))
-        for pair in data.get("pairs", [])[:20]:
-            print(f"  {pair}")
+        return EXIT_OK
+    print(_housekeeping_line(args.task, data))
+    for pair in data.get("pairs", [])[:20]:
+        print(f"  {pair}")
+    return EXIT_OK
+
+
+def _housekeeping_line(task: str, data: dict[str, Any]) -> str:
+    """What a decay or dedupe run did, or with --dry-run would do (it changed nothing)."""
+    dry = data["dry_run"]
+    took = f"{data['seconds']:.2f} s"
+    if task == "decay":
+        verbs = ("would update", "would archive") if dry else ("updated", "archived")
+        done = f"{verbs[0]} {data['updated']} note weight(s), {verbs[1]} {data['archived']}"
+        return f"decay{' (dry run, nothing changed)' if dry else ''}: {done} ({took})"
+    if data["locked"]:
+        return "dedupe: another dedupe run holds the lock; nothing done"
+    verb = "would supersede" if dry else "superseded"
+    return (
+        f"dedupe{' (dry run, nothing changed)' if dry else ''}: {verb} {data['superseded']} "
+        f"note(s); {data['notes_changed']} changed of {data['notes_scanned']} scanned in "
+        f"{data['scopes_scanned']} scope(s), {data['candidates_checked']} pair(s) compared, "
+        f"{data['skipped']} left for the next run ({took})"
+    )
+
+
+def _requeue(store: Any, args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from workers.app import make_celery
+    from workers.enqueue import BrokerUnavailable, requeue_stale
+
+    if args.dry_run:
+        raise UsageError("requeue has no --dry-run: it only sends what is lost")
+    settings = require_broker("housekeep requeue")
+    make_celery(settings)
+    try:
+        sent = requeue_stale(store, older_than=timedelta(seconds=args.older_than))
+    except BrokerUnavailable as exc:
+        raise CommandFailed(
+            f"{exc.reason}: {exc}; the jobs stay pending: run this again once the broker is up"
+        ) from None
+    print(json.dumps({"requeued": sent}) if args.json else f"re-enqueued {sent} job(s)")
     return EXIT_OK
 
 
@@ -48,6 +82,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     from store import ledger
     from store.models import utcnow
 
+    if args.import_id:
+        return _import_status(args)
+    if args.watch:
+        raise UsageError("--watch follows one import: add --import ID")
     settings = current_settings()
     if settings.broker_url:
         from workers.health import broker_problem
@@ -116,6 +154,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _import_status(args: argparse.Namespace) -> int:
+    """One import's jobs by state and what they wrote; with --watch, followed until every
+    job is done or failed. Exit 1 when a job failed or a conversation was unreadable."""
+    from workers.cli.imports import print_import
+    from workers.cli.progress import follow_import, import_state
+
+    store = open_store()
+    state, totals = import_state(store, args.import_id)
+    if not state:
+        raise CommandFailed(
+            f"no import {args.import_id!r}: `gleaner import` prints the id of each import "
+            "it starts (`import <id>: ...`)"
+        )
+    if args.watch and state["finished"] < state["total"]:
+        follow_import(store, args.import_id)
+        state, totals = import_state(store, args.import_id)
+    if args.json:
+        print(json.dumps({**state, **totals}, indent=2, default=str))
+    else:
+        print_import(state, totals)
+    return EXIT_FAILED if state["failed"] or state["unreadable"] else EXIT_OK
+
+
 def _queue_depths(broker_url: str) -> dict[str, int | None]:
     """Messages waiting on each queue (Redis list lengths); None when Redis cannot be reached."""
     import redis
@@ -145,11 +206,17 @@ def cmd_retry(args: argparse.Namespace) -> int:
         return EXIT_OK if args.all else EXIT_FAILED
     if settings.broker_url:
         from workers.app import make_celery
-        from workers.enqueue import send_jobs
+        from workers.enqueue import BrokerUnavailable, send_jobs
 
         make_celery(settings)
+        by_queue: dict[str, list[str]] = {}
         for job_id, queue in reset:
-            send_jobs(queue, [job_id])
+            by_queue.setdefault(queue, []).append(job_id)
+        try:
+            for queue, ids in by_queue.items():
+                send_jobs(queue, ids)
+        except BrokerUnavailable as exc:
+            raise broker_down(exc, len(reset), "reset to pending") from None
         print(f"re-enqueued {len(reset)} job(s)")
         return EXIT_OK
     from harvest.queue import run_job
@@ -181,11 +248,21 @@ def register(sub: Any) -> None:
         "housekeep",
         help="run decay, dedupe or the lost-job sweep now, in process",
         description="decay: recompute decayed weights (archive below "
-        "GLEANER_ARCHIVE_BELOW_WEIGHT); dedupe: supersede near-duplicates; requeue: send "
-        "jobs pending longer than GLEANER_REQUEUE_AFTER_SECONDS to their queue again.",
+        "GLEANER_ARCHIVE_BELOW_WEIGHT); dedupe: supersede near-duplicates; requeue: the "
+        "lost-job sweep, now: recover jobs whose worker was lost and send every pending job "
+        "whose message does not wait on its queue (beat's sweep waits "
+        "GLEANER_REQUEUE_AFTER_SECONDS after a job was sent; this does not, unless told "
+        "--older-than).",
     )
     housekeep.add_argument("task", choices=("decay", "dedupe", "requeue"))
     housekeep.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    housekeep.add_argument(
+        "--older-than",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="requeue: only pending jobs last sent at least this long ago (default 0)",
+    )
     housekeep.add_argument("--json", action="store_true")
     housekeep.set_defaults(func=cmd_housekeep)
 
@@ -193,6 +270,18 @@ def register(sub: Any) -> None:
         "status", help="queue depths, jobs by state, oldest pending job, recent failures"
     )
     status.add_argument("--limit", type=int, default=20, help="failures to list")
+    status.add_argument(
+        "--import",
+        dest="import_id",
+        metavar="ID",
+        help="only this import: its jobs by state, notes written, model calls and tokens",
+    )
+    status.add_argument(
+        "--watch",
+        action="store_true",
+        help="with --import: follow it until every job is done or failed (a bar on a "
+        "terminal, else a line every few seconds on stderr)",
+    )
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
 
