@@ -21,6 +21,8 @@ FILE_SETTINGS = ("database_url", "broker_url", "harvest_api_key")
 # GLEANER_ names that belong to the test suite, the benchmarks and the reliability suite, not
 # to a running Gleaner: never reported as unknown.
 TOOLING_PREFIXES = ("GLEANER_TEST_", "GLEANER_BENCH_", "GLEANER_RELIABILITY_")
+# GLEANER_ variables a command reads itself, outside the settings (`gleaner mcp`'s owner).
+COMMAND_VARIABLES = ("GLEANER_MCP_OWNER",)
 
 
 class Settings(BaseSettings):
@@ -298,6 +300,7 @@ def known_variables() -> frozenset[str]:
     """Every ``GLEANER_`` variable a running Gleaner reads."""
     names = {f"{ENV_PREFIX}{field.upper()}" for field in Settings.model_fields}
     names.update(f"{ENV_PREFIX}{field.upper()}_FILE" for field in FILE_SETTINGS)
+    names.update(COMMAND_VARIABLES)
     return frozenset(names)
 
 

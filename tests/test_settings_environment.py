@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from store import ConfigError, load_settings
-from store.settings import known_variables, unknown_variables
+from store.settings import TOOLING_PREFIXES, known_variables, unknown_variables
+
+ROOT = Path(__file__).parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -117,3 +120,19 @@ def test_start_up_warns_once_on_stderr_and_goes_on(tmp_path: Path) -> None:
 def test_the_test_suites_own_environment_trips_no_warning() -> None:
     # Whatever GLEANER_ variables this run was started with must all be known or tooling.
     assert unknown_variables(dict(os.environ)) == []
+
+
+def test_every_gleaner_variable_the_code_names_is_known() -> None:
+    # A variable read outside the settings must be listed, or start-up would call it unknown.
+    packages = ("store", "harvest", "workers", "service", "gleaner")
+    sources = [path for package in packages for path in (ROOT / package).rglob("*.py")]
+    named = set()
+    for path in sources:
+        named.update(re.findall(r"[\"'`](GLEANER_[A-Z0-9_]*[A-Z0-9])\b", path.read_text()))
+    assert named, "the scan found nothing: the pattern is wrong"
+    unknown = {
+        name
+        for name in named
+        if name not in known_variables() and not f"{name}_".startswith(TOOLING_PREFIXES)
+    }
+    assert unknown == set()
