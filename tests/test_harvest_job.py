@@ -276,6 +276,46 @@ def test_model_failure_is_reported_writes_nothing_and_can_be_retried(
     assert len(rows(store, Memory)) == 1
 
 
+def test_in_process_and_queued_harvests_share_one_path_and_outcome(
+    make_store, backend, server
+) -> None:
+    from pydantic import ValidationError
+
+    from harvest.queue import record_jobs, run_job
+
+    store = make_store(backend, **model_settings(server))
+    found = [note("Prefers dark roast coffee"), {"type": "bogus", "title": "x", "body": "y"}]
+    server.script(
+        answer(found, prompt_tokens=30, completion_tokens=7),
+        answer(found, prompt_tokens=30, completion_tokens=7),
+    )
+    chat = transcript("I like dark roast.")
+    in_process = harvest_transcript(store, chat)
+    assert (in_process.status, in_process.notes_written, in_process.items_dropped) == (
+        "harvested",
+        1,
+        1,
+    )
+    with pytest.raises(ValidationError):  # an outcome is immutable
+        in_process.status = "failed"  # type: ignore[misc]
+    # The same conversation for another owner, through a recorded job.
+    [job_id] = record_jobs(
+        store, [chat], owner="bob", provenance="compaction", queue="harvest", reassign_owner=True
+    )
+    queued = run_job(store, job_id)
+    assert queued == {**in_process.as_dict(), "owner": "bob"}
+    with store.transaction() as session:
+        [entry_alice, entry_bob] = session.execute(
+            select(HarvestLedger).order_by(HarvestLedger.id)
+        ).scalars()
+        assert (entry_bob.notes_written, entry_bob.items_dropped, entry_bob.prompt_tokens) == (
+            1,
+            1,
+            30,
+        )
+        assert entry_alice.model_calls == entry_bob.model_calls == 1
+
+
 def test_a_transcript_without_owner_is_refused(store: Store) -> None:
     from harvest.errors import HarvestError
 

@@ -1,21 +1,27 @@
-"""The per-process transcript locks: exclusive across processes and threads, no pooled
-connection held, and run_job's merged transactions keep exactly-once outcomes."""
+"""The per-process transcript locks (``Store.transcript_lock``): exclusive across processes
+and threads, no pooled connection held; run_job's merged transactions keep exactly-once
+outcomes, and a job whose transcript another worker holds waits and finds its ledger row."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from sqlalchemy import create_engine, select, text
 
+from harvest.job import extract_notes, look_up, plan_harvest, record_harvest
+from harvest.outcome import HarvestOutcome
 from harvest.queue import record_jobs, run_job
 from harvest.transcript import Transcript
 from store import Scope, StorageFailure, Store
 from store.locks import locks_for, transcript_key
 from store.models import HarvestLedger, Job
 from tests.conftest import test_settings
+from tests.llm_server import answer, llm_server, note
 from tests.samples import native
+from tests.test_harvest_job import model_settings, transcript
 
 DIGEST = "ab" * 32
 ALICE = Scope.owner("alice")
@@ -137,3 +143,52 @@ def test_run_job_finishes_a_duplicate_in_its_claim_and_runs_a_job_once(
         states = dict(session.execute(select(Job.id, Job.state)).all())
         ledger_rows = session.execute(select(HarvestLedger.id)).all()
     assert states == {first: "done", second: "done"} and len(ledger_rows) == 1
+
+
+@pytest.mark.postgres
+def test_a_job_whose_transcript_is_held_elsewhere_waits_then_finds_its_ledger_row(
+    make_store: Callable[..., Store], pg_url: str
+) -> None:
+    with llm_server() as server:
+        settings = model_settings(server)
+        store = make_store("postgresql", **settings)
+        other = Store(pg_url, settings=test_settings(**settings))  # another worker process
+        chat = transcript("We decided to adopt Kotlin.")
+        [job_id] = record_jobs(store, [chat], owner=None, provenance="compaction", queue="harvest")
+        plan = plan_harvest(store.settings, chat, owner=None, provenance="compaction")
+        held = other.transcript_lock(plan.scope, plan.digest)
+        assert held.try_acquire()
+        results: list[dict[str, object] | None] = []
+        runner = threading.Thread(target=lambda: results.append(run_job(store, job_id)))
+        try:
+            runner.start()
+            # The claim is committed (the first transaction) while the job waits for the lock.
+            deadline = time.monotonic() + 20
+            while job_state(store, job_id) != "running" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)
+            assert job_state(store, job_id) == "running" and runner.is_alive()
+            # The other worker harvests it and commits its ledger row before it lets go.
+            server.script(answer([note("Adopted Kotlin", type="decision")]))
+            with other.transaction() as session:
+                ready = look_up(session, other.settings, plan)
+                assert ready is not None
+                found = extract_notes(plan, ready, other.settings)
+                assert not isinstance(found, HarvestOutcome)
+                record_harvest(session, other.settings, plan, ready, found)
+            held.release()
+            runner.join(timeout=30)
+        finally:
+            held.release()
+            runner.join(timeout=30)
+            locks_for(other.engine).close()
+            other.dispose()
+        [result] = results
+        assert result is not None and result["status"] == "skipped"
+        assert server.calls == 1  # the waiting job made no model call of its own
+        assert job_state(store, job_id) == "done"
+
+
+def job_state(store: Store, job_id: str) -> str:
+    with store.transaction() as session:
+        return str(session.execute(select(Job.state).where(Job.id == job_id)).scalar_one())
