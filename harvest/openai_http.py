@@ -38,14 +38,10 @@ from harvest.errors import (
     ResponseFormatRejected,
     TransientModelError,
 )
-from harvest.model import (
-    FORMAT_WORDS,
-    LLMAnswer,
-    Messages,
-    ModelOptions,
-    format_payload,
-    retry_after_from,
-)
+from harvest.formats import FORMAT_WORDS, format_payload, known_format
+from harvest.llm import LLMAnswer, Messages
+from harvest.options import ModelOptions
+from harvest.retry import retry_after_from
 
 # What servers say when the prompt does not fit (OpenAI's code, llama.cpp, vLLM, Ollama).
 _CONTEXT_WORDS = (
@@ -123,8 +119,6 @@ def served_model(model: str) -> str:
 
 def openai_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
     """One chat completion from the OpenAI-compatible server at ``options.api_base``."""
-    from harvest.model import known_format  # the format ``auto`` learned in this process
-
     if not options.api_base:
         raise PermanentModelError("the lean OpenAI client needs GLEANER_HARVEST_API_BASE")
     mode = options.response_format

@@ -21,22 +21,15 @@ from typing import Any
 
 import pytest
 
-import harvest.model as model_module
+import harvest.chunks as chunks_module
 import harvest.readers.load as load_module
 from harvest.batch import Summary, harvest_paths, read_all
+from harvest.chunks import PIECE_CHARS, _encoding, chunk_sizes, count_tokens, pack_chunks
 from harvest.errors import ContextWindowExceeded, TranscriptFormatError
 from harvest.imports import estimate
-from harvest.model import (
-    PIECE_CHARS,
-    LLMAnswer,
-    Messages,
-    ModelOptions,
-    _encoding,
-    chunk_sizes,
-    count_tokens,
-    extract,
-    pack_chunks,
-)
+from harvest.llm import LLMAnswer, Messages
+from harvest.model import extract
+from harvest.options import ModelOptions
 from harvest.prompt import render_message
 from harvest.readers import read_path
 from harvest.transcript import Limits, Message, Transcript
@@ -356,7 +349,7 @@ class SpyEncoding:
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> SpyEncoding:
     encoding = SpyEncoding()
-    monkeypatch.setattr(model_module, "_encoding", lambda: encoding)
+    monkeypatch.setattr(chunks_module, "_encoding", lambda: encoding)
     return encoding
 
 
@@ -395,7 +388,7 @@ def test_counting_a_5_mb_word_keeps_memory_flat() -> None:
     # Before: ~46 bytes per character (231 MiB here for 5 MB; a 64 MB word took 3 GiB).
     probe = (
         "import resource\n"
-        "from harvest.model import _encoding, count_tokens, pack_chunks\n"
+        "from harvest.chunks import _encoding, count_tokens, pack_chunks\n"
         "assert _encoding() is not None\n"
         "count_tokens('warm up')\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
@@ -495,7 +488,7 @@ def test_extract_checks_bytes_and_messages_before_tokenizing(
     def no_tokenizer() -> None:
         raise AssertionError("tokenized before the size was checked")
 
-    monkeypatch.setattr(model_module, "_encoding", no_tokenizer)
+    monkeypatch.setattr(chunks_module, "_encoding", no_tokenizer)
     llm = CountingLLM()
     big = long_transcript(messages=4, words=400)
     with pytest.raises(TranscriptFormatError, match="GLEANER_MAX_TRANSCRIPT_BYTES") as caught:

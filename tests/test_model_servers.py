@@ -10,23 +10,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
+from harvest.answer import parse_answer
 from harvest.candidate import NoteCandidate
 from harvest.errors import ResponseFormatRejected, TransientModelError, UnparseableAnswer
+from harvest.formats import FORMATS, forget_formats
 from harvest.job import harvest_transcript
-from harvest.model import (
-    FORMATS,
-    ModelOptions,
-    _litellm,
-    auto_format,
-    extract,
-    forget_formats,
-    litellm_call,
-    parse_answer,
-)
+from harvest.litellm_client import auto_format, litellm_call, load_litellm
+from harvest.model import extract
+from harvest.options import ModelOptions
 from harvest.prompt import (
     EXAMPLE_ANSWER,
     REASK_TEMPLATE,
@@ -35,7 +30,7 @@ from harvest.prompt import (
     response_schema,
 )
 from harvest.transcript import Message, Transcript
-from store import ConfigError, Scope, load_settings
+from store import ConfigError, Scope, Settings, load_settings
 from store.models import HarvestLedger, Memory
 from tests.conftest import test_settings
 from tests.llm_server import (
@@ -75,7 +70,7 @@ TABS = note("Uses tabs", confidence=0.9)
 
 @pytest.fixture(scope="module", autouse=True)
 def _warm_litellm() -> None:
-    _litellm()
+    load_litellm()
     auto_format("openai/test-model", None)
 
 
@@ -435,5 +430,7 @@ def test_a_server_slower_than_the_timeout_is_transient(server: LLMServer) -> Non
     assert formats(server) == ["json_schema", "json_schema"]  # a timeout is not a refusal
 
 
-def test_formats_are_ordered_strongest_first() -> None:
+def test_formats_are_ordered_strongest_first_and_are_the_settings_choices() -> None:
     assert FORMATS == ("json_schema", "json_object_schema", "json_object", "none")
+    setting = Settings.model_fields["harvest_response_format"].annotation
+    assert get_args(setting) == ("auto", *FORMATS)
