@@ -34,12 +34,15 @@ SCENARIOS: list[str] = [
     "pipeline_instant",
     "pipeline_slow",
     "pipeline_import",
+    # The HTTP service against a raw ASGI handler (a broker and PostgreSQL, no workers).
+    "http_intake",
 ]
 # The names the report's rows carry, accepted by --only as well.
 ALIASES = {
     "pipe-live": "pipeline_instant",
     "pipe-slow": "pipeline_slow",
     "pipe-import": "pipeline_import",
+    "http-intake": "http_intake",
 }
 
 
