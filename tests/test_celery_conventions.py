@@ -229,3 +229,24 @@ def _head() -> str:
     from tests.conftest import head_revision
 
     return head_revision()
+
+
+@pytest.mark.parametrize(
+    ("argv", "passed", "named"),
+    [
+        (["-E"], ["-E"], False),
+        (["-E", "--", "-n", "x@%h"], ["-E", "-n", "x@%h"], True),
+        (["--hostname=x@%h"], ["--hostname=x@%h"], True),
+        (["-nx@%h", "-Ofair"], ["-nx@%h", "-Ofair"], True),
+        ([], [], False),
+    ],
+)
+def test_worker_options_for_celery(argv: list[str], passed: list[str], named: bool) -> None:
+    from workers.cli import build_parser
+    from workers.cli.run import celery_options, names_node
+
+    args, extra = build_parser().parse_known_args(["worker", "--queues", "harvest", *argv])
+    args.celery_args = extra
+    assert args.queues == "harvest"
+    assert celery_options(args) == passed
+    assert names_node(passed) is named
