@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.core import Context, Row
 from harvest.batch import harvest_paths
-from harvest.model import count_tokens
+from harvest.chunks import count_tokens
 from harvest.prompt import essentials, system_prompt, user_prompt
 from store import Settings, Store
 from tests.samples import TOOLS

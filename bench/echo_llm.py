@@ -11,7 +11,8 @@ import json
 import re
 from typing import Any
 
-from harvest.model import LLMAnswer, count_tokens
+from harvest.chunks import count_tokens
+from harvest.llm import LLMAnswer
 
 # Per-message framing tokens of the chat format (role markers), as OpenAI counts them.
 TOKENS_PER_MESSAGE = 4

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.core import Context, Row
-from harvest.model import count_tokens
+from harvest.chunks import count_tokens
 from harvest.prompt import KNOWN_KEYS_MAX_CHARS, known_keys_block
 from store import Settings
 from store.terms import FactText, same_fact, similarity_terms
