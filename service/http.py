@@ -140,19 +140,20 @@ def create_app(gleaner: Gleaner) -> FastAPI:
         if owner is None and key.owner is not None:
             owner = key.owner
         if owner is not None:
-            owner = await run_in_threadpool(allowed_owner, service, key, owner)
+            owner = allowed_owner(service, key, owner)  # before the body is read
         body = await _body(request, service.settings.max_file_bytes)
-        read = await run_in_threadpool(
-            service.read, body, owner=owner, reassign_owner=reassign_owner
-        )
-        allowed_owner(service, key, read.owner)
-        job_id = await run_in_threadpool(service.submit, read)
-        return Accepted(
-            job_id=job_id,
-            owner=read.owner,
-            conversation_id=read.conversation_id,
-            queued=service.queued,
-        )
+
+        def accept() -> Accepted:  # one trip to the thread pool: read, check, record, send
+            read = service.read(body, owner=owner, reassign_owner=reassign_owner)
+            allowed_owner(service, key, read.owner)
+            return Accepted(
+                job_id=service.submit(read),
+                owner=read.owner,
+                conversation_id=read.conversation_id,
+                queued=service.queued,
+            )
+
+        return await run_in_threadpool(accept)
 
     @app.get("/v1/jobs/{job_id}", tags=["conversations"])
     def job(job_id: str, key: Key, service: Service) -> JobStatus:

@@ -95,5 +95,12 @@ def verify_key(session: Session, token: str) -> ApiKey | None:
     """The key this token is, or None (unknown, revoked, or not a token at all)."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > MAX_TOKEN_CHARS:
         return None
-    row = session.scalar(select(ApiKeyRow).where(ApiKeyRow.token_hash == token_hash(token)))
-    return None if row is None else ApiKey.from_row(row)
+    # Columns, not the ORM row: this runs on every request of the HTTP service.
+    found = session.execute(
+        select(ApiKeyRow.id, ApiKeyRow.owner, ApiKeyRow.created_at).where(
+            ApiKeyRow.token_hash == token_hash(token)
+        )
+    ).first()
+    if found is None:
+        return None
+    return ApiKey(id=found.id, owner=found.owner, created_at=found.created_at)
