@@ -11,10 +11,8 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from store import history, index, job_status, keys, links, mem, notes, search
 from store.db import make_engine, migrate
 from store.errors import NotFound, StorageFailure, StoreError
-from store.locks import TranscriptLock, transcript_lock
 from store.schemas import (
     LinkResult,
     Note,
@@ -29,8 +27,13 @@ from store.schemas import (
 from store.settings import Settings, load_settings
 
 if TYPE_CHECKING:
+    from store import job_status, keys
     from store.decay import DecayResult
     from store.dedupe import DedupeResult
+    from store.locks import TranscriptLock
+
+# Each method imports the module it calls when first called, so a command pays at start-up
+# only for what it uses (`gleaner search` never loads the write path, links or keys).
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -72,6 +75,8 @@ class Store:
         """This process's advisory lock on one transcript (its redacted hash) in ``scope``,
         not taken yet (see ``store.locks``): held on a dedicated connection, never a pooled
         one, so it may be held across a model call."""
+        from store.locks import transcript_lock
+
         return transcript_lock(self.engine, scope, digest)
 
     @contextmanager
@@ -97,6 +102,8 @@ class Store:
         allow_pin_untrusted: bool = False,
     ) -> WriteResult:
         """Validate and write a note; see the rules in README ("The store")."""
+        from store import notes
+
         return self._run(
             notes.write,
             self.settings,
@@ -109,15 +116,21 @@ class Store:
 
     def get(self, scope: Scope | tuple[str, str], slug: str) -> Note | None:
         """The note with ``slug`` in the scope, or None."""
+        from store import notes
+
         return self._run(notes.get, scope, slug)
 
     def read(self, scope: Scope | tuple[str, str], slug: str) -> NoteWithLinks:
         """The note with links, backlinks and superseder; NotFound when there is none."""
+        from store import links
+
         return self._run(links.read, scope, slug)
 
     def history(self, scope: Scope | tuple[str, str], slug: str) -> list[NoteVersion]:
         """The note's earlier texts, newest first, each with when, why and by whom it was
         replaced; NotFound when there is no such note."""
+        from store import history
+
         return self._run(history.history, scope, slug)
 
     def list_notes(
@@ -155,20 +168,28 @@ class Store:
         self, scope: Scope | tuple[str, str], from_slug: str, to_slug: str, rel: str
     ) -> LinkResult:
         """Add a ``related``/``derived_from``/``supersedes`` edge (idempotent)."""
+        from store import links
+
         return self._run(links.link, scope, from_slug, to_slug, rel)
 
     def search(
         self, scope: Scope | tuple[str, str], query: str, limit: int = 10
     ) -> list[SearchHit]:
         """Ranked lexical search over the scope's live notes."""
+        from store import search
+
         return self._run(search.search, self.settings, scope, query, limit)
 
     def fingerprint(self, scope: Scope | tuple[str, str]) -> tuple[int, int]:
         """``(live note count, max updated_seq)`` of the scope."""
+        from store import notes
+
         return self._run(notes.fingerprint, scope)
 
     def index_text(self, scope: Scope | tuple[str, str]) -> str:
         """The compact memory index for a system prompt (see ``store.index``)."""
+        from store import index
+
         return self._run(
             index.index_text,
             scope,
@@ -186,6 +207,8 @@ class Store:
         topic_key: str | None = None,
     ) -> SaveResult:
         """Save an observation. ValueError for bad input, RuntimeError for storage failure."""
+        from store import mem
+
         return self._run(
             mem.mem_save,
             self.settings,
@@ -200,27 +223,39 @@ class Store:
         self, user_id: str, content: str, *, title: str = "Session summary"
     ) -> SaveResult:
         """Save the active session's summary and end the session."""
+        from store import mem
+
         return self._run(mem.mem_session_summary, self.settings, user_id, content, title=title)
 
     def job(self, job_id: str) -> job_status.JobStatus | None:
         """The job's state, outcome and cost (no transcript), or None when there is none."""
+        from store import job_status
+
         return self._run(job_status.job_status, job_id)
 
     def create_api_key(self, owner: str | None) -> tuple[keys.ApiKey, str]:
         """A new API key allowed ``owner`` (None: every owner) and its token, which is shown
         only now: the store keeps its sha256."""
+        from store import keys
+
         return self._run(keys.create_key, owner)
 
     def api_keys(self) -> list[keys.ApiKey]:
         """Every API key (never a token), oldest first."""
+        from store import keys
+
         return self._run(keys.list_keys)
 
     def revoke_api_key(self, key_id: str) -> keys.ApiKey:
         """Delete the key with this id; InvalidInput (``unknown_key``) when there is none."""
+        from store import keys
+
         return self._run(keys.revoke_key, key_id)
 
     def verify_api_key(self, token: str) -> keys.ApiKey | None:
         """The key a token is, or None when it is no live key."""
+        from store import keys
+
         return self._run(keys.verify_key, token)
 
     def forget_owner(self, principal: str, *, tombstones: bool = True) -> dict[str, int]:
