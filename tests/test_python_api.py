@@ -15,7 +15,7 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from gleaner import Gleaner, InvalidRequest, NotFound, TooLarge
+from gleaner import Gleaner, InvalidRequest, NotFound, TooLarge, Unavailable
 from store import Store
 from tests.samples import native
 from tests.workers_harness import REDIS_URL
@@ -202,3 +202,14 @@ def test_keys_are_stored_hashed_and_revoked(gleaner: Gleaner, store: Store) -> N
         gleaner.revoke_api_key(key.id)
     with pytest.raises(InvalidRequest):
         gleaner.create_api_key(" bad")
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_broker_down_leaves_the_job_recorded_and_says_so(make_store: Any, backend: str) -> None:
+    store = make_store(backend, broker_url="redis://127.0.0.1:9/0")  # nothing listens there
+    gleaner = Gleaner(store=store)
+    with pytest.raises(Unavailable) as caught:
+        gleaner.submit(native(6, owner="alice"))
+    assert caught.value.reason == "broker_unavailable"
+    (row,) = _jobs(store)
+    assert row["state"] == "pending"  # beat's sweep sends it once the broker is back
