@@ -34,6 +34,16 @@ FORMATS: tuple[ResponseFormat, ...] = ("json_schema", "json_object_schema", "jso
 FORMAT_WORDS = re.compile(r"response.?format|json.?schema|json.?object|schema|grammar", re.I)
 
 
+def refuses_format(status: int | None, message: str) -> bool:
+    """Whether an error answer to a request that carried a response format says the format
+    is what was wrong: a 400, 422 or 5xx whose message names the response format, the
+    schema or the grammar. Any other status (401, 403, 404, 408, 409, 429) is about
+    something else and keeps its own handling."""
+    if status is None or not (status in (400, 422) or status >= 500):
+        return False
+    return FORMAT_WORDS.search(message) is not None
+
+
 def format_payload(
     mode: ResponseFormat, types: tuple[str, ...], max_facts: int
 ) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from harvest.errors import (
     ResponseFormatRejected,
     TransientModelError,
 )
-from harvest.formats import FORMAT_WORDS, ResponseFormat, format_payload, known_format
+from harvest.formats import ResponseFormat, format_payload, known_format, refuses_format
 from harvest.llm import LLMAnswer
 from harvest.retry import retry_after_from
 
@@ -168,23 +168,18 @@ def litellm_format(model: str) -> ResponseFormat:
 
 
 def rejects_format(exc: BaseException, error: ModelError) -> bool:
-    """Whether a failed request with a response format says the format is what was wrong:
-    a 400, 422 or 5xx whose message names the response format, the schema or the grammar.
-
-    Context-window and content-policy errors never are, nor 401, 403, 404, 408, 409, 429:
-    those are about something else, and keep their own handling.
-    """
+    """Whether litellm's ``exc`` for a request with a response format says the format is
+    what was wrong (:func:`~harvest.formats.refuses_format`); a context-window or a
+    content-policy error never is."""
     if isinstance(error, ContextWindowExceeded):
         return False
     errors = load_litellm().exceptions
     if isinstance(exc, errors.ContentPolicyViolationError):
         return False
     status = getattr(exc, "status_code", None)
-    bad_request = isinstance(exc, errors.BadRequestError | errors.UnprocessableEntityError)
-    server_side = isinstance(status, int) and status >= 500
-    if not (bad_request or status in (400, 422) or server_side):
-        return False
-    return FORMAT_WORDS.search(str(exc)) is not None
+    if isinstance(exc, errors.BadRequestError | errors.UnprocessableEntityError):
+        status = 400  # whatever status_code litellm filled in
+    return refuses_format(status if isinstance(status, int) else None, str(exc))
 
 
 def map_litellm_error(exc: BaseException) -> ModelError:

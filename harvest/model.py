@@ -32,7 +32,8 @@ from harvest.options import MIN_CONTEXT_TOKENS, ModelOptions
 from harvest.prompt import build_messages, reask_messages, render_message
 from harvest.transcript import Limits, Transcript, check_size, too_large
 
-# The names other modules import from here; each lives in the module named for it.
+# What lives here, and the names other modules import from here that live in the module
+# named for them (the call contract, the options, token counting).
 __all__ = [
     "MAX_HALVINGS",
     "HarvestLLM",
@@ -50,9 +51,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Halving a chunk after a context-window error stops below the smallest budget the settings
-# allow: the model is then too small for the prompt itself, and smaller pieces would only
-# multiply failing calls.
+# A context-window error halves the chunks at most this often, and never below
+# MIN_CONTEXT_TOKENS (the smallest budget the settings allow): a model that refuses those is
+# too small for the prompt itself, and smaller pieces would only multiply failing calls.
 MAX_HALVINGS = 4
 
 

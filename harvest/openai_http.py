@@ -38,7 +38,7 @@ from harvest.errors import (
     ResponseFormatRejected,
     TransientModelError,
 )
-from harvest.formats import FORMAT_WORDS, format_payload, known_format
+from harvest.formats import format_payload, known_format, refuses_format
 from harvest.llm import LLMAnswer, Messages
 from harvest.options import ModelOptions
 from harvest.retry import retry_after_from
@@ -176,11 +176,7 @@ def _error(status: int, text: str, headers: Mapping[str, str], mode: str) -> Mod
     lowered = text.lower()
     if status == 400 and any(words in lowered for words in _CONTEXT_WORDS):
         return ContextWindowExceeded(message)
-    if (
-        mode != "none"
-        and (status in (400, 422) or status >= 500)
-        and FORMAT_WORDS.search(text) is not None
-    ):
+    if mode != "none" and refuses_format(status, text):
         return ResponseFormatRejected(
             f"the server refused response_format {mode}: {message}", format=mode
         )
