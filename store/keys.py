@@ -13,28 +13,18 @@ import secrets
 from datetime import UTC, datetime
 
 from pydantic import field_validator
-from sqlalchemy import DateTime, String, delete, select
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput
-from store.models import Base, utcnow
+from store.models import ApiKey as ApiKeyRow
+from store.models import utcnow
 from store.schemas import Frozen
 from store.text import check_principal
 
 TOKEN_PREFIX = "glk_"  # noqa: S105 (a marker that says what the string is, not a secret)
 # A token far longer than any real one is refused before it is hashed.
 MAX_TOKEN_CHARS = 200
-
-
-class ApiKeyRow(Base):
-    """One API key: its hash, the owner it is allowed (NULL: all owners), when it was made."""
-
-    __tablename__ = "api_keys"
-
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    owner: Mapped[str | None] = mapped_column(String(255))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class ApiKey(Frozen):

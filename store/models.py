@@ -328,3 +328,15 @@ class ForgottenOwner(Base):
     owner_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     generation: Mapped[int] = mapped_column(Integer, default=1)
     forgotten_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key of the HTTP service (see ``store.keys``): the sha256 of its token, and the
+    one owner it is allowed (NULL: every owner). Revoking deletes the row."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    owner: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
