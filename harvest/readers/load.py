@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -15,7 +16,10 @@ from typing import Any, BinaryIO
 from harvest.errors import TranscriptFormatError
 from harvest.readers.chatgpt import read_chatgpt
 from harvest.readers.claude import read_claude
+from harvest.readers.claude_code import read_claude_code
+from harvest.readers.codex import read_codex
 from harvest.readers.native import read_native, read_openai
+from harvest.readers.sessions import session_events, session_id, session_kind
 from harvest.redact import redact_text
 from harvest.transcript import DEFAULT_LIMITS, Limits, Transcript, too_large
 
@@ -38,7 +42,8 @@ _EXPORT_SIDECARS = frozenset(
 EXPECTED = (
     "expected one of: native JSON {conversation_id, owner | scope, messages}, "
     "JSON Lines of native objects, an OpenAI-style {messages: [...]}, "
-    "a ChatGPT or Claude export conversations.json, or the export .zip holding it"
+    "a ChatGPT or Claude export conversations.json, or the export .zip holding it, "
+    "a Claude Code session file or a Codex CLI rollout file"
 )
 
 # A zip member is inflated this many bytes at a time, so memory stays bounded by the limit
@@ -57,7 +62,12 @@ _READERS: dict[str, Reader] = {
     "openai": read_openai,
     "chatgpt": read_chatgpt,
     "claude": read_claude,
+    "claude-code": read_claude_code,
+    "codex": read_codex,
 }
+# The path that names standard input (``gleaner harvest -``), and how it is shown.
+STDIN = "-"
+STDIN_NAME = "<stdin>"
 
 
 @dataclass
@@ -373,8 +383,30 @@ def read_path(
     TranscriptFormatError naming it, as does one over ``limits.file_bytes`` (``too_large``) or
     nested too deeply to parse (``too_deep``). Nothing here tokenizes.
     """
+    if str(path) == STDIN:
+        return read_bytes(
+            _read_stdin(limits), STDIN_NAME, default_owner=default_owner, limits=limits
+        )
     path = Path(path)
     return _read_document(_read_text(path, limits), path, default_owner, limits)
+
+
+def _read_stdin(limits: Limits) -> bytes:
+    """Standard input's bytes, read up to one past ``limits.file_bytes`` (more is refused)."""
+    if sys.stdin is None:
+        raise TranscriptFormatError(
+            f"{STDIN_NAME}: there is no standard input", reason="unreadable"
+        )
+    stream = getattr(sys.stdin, "buffer", None)
+    try:
+        if stream is not None:
+            return bytes(stream.read(limits.file_bytes + 1))
+        # A text stream (a test's StringIO): the same text, as UTF-8.
+        return sys.stdin.read(limits.file_bytes + 1).encode("utf-8", "surrogatepass")
+    except OSError as exc:
+        raise TranscriptFormatError(
+            f"{STDIN_NAME}: cannot be read ({exc.strerror or exc})", reason="unreadable"
+        ) from None
 
 
 def read_bytes(
@@ -396,6 +428,9 @@ def read_bytes(
 def _read_document(text: str, path: Path, default_owner: str | None, limits: Limits) -> ReadResult:
     if not text.strip():
         raise not_a_transcript(path, "the file is empty")
+    kind = session_kind(text)
+    if kind is not None:
+        return _read_session(kind, text, path, default_owner, limits)
     if path.suffix.lower() in _LINES_SUFFIXES:
         lines = _read_lines(text, path, default_owner, limits)
         if lines is None:
@@ -414,6 +449,21 @@ def _read_document(text: str, path: Path, default_owner: str | None, limits: Lim
             ) from None
         return lines
     return _read_value(value, path, default_owner, limits)
+
+
+def _read_session(
+    kind: str, text: str, path: Path, default_owner: str | None, limits: Limits
+) -> ReadResult:
+    """A coding agent's session file (``harvest.readers.sessions``): one conversation."""
+    result = ReadResult()
+    try:
+        events = session_events(text)
+    except TranscriptFormatError as exc:
+        result.errors.append((str(path), _refusal(exc, "")))
+        return result
+    label = _label(str(path), {"id": session_id(events)})
+    _read_one(result, label, kind, events, path=path, default_owner=default_owner, limits=limits)
+    return result
 
 
 def _skipped(file: Path, root: Path) -> bool:

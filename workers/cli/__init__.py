@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from workers.cli import imports, intake, notes, operate, read, run, serve
+from workers.cli import hook, imports, intake, notes, operate, read, run, serve
 from workers.cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -27,7 +27,7 @@ from workers.cli.common import (
 __all__ = ["build_parser", "main"]
 
 # Order here is the order of `gleaner --help`.
-COMMAND_GROUPS = (read, notes, intake, imports, run, operate, serve)
+COMMAND_GROUPS = (read, notes, intake, hook, imports, run, operate, serve)
 # Harvest reasons that mean the command line lacks something (exit 2), not a failed input.
 USAGE_REASONS = frozenset({"no_owner", "bad_owner", "bad_provenance", "bad_config"})
 
