@@ -113,6 +113,14 @@ def broker_down(error: BrokerUnavailable, jobs: int, done: str = "recorded") -> 
     )
 
 
+# What Ctrl-C leaves while jobs are recorded and sent: committed batches, maybe unsent.
+RECORDING_INTERRUPTED = (
+    "interrupted while recording jobs: any job recorded so far waits as pending; beat's "
+    "lost-job sweep sends it once GLEANER_REQUEUE_AFTER_SECONDS have passed, or run "
+    "`gleaner housekeep requeue` to send it at once"
+)
+
+
 def print_summary(summary: Any, as_json: bool) -> None:
     """A harvest's totals; in text at most LISTED conversations with their notes and LISTED
     failures (each named with its reason), then how many more ``--json`` lists."""

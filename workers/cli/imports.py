@@ -10,6 +10,7 @@ from typing import Any
 from workers.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    RECORDING_INTERRUPTED,
     Interrupted,
     add_owner_flags,
     broker_down,
@@ -85,12 +86,14 @@ def cmd_import(args: argparse.Namespace) -> int:
     from workers.enqueue import BrokerUnavailable, send_jobs
 
     make_celery(settings)
-    planned = plan_import(store, paths[0], **owners)
     try:
+        planned = plan_import(store, paths[0], **owners)
         send_jobs(planned.queue, planned.job_ids)
     except BrokerUnavailable as exc:
         print_failures(planned.unreadable, word="UNREADABLE")
         raise broker_down(exc, len(planned.job_ids)) from None
+    except KeyboardInterrupt:
+        raise Interrupted(RECORDING_INTERRUPTED) from None
     if args.no_wait:
         return _print_import(store, planned.import_id, planned.unreadable, args.json, wait=False)
     follow_import(store, planned.import_id)

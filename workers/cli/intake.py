@@ -9,6 +9,7 @@ from typing import Any
 from workers.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    RECORDING_INTERRUPTED,
     Interrupted,
     UsageError,
     add_owner_flags,
@@ -82,12 +83,16 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         reassign_owner=args.reassign_owner,
     )
     make_celery(settings)
-    job_ids = record_jobs(store, transcripts, provenance="compaction", queue=LIVE_QUEUE, **owners)
     try:
+        job_ids = record_jobs(
+            store, transcripts, provenance="compaction", queue=LIVE_QUEUE, **owners
+        )
         sent = send_jobs(LIVE_QUEUE, job_ids)
     except BrokerUnavailable as exc:
         print_failures(summary.failures)
         raise broker_down(exc, len(job_ids)) from None
+    except KeyboardInterrupt:
+        raise Interrupted(RECORDING_INTERRUPTED) from None
     out = {
         "enqueued": sent,
         "queue": LIVE_QUEUE,
