@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from store.drafts import Draft
 from store.errors import InvalidInput
 from store.models import MemSession, utcnow
-from store.notes import Draft, save_note
+from store.notes import save_draft
 from store.schemas import SaveResult, Scope
 from store.settings import Settings
 from store.sql import dialect_insert
@@ -125,9 +126,8 @@ def _save(session: Session, settings: Settings, obs: Observation) -> SaveResult:
     draft = Draft(
         title=title, body=body, slug=None, topics="", pinned=False, confidence=None, source=None
     )
-    row, outcome = save_note(
+    written = save_draft(
         session,
-        settings,
         Scope.owner(obs.user),
         draft,
         provenance="agent",
@@ -136,7 +136,9 @@ def _save(session: Session, settings: Settings, obs: Observation) -> SaveResult:
         session_id=session_id,
         reason="mem_save_upsert",
     )
-    return SaveResult(id=row.id, outcome=outcome, session_id=session_id, topic_key=obs.topic_key)
+    return SaveResult(
+        id=written.id, outcome=written.outcome, session_id=session_id, topic_key=obs.topic_key
+    )
 
 
 def mem_session_summary(

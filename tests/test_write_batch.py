@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from store import Scope, Store, notes
+from store import Scope, Store, notes, writer
 from store.errors import StorageFailure
 from store.models import Memory, MemoryTerm
 
@@ -215,18 +215,19 @@ def test_empty_and_all_invalid_batches(store: Store) -> None:
     assert store.fingerprint(ALICE) == (0, 0)
 
 
-def test_batch_slug_taken_meanwhile_goes_through_single_write(
+def test_batch_slug_taken_meanwhile_is_planned_again(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A slug a concurrent writer took after the lookup: that item is written one by one."""
+    """A slug a concurrent writer took after the lookup: that item is planned again, the
+    lost slug counted as taken (the lookup here stays stale, as a race would leave it)."""
     store.write(ALICE, {"title": "Taken", "body": "x"})
-    lookup = notes._batch_lookup
+    lookup = writer._lookup
 
-    def stale(*args: Any) -> Any:
-        by_slug, by_topic, _taken = lookup(*args)
+    def stale(*args: Any, **kwargs: Any) -> Any:
+        by_slug, by_topic, _taken = lookup(*args, **kwargs)
         return by_slug, by_topic, set()  # as if the lookup ran before the other insert
 
-    monkeypatch.setattr(notes, "_batch_lookup", stale)
+    monkeypatch.setattr(writer, "_lookup", stale)
     with store.transaction() as session:
         results = notes.write_batch(
             session,

@@ -1,0 +1,488 @@
+"""The one note writer: validated drafts in, rows + terms + history out, in the caller's
+transaction. A single write is a batch of one.
+
+Items are written as if one at a time, in order: a derived slug takes the next free ``-N``
+(skipping earlier items' slugs), an explicit slug or a topic key upserts (an earlier item's
+note, or one stored before), and with a session and no topic key, content already saved
+under that session is ``deduped``. An update that changes a note's title or body keeps the
+text it replaces (``store.history``). Lookups, inserts, updates and the term index take a
+handful of statements whatever the batch size.
+
+A unique key a concurrent writer took between the lookup and the insert is not an error:
+those items are planned again against what is stored now (on PostgreSQL the conflicting
+insert is waited for, so the winner's row is visible), the lost derived slugs counted as
+taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, cast
+
+from sqlalchemy import Table, bindparam, delete, insert, or_, select, text, update
+from sqlalchemy.orm import Session
+
+from store import history
+from store.drafts import Draft, base_slug_of, draft_columns
+from store.errors import StorageFailure
+from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
+from store.schemas import Scope
+from store.sql import ID_CHUNK, dialect_insert, dialect_name, next_seqs, seq_expression
+from store.terms import similarity_terms
+
+# Rows per multi-row INSERT: well under SQLite's bound-parameter limit (25 columns a row).
+BATCH_CHUNK = 400
+# More passes than this over items that keep losing races means something is wrong.
+MAX_WRITE_ATTEMPTS = 100
+
+Outcome = Literal["created", "updated", "deduped"]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One validated note to write, with what the caller adds to its attrs."""
+
+    draft: Draft
+    provenance: str
+    note_type: str | None = None
+    topic_key: str | None = None
+    # Why an update replaces a note's text (history); default slug_upsert / topic_key_upsert.
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Written:
+    """What became of one item: its note's id and slug, and whether it was created."""
+
+    outcome: Outcome
+    id: int
+    slug: str
+    # The row as written, when the caller asked for rows (a detached ``Memory``).
+    row: Memory | None = None
+
+
+@dataclass(eq=False)
+class _Op:
+    """One row the batch writes: an update of ``row_id`` or, without one, an insert."""
+
+    slug: str
+    values: dict[str, Any]
+    items: list[int]  # positions of the items folded into this row, in order
+    row_id: int | None = None
+    revive: bool = False  # an archived note rewritten is live again
+    inserted: bool = False
+    # The note's text as the last write left it (``history.VERSIONED`` columns), and the
+    # versions its writes replace (``memory_id`` filled in once an inserted row has an id).
+    current: dict[str, Any] | None = None
+    versions: list[dict[str, Any]] = field(default_factory=list)
+    row: Memory | None = None  # with ``rows``: the row as written
+
+
+@dataclass
+class _Plan:
+    ops: list[_Op]
+    deduped: dict[int, Written]
+
+
+def write_items(
+    session: Session,
+    scope: Scope,
+    items: Sequence[Item],
+    *,
+    conversation_id: str | None = None,
+    occurred_at: datetime | None = None,
+    session_id: str | None = None,
+    rows: bool = False,
+) -> list[Written]:
+    """Write ``items`` in order (see the module's docstring); one ``Written`` per item, with
+    the note's row as written when ``rows`` (a single write shows it to its caller)."""
+    results: dict[int, Written] = {}
+    pending = list(range(len(items)))
+    lost: set[str] = set()
+    for attempt in range(MAX_WRITE_ATTEMPTS):
+        if not pending:
+            return [results[n] for n in range(len(items))]
+        plan = _plan(
+            session,
+            scope,
+            [(n, items[n]) for n in pending],
+            conversation_id=conversation_id,
+            occurred_at=occurred_at,
+            session_id=session_id,
+            lost=lost,
+            # One item: insert first and list its slug's -N forms only if that conflicts
+            # (most derived slugs are free: a lookup saved on nearly every single write).
+            optimistic=attempt == 0 and len(pending) == 1,
+        )
+        results.update(plan.deduped)
+        inserts = sum(op.inserted for op in plan.ops)
+        # An INSERT computes its own updated_seq (no round trip) on PostgreSQL, and on SQLite
+        # when it is the only row (max + 1 would repeat across the rows of one statement).
+        inline = dialect_name(session) == "postgresql" or inserts == 1
+        numbered = [op for op in plan.ops if not (inline and op.inserted)]
+        for op, seq in zip(numbered, next_seqs(session, len(numbered)), strict=True):
+            op.values["updated_seq"] = seq
+        retry = _apply(session, scope, plan.ops, rows=rows)
+        for op in plan.ops:
+            if op in retry:
+                continue
+            for position, n in enumerate(op.items):
+                outcome: Outcome = "created" if position == 0 and op.inserted else "updated"
+                results[n] = Written(outcome, int(op.row_id or 0), op.slug, op.row)
+        lost.update(op.slug for op in retry)
+        pending = sorted(n for op in retry for n in op.items)
+    raise StorageFailure(
+        f"could not write {len(pending)} note(s) after {MAX_WRITE_ATTEMPTS} attempts: "
+        "their slugs kept being taken",
+        reason="slug_exhausted",
+    )
+
+
+def _plan(
+    session: Session,
+    scope: Scope,
+    pending: Sequence[tuple[int, Item]],
+    *,
+    conversation_id: str | None,
+    occurred_at: datetime | None,
+    session_id: str | None,
+    lost: set[str],
+    optimistic: bool,
+) -> _Plan:
+    """The rows to write, simulating the items' single writes in order."""
+    by_slug_row, by_topic_row, taken = _lookup(
+        session, scope, [item for _, item in pending], bases=not optimistic
+    )
+    taken |= lost
+    now = utcnow()
+    ops: list[_Op] = []
+    deduped: dict[int, Written] = {}
+    by_slug: dict[str, _Op] = {}
+    by_topic: dict[str, _Op] = {}
+    by_row: dict[int, _Op] = {}
+
+    def update_op(row: dict[str, Any]) -> _Op:
+        row_id = int(row["id"])
+        if row_id not in by_row:
+            by_row[row_id] = _Op(
+                row["slug"],
+                {},
+                [],
+                row_id=row_id,
+                revive=row["status"] == ARCHIVED,
+                current={c.key: row[c.key] for c in history.VERSIONED},
+            )
+            ops.append(by_row[row_id])
+        return by_row[row_id]
+
+    given = {
+        name: value
+        for name, value in (
+            ("conversation_id", conversation_id),
+            ("occurred_at", occurred_at),
+            ("session_id", session_id),
+        )
+        if value is not None
+    }
+    for n, item in pending:
+        draft = item.draft
+        terms = similarity_terms(draft.title, draft.topics)
+        values = {**draft_columns(draft, item.provenance, now, len(terms)), **given}
+        if item.note_type is not None:
+            values["type"] = item.note_type
+        target: _Op | None = None
+        if draft.slug is not None:
+            target = by_slug.get(draft.slug)
+            if target is None and draft.slug in by_slug_row:
+                target = update_op(by_slug_row[draft.slug])
+                by_slug[draft.slug] = target
+        elif item.topic_key is not None:
+            target = by_topic.get(item.topic_key)
+            if target is None and item.topic_key in by_topic_row:
+                target = update_op(by_topic_row[item.topic_key])
+                by_topic[item.topic_key] = by_slug[target.slug] = target
+        if target is not None:
+            _write_over(target, scope, item, values, conversation_id=conversation_id, now=now)
+            target.items.append(n)
+            continue
+        base = draft.slug or base_slug_of(draft.title, item.topic_key)
+        if session_id is not None and item.topic_key is None and base in taken:
+            twin = _session_twin(session, scope, session_id, values["content_hash"])
+            if twin is not None:
+                deduped[n] = Written("deduped", *twin)
+                continue
+        slug = draft.slug or _free_slug(base, taken)
+        taken.add(slug)
+        op = _Op(
+            slug,
+            {
+                **values,
+                "type": item.note_type,
+                "topic_key": item.topic_key,
+                "conversation_id": conversation_id,
+                "occurred_at": occurred_at,
+                "session_id": session_id,
+            },
+            [n],
+            inserted=True,
+        )
+        _write_over(op, scope, item, {}, conversation_id=conversation_id, now=now)
+        ops.append(op)
+        by_slug[slug] = op
+        if item.topic_key is not None:
+            by_topic.setdefault(item.topic_key, op)
+    return _Plan(ops, deduped)
+
+
+def _write_over(
+    op: _Op,
+    scope: Scope,
+    item: Item,
+    values: dict[str, Any],
+    *,
+    conversation_id: str | None,
+    now: datetime,
+) -> None:
+    """Fold a later write of the same note into ``op``, keeping the text it replaces."""
+    draft = item.draft
+    if op.current is not None and history.changes_text(op.current, draft.title, draft.body):
+        reason = history.upsert_reason(item.reason, explicit_slug=draft.slug is not None)
+        change = history.Change(reason, str(values["provenance"]), conversation_id, now)
+        op.versions.append(history.version_values(op.current, change))
+    op.values.update(values)  # the later write wins, as in sequence
+    op.current = {
+        **(op.current or {}),
+        **{key: op.values[key] for key in _TEXT_KEYS if key in op.values},
+        "id": op.row_id,
+        "scope_kind": scope.kind,
+        "scope_id": scope.id,
+        "slug": op.slug,
+        "updated_at": now,
+    }
+
+
+# What a version needs of a planned write besides the note's identity.
+_TEXT_KEYS = (
+    "title",
+    "body",
+    "topics",
+    "type",
+    "pinned",
+    "confidence",
+    "provenance",
+    "conversation_id",
+)
+
+
+def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> list[_Op]:
+    """Write the planned rows and their terms; return the inserts a concurrent writer beat.
+
+    With ``rows`` each op gets its row as written (RETURNING every column).
+    """
+    now = utcnow()
+    updates = [op for op in ops if not op.inserted]
+    changes = [
+        {"id": op.row_id, **op.values, **({"status": LIVE} if op.revive else {})} for op in updates
+    ]
+    if rows:
+        for op, change in zip(updates, changes, strict=True):
+            columns = {k: v for k, v in change.items() if k != "id"}
+            op.row = _detached(
+                session.execute(
+                    update(_MEMORIES)
+                    .where(_MEMORIES.c.id == op.row_id)
+                    .values(columns)
+                    .returning(*_MEMORIES.c)
+                ).one()
+            )
+    elif updates:
+        session.execute(update(Memory).execution_options(synchronize_session=False), changes)
+    if updates:
+        session.execute(
+            delete(MemoryTerm).where(MemoryTerm.memory_id.in_([op.row_id for op in updates]))
+        )
+    inserts = [op for op in ops if op.inserted]
+    retry: list[_Op] = []
+    for start in range(0, len(inserts), BATCH_CHUNK):
+        chunk = inserts[start : start + BATCH_CHUNK]
+        values = [
+            {
+                **op.values,
+                "scope_kind": scope.kind,
+                "scope_id": scope.id,
+                "slug": op.slug,
+                "superseded_by_id": None,
+                "created_at": now,
+                "status": LIVE,
+                "weight": 1.0,
+            }
+            for op in chunk
+        ]
+        # executemany with RETURNING: one compiled statement, sent as multi-row INSERTs.
+        stmt = dialect_insert(session, Memory.__table__)
+        if "updated_seq" not in values[0]:
+            stmt = stmt.values(updated_seq=seq_expression(session))
+        stmt = stmt.on_conflict_do_nothing()
+        returned = {
+            row.slug: row
+            for row in session.execute(
+                stmt.returning(*(_MEMORIES.c if rows else (Memory.id, Memory.slug))), values
+            )
+        }
+        for op in chunk:
+            if op.slug in returned:
+                op.row_id = int(returned[op.slug].id)
+                op.row = _detached(returned[op.slug]) if rows else None
+            else:
+                retry.append(op)
+    insert_terms(
+        session,
+        scope,
+        [
+            (int(op.row_id), term)
+            for op in ops
+            if op not in retry and op.row_id is not None
+            for term in sorted(similarity_terms(op.values["title"], op.values["topics"]))
+        ],
+    )
+    # The texts the batch replaced (an inserted note's id is known only now).
+    history.keep(
+        session,
+        [{**v, "memory_id": op.row_id} for op in ops if op not in retry for v in op.versions],
+    )
+    return retry
+
+
+_MEMORIES = cast(Table, Memory.__table__)
+
+
+def _detached(row: Any) -> Memory:
+    """A ``Memory`` built from a returned row: callers only read it, and loading it through
+    the ORM costs as much as the write."""
+    return Memory(**row._mapping)
+
+
+def _free_slug(base: str, taken: set[str]) -> str:
+    """``base``, or the first ``base-N`` (N from 2) not in ``taken``."""
+    if base not in taken:
+        return base
+    n = 2
+    while f"{base}-{n}" in taken:
+        n += 1
+    return f"{base}-{n}"
+
+
+_IN_SCOPE = (Memory.scope_kind == bindparam("kind"), Memory.scope_id == bindparam("sid"))
+# Built once: only the parameters change from batch to batch. The rows an item may update
+# are locked, so a concurrent upsert of the same key waits for this transaction.
+_BY_SLUGS, _BY_TOPIC_KEYS = (
+    select(*history.VERSIONED, Memory.status, column.label("wanted_value"))
+    .where(*_IN_SCOPE, column.in_(bindparam("wanted", expanding=True)))
+    .order_by(Memory.id)
+    .with_for_update()
+    for column in (Memory.slug, Memory.topic_key)
+)
+_TAKEN_SLUGS = select(Memory.slug).where(
+    *_IN_SCOPE, Memory.slug.in_(bindparam("wanted", expanding=True))
+)
+_SESSION_TWIN = (
+    select(Memory.id, Memory.slug)
+    .where(
+        *_IN_SCOPE,
+        Memory.session_id == bindparam("session_id"),
+        Memory.content_hash == bindparam("digest"),
+        Memory.topic_key.is_(None),
+    )
+    .order_by(Memory.id)
+    .limit(1)
+)
+
+
+def _session_twin(
+    session: Session, scope: Scope, session_id: str, digest: str
+) -> tuple[int, str] | None:
+    """The note of ``session_id`` holding the same content, if any (mem_save's dedup)."""
+    row = session.execute(
+        _SESSION_TWIN,
+        {"kind": scope.kind, "sid": scope.id, "session_id": session_id, "digest": digest},
+    ).first()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+def _lookup(
+    session: Session, scope: Scope, items: Sequence[Item], *, bases: bool = True
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], set[str]]:
+    """The scope's rows holding the items' explicit slugs and topic keys (locked; what
+    history keeps of each, and ``status``), and (with ``bases``) every slug taken among the
+    derived bases and their ``-N`` forms."""
+    explicit = sorted({i.draft.slug for i in items if i.draft.slug is not None})
+    keys = sorted({i.topic_key for i in items if i.draft.slug is None and i.topic_key})
+    derived = sorted(
+        {base_slug_of(i.draft.title, i.topic_key) for i in items if i.draft.slug is None}
+    )
+    in_scope = {"kind": scope.kind, "sid": scope.id}
+    by_slug: dict[str, dict[str, Any]] = {}
+    by_topic: dict[str, dict[str, Any]] = {}
+    for stmt, wanted, found in ((_BY_SLUGS, explicit, by_slug), (_BY_TOPIC_KEYS, keys, by_topic)):
+        for start in range(0, len(wanted), ID_CHUNK):
+            rows = session.execute(stmt, {**in_scope, "wanted": wanted[start : start + ID_CHUNK]})
+            for row in rows:
+                found[str(row.wanted_value)] = dict(row._mapping)
+    taken: set[str] = set(by_slug)
+    # Most bases are free: look them up exactly (an index probe each), and only for the
+    # taken ones list their -N forms.
+    busy: set[str] = set()
+    for start in range(0, len(derived) if bases else 0, ID_CHUNK):
+        busy.update(
+            session.execute(
+                _TAKEN_SLUGS, {**in_scope, "wanted": derived[start : start + ID_CHUNK]}
+            ).scalars()
+        )
+    taken |= busy
+    crowded = sorted(busy)
+    for start in range(0, len(crowded), 50):
+        chunk = crowded[start : start + 50]
+        taken.update(
+            session.execute(
+                select(Memory.slug).where(
+                    Memory.scope_kind == scope.kind,
+                    Memory.scope_id == scope.id,
+                    or_(*(Memory.slug.like(f"{b}-%") for b in chunk)),
+                ),
+            ).scalars()
+        )
+    return by_slug, by_topic, taken
+
+
+_TERMS = cast(Table, MemoryTerm.__table__)
+# PostgreSQL: every row in one statement (arrays unnested side by side), not one per row.
+_UNNEST_TERMS = text(
+    "INSERT INTO memory_terms (memory_id, term, scope_kind, scope_id)"
+    " SELECT unnest(CAST(:ids AS bigint[])), unnest(CAST(:terms AS varchar[])), :kind, :sid"
+)
+
+
+def insert_terms(session: Session, scope: Scope, rows: Sequence[tuple[int, str]]) -> None:
+    """Add ``(memory_id, term)`` rows of the scope to the term index."""
+    if not rows:
+        return
+    if dialect_name(session) == "postgresql":
+        session.execute(
+            _UNNEST_TERMS,
+            {
+                "ids": [memory_id for memory_id, _ in rows],
+                "terms": [term for _, term in rows],
+                "kind": scope.kind,
+                "sid": scope.id,
+            },
+        )
+        return
+    session.execute(
+        insert(_TERMS),
+        [
+            {"memory_id": memory_id, "term": term, "scope_kind": scope.kind, "scope_id": scope.id}
+            for memory_id, term in rows
+        ],
+    )
