@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from typing import Any
 
 from workers.cli.common import (
@@ -28,6 +27,8 @@ from workers.cli.progress import Progress, follow_import, import_state
 def _dry_run_import(paths: list[Any], settings: Any, owners: dict[str, Any], as_json: bool) -> int:
     """Estimate with the real run's checks: the owner rule (exit 2 without --owner when the
     export names none) and the ledger, whose conversations are left out as done."""
+    from dataclasses import asdict
+
     from harvest.imports import estimate
 
     found = estimate(paths, settings, store=_existing_store(settings), **owners)
