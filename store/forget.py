@@ -18,6 +18,7 @@ from sqlalchemy import CursorResult, Executable, delete, select, text, update
 from sqlalchemy.orm import Session
 
 from store.models import (
+    ApiKey,
     ForgottenOwner,
     ForgottenTranscript,
     HarvestLedger,
@@ -156,6 +157,8 @@ def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -
         "ledger": _count(session, delete(HarvestLedger).where(*in_ledger)),
         "jobs": _count(session, delete(Job).where(Job.owner == principal)),
         "imports": _count(session, delete(ImportBatch).where(ImportBatch.owner == principal)),
+        # A key allowed only this owner is no use once the owner is gone, and holds the name.
+        "api_keys": _count(session, delete(ApiKey).where(ApiKey.owner == principal)),
         "tombstones": buried,
     }
     _scrub_housekeeping(session)

@@ -39,7 +39,7 @@ def every_value(store: Store) -> str:
 
 def fill(store: Store) -> None:
     """The owner's data in every place it can be: notes, history, sessions, ledger, jobs,
-    an import, a housekeeping run that saw a duplicate pair."""
+    an import, a housekeeping run that saw a duplicate pair, an API key for the owner."""
     report = harvest_transcript(store, transcript(ALICE_LINE, cid=f"{MARKER}-c1", owner=OWNER))
     assert report.notes_written >= 1
     owner = Scope.owner(OWNER)
@@ -59,6 +59,7 @@ def fill(store: Store) -> None:
             session, source=f"/exports/{MARKER}.zip", owner=OWNER, provenance="import"
         )
     assert store.dedupe().superseded >= 1
+    store.create_api_key(owner=OWNER)
     assert MARKER in every_value(store) and OWNER in every_value(store)
 
 
@@ -68,7 +69,7 @@ def test_after_forget_no_table_or_index_holds_the_owners_words(store: Store) -> 
     fill(store)
     counts = store.forget_owner(OWNER)
     assert counts["notes"] >= 3 and counts["versions"] >= 1 and counts["jobs"] == 1
-    assert counts["imports"] == 1 and counts["tombstones"] == 1
+    assert counts["imports"] == 1 and counts["tombstones"] == 1 and counts["api_keys"] == 1
     dump = every_value(store)
     assert MARKER_TAIL not in dump and OWNER not in dump
     assert store.get(bob, "bob-keeps-this") is not None  # others' notes stay
