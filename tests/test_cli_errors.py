@@ -223,3 +223,18 @@ def test_ctrl_c_while_following_an_import_says_it_goes_on(
     assert f"gleaner status --import {import_id} --watch" in line
     assert pending_jobs(pg_store) == 2
     assert redis.Redis.from_url(live_redis).llen("import") == 2  # still queued
+
+
+def test_a_schema_newer_than_this_gleaner_is_left_alone(cli: Cli, tmp_path: Path) -> None:
+    from sqlalchemy import text
+
+    url = f"sqlite:///{tmp_path}/newer.db"
+    cli.env(GLEANER_DATABASE_URL=url)
+    assert cli("db", "upgrade").code == 0
+    store = Store(url)
+    with store.transaction() as session:
+        session.execute(text("UPDATE alembic_version SET version_num = 'from-the-future'"))
+    store.dispose()
+    ran = cli("harvest", str(EXAMPLES / "native.json"))
+    assert ran.code == 1
+    assert "schema_too_new" in one_line(ran.err) and "from-the-future" in ran.err

@@ -62,7 +62,8 @@ def ensure_schema(store: Store) -> None:
     from store import StorageFailure
     from store.db import MIGRATIONS
 
-    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    script = ScriptDirectory(str(MIGRATIONS))
+    head = script.get_current_head()
     with store.transaction() as session:
         # The version table is absent from a database never migrated.
         if session.get_bind().dialect.has_table(session.connection(), "alembic_version"):
@@ -71,6 +72,12 @@ def ensure_schema(store: Store) -> None:
             current = None
     if current == head:
         return
+    if current is not None and current not in {r.revision for r in script.walk_revisions()}:
+        raise StorageFailure(
+            f"the database schema is at revision {current}, which this Gleaner does not know "
+            f"(its newest is {head}): a newer Gleaner migrated it; run that version",
+            reason="schema_too_new",
+        )
     if store.dialect != "sqlite":
         found = "no schema" if current is None else f"schema revision {current}"
         raise StorageFailure(
