@@ -215,8 +215,12 @@ def search(
                 with session.begin_nested():
                     rows = _ranked(session, _SQLITE_FTS, params)
                 backend = "sqlite-fts5"
-            except OperationalError:
-                rows, backend = None, "like"  # the engine could not parse it: use LIKE
+            except OperationalError as exc:
+                # Only FTS5 refusing the query sends it to LIKE: a missing table or a locked
+                # database is a failure to report, not a reason to search another way.
+                if "fts5" not in str(exc.orig).lower():
+                    raise
+                rows, backend = None, "like"
     if rows is None:
         sql, params = _like_query(session, settings, scope, tokens, limit)
         rows = _ranked(session, sql, params)

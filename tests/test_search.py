@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from store import InvalidInput, Scope, Store
+from store import InvalidInput, Scope, StorageFailure, Store
 
 ALICE = Scope.owner("alice")
 
@@ -159,3 +159,15 @@ def test_very_old_notes_rank_without_underflow(make_store, backend: str, search:
     hits = store.search(ALICE, "fossil")
     assert [(h.memory.slug, h.backend == "like") for h in hits] == [("ancient", search == "like")]
     assert hits[0].recency == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_dropped_search_index_is_reported_not_searched_around(make_store) -> None:
+    """A missing full-text table means the schema is broken: say so (not_migrated), never
+    quietly answer through LIKE as if nothing were wrong."""
+    store = make_store("sqlite")
+    store.write(ALICE, {"title": "Rust borrow checker", "body": "lifetimes"})
+    with store.transaction() as session:
+        session.execute(text("DROP TABLE memories_fts"))
+    with pytest.raises(StorageFailure) as raised:
+        store.search(ALICE, "borrow")
+    assert raised.value.reason == "not_migrated"
