@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 # Each method imports the module it calls when first called, so a command pays at start-up
 # only for what it uses (`gleaner search` never loads the write path, links or keys).
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 

@@ -11,8 +11,6 @@ from store.errors import InvalidInput
 from store.models import Memory
 from store.text import check_principal
 
-Provenance = Literal["user", "agent", "web", "compaction", "import"]
-Rel = Literal["related", "derived_from", "supersedes"]
 RELS: tuple[str, ...] = ("related", "derived_from", "supersedes")
 SCOPE_KINDS = ("owner", "global")
 
