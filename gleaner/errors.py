@@ -16,20 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from store.errors import ReasonedError
 
-class GleanerError(Exception):
+
+class GleanerError(ReasonedError):
     """Raised for every failure the API reports on purpose; ``reason`` is machine-readable."""
 
     reason = "gleaner_error"
-
-    def __init__(self, message: str, *, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        if reason is not None:
-            self.reason = reason
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class InvalidRequest(GleanerError, ValueError):

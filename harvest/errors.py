@@ -13,20 +13,13 @@ HarvestError
 
 from __future__ import annotations
 
+from store.errors import ReasonedError
 
-class HarvestError(Exception):
+
+class HarvestError(ReasonedError):
     """Raised for any failure harvest reports on purpose; ``reason`` is machine-readable."""
 
     reason = "harvest_error"
-
-    def __init__(self, message: str, *, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        if reason is not None:
-            self.reason = reason
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class TranscriptFormatError(HarvestError):

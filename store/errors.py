@@ -3,21 +3,24 @@
 Every error the store raises on purpose derives from :class:`StoreError` and carries a
 stable, machine-readable ``reason`` beside a human message::
 
-    StoreError
-    ├── ConfigError         a setting is invalid (also ValueError)
-    ├── InvalidInput        the caller's input broke a rule; nothing was changed (also ValueError)
-    │   └── LinkRefused     a link would break the supersedes rules (cycle, second superseder)
-    ├── NotFound            the scope holds no note with that slug (also LookupError)
-    └── StorageFailure      the database failed; the transaction was rolled back (also RuntimeError)
+    ReasonedError       the root every Gleaner error shares (harvest's and the API's too)
+    └── StoreError
+        ├── ConfigError     a setting is invalid (also ValueError)
+        ├── InvalidInput    the caller's input broke a rule; nothing was changed (also ValueError)
+        │   └── LinkRefused a link would break the supersedes rules (cycle, second superseder)
+        ├── NotFound        the scope holds no note with that slug (also LookupError)
+        └── StorageFailure  the database failed; the transaction was rolled back (RuntimeError)
 """
 
 from __future__ import annotations
 
 
-class StoreError(Exception):
-    """Raised for any failure the store reports on purpose."""
+class ReasonedError(Exception):
+    """The root of every error Gleaner raises on purpose: a human ``message`` (``str()``)
+    and a stable, machine-readable ``reason``. Harvest's and the public API's trees derive
+    from it too, so a caller catches one class and branches on ``reason``."""
 
-    reason: str = "store_error"
+    reason: str = "error"
 
     def __init__(self, message: str, *, reason: str | None = None) -> None:
         super().__init__(message)
@@ -27,6 +30,12 @@ class StoreError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class StoreError(ReasonedError):
+    """Raised for any failure the store reports on purpose."""
+
+    reason = "store_error"
 
 
 class ConfigError(StoreError, ValueError):
