@@ -10,16 +10,14 @@ immutable ``HarvestOutcome`` goes.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
-from harvest.candidate import NoteCandidate
 from harvest.errors import HarvestError
-from harvest.model import HarvestLLM, ModelOptions, Usage, extract
-from harvest.offline import offline_extract
+from harvest.extraction import Extraction, run_extraction, uses_model
+from harvest.model import HarvestLLM, Usage
 from harvest.outcome import Counts, HarvestOutcome, Status
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Limits, Transcript, check_size
@@ -61,11 +59,6 @@ def resolve_owner(
         return check_principal(chosen)  # the one owner rule (store.text)
     except InvalidInput as exc:
         raise HarvestError(str(exc), reason="bad_owner") from None
-
-
-def uses_model(settings: Settings, llm: HarvestLLM | None = None) -> bool:
-    """Whether extraction calls a model (else the offline extractor runs)."""
-    return bool(settings.harvest_model) or llm is not None
 
 
 # --- plan -------------------------------------------------------------------------------
@@ -180,40 +173,6 @@ def recall_keys(
 
 
 # --- extraction and the record ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Extraction:
-    """The candidate notes and what finding them cost (items dropped, calls, tokens)."""
-
-    notes: list[NoteCandidate]
-    model: str
-    cost: Counts
-
-
-def run_extraction(
-    transcript: Transcript,
-    settings: Settings,
-    llm: HarvestLLM | None = None,
-    known_keys: Sequence[tuple[str, str]] = (),
-    usage: Usage | None = None,
-) -> Extraction:
-    """Ask the configured model (or, with none, the offline extractor) for candidate notes;
-    ``known_keys`` are the owner's ``(topic_key, title)`` pairs the model is shown, ``usage``
-    counts the calls as they are made (a failed extraction's cost included)."""
-    if not uses_model(settings, llm):
-        found = offline_extract(
-            transcript, settings.harvest_max_facts, tuple(settings.observation_types)
-        )
-        return Extraction(found, "offline", Counts())
-    result = extract(transcript, ModelOptions.from_settings(settings), llm, known_keys, usage)
-    cost = Counts(
-        items_dropped=result.dropped,
-        model_calls=result.calls,
-        prompt_tokens=result.prompt_tokens,
-        completion_tokens=result.completion_tokens,
-    )
-    return Extraction(result.notes, result.model or str(settings.harvest_model), cost)
 
 
 def extract_notes(
