@@ -30,7 +30,7 @@ class Counts(BaseModel):
 
     def counts(self) -> dict[str, int]:
         """The counters alone (a subclass's other fields left out)."""
-        return {name: getattr(self, name) for name in Counts.model_fields}
+        return {name: getattr(self, name) for name in COUNTERS}
 
     def __add__(self, other: Counts) -> Counts:
         return Counts(**{name: getattr(self, name) + getattr(other, name) for name in COUNTERS})
