@@ -48,6 +48,7 @@ def _writer(url: str, barrier: Any, results: Any, n: int) -> None:
         store.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_eight_processes_write_the_same_keys_at_once(pg_url: str, make_store) -> None:
     store = make_store("postgresql")  # cleans the database

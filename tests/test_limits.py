@@ -353,6 +353,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> SpyEncoding:
     return encoding
 
 
+@pytest.mark.slow
 def test_a_long_unbroken_word_is_counted_and_chunked_in_bounded_pieces(spy: SpyEncoding) -> None:
     word = "".join(random.Random(7).choices(string.ascii_letters, k=1_000_000))
     block = f"User: {word}"
@@ -384,6 +385,7 @@ def test_counts_are_exact_where_the_text_has_spaces(spy: SpyEncoding) -> None:
     assert spy.longest <= PIECE_CHARS
 
 
+@pytest.mark.slow
 def test_counting_a_5_mb_word_keeps_memory_flat() -> None:
     # Before: ~46 bytes per character (231 MiB here for 5 MB; a 64 MB word took 3 GiB).
     probe = (
@@ -521,6 +523,7 @@ def test_harvest_refuses_the_costly_transcript_and_harvests_the_rest(
 # --- import --dry-run --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dry_run_counts_what_harvest_would_refuse_and_never_expands_it(tmp_path: Path) -> None:
     zeros_zip(tmp_path / "a-export.zip", 5)
     (tmp_path / "b-deep.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
@@ -559,6 +562,7 @@ def test_dry_run_refuses_a_transcript_needing_too_many_calls(tmp_path: Path) -> 
     assert found.model_calls == 1  # only the good one would be sent
 
 
+@pytest.mark.slow
 def test_import_dry_run_of_a_500_mb_export_answers_at_once_in_bounded_memory(
     tmp_path: Path,
 ) -> None:

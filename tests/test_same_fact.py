@@ -111,6 +111,7 @@ def test_dedupe_on_the_labelled_pairs_supersedes_only_the_same_fact(store: Store
     assert merged == expected  # the stored term index agrees with the rule
 
 
+@pytest.mark.slow
 def test_harvest_on_the_labelled_pairs_never_overwrites_a_different_fact(
     make_store, backend, server
 ) -> None:
