@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, cast
 
-from sqlalchemy import Table, bindparam, delete, insert, or_, select, text, update
+from sqlalchemy import Table, delete, update
 from sqlalchemy.orm import Session
 
 from store import history
@@ -29,8 +29,10 @@ from store.drafts import Draft, base_slug_of, draft_columns
 from store.errors import StorageFailure
 from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
 from store.schemas import Scope
-from store.sql import ID_CHUNK, dialect_insert, dialect_name, next_seqs, seq_expression
+from store.sql import dialect_insert, dialect_name, next_seqs, seq_expression
+from store.term_index import insert_terms
 from store.terms import similarity_terms
+from store.write_lookup import free_slug, lookup, session_twin
 
 # Rows per multi-row INSERT: well under SQLite's bound-parameter limit (25 columns a row).
 BATCH_CHUNK = 400
@@ -152,7 +154,7 @@ def _plan(
     optimistic: bool,
 ) -> _Plan:
     """The rows to write, simulating the items' single writes in order."""
-    by_slug_row, by_topic_row, taken = _lookup(
+    by_slug_row, by_topic_row, taken = lookup(
         session, scope, [item for _, item in pending], bases=not optimistic
     )
     taken |= lost
@@ -209,11 +211,11 @@ def _plan(
             continue
         base = draft.slug or base_slug_of(draft.title, item.topic_key)
         if session_id is not None and item.topic_key is None and base in taken:
-            twin = _session_twin(session, scope, session_id, values["content_hash"])
+            twin = session_twin(session, scope, session_id, values["content_hash"])
             if twin is not None:
                 deduped[n] = Written("deduped", *twin)
                 continue
-        slug = draft.slug or _free_slug(base, taken)
+        slug = draft.slug or free_slug(base, taken)
         taken.add(slug)
         op = _Op(
             slug,
@@ -362,127 +364,3 @@ def _detached(row: Any) -> Memory:
     """A ``Memory`` built from a returned row: callers only read it, and loading it through
     the ORM costs as much as the write."""
     return Memory(**row._mapping)
-
-
-def _free_slug(base: str, taken: set[str]) -> str:
-    """``base``, or the first ``base-N`` (N from 2) not in ``taken``."""
-    if base not in taken:
-        return base
-    n = 2
-    while f"{base}-{n}" in taken:
-        n += 1
-    return f"{base}-{n}"
-
-
-_IN_SCOPE = (Memory.scope_kind == bindparam("kind"), Memory.scope_id == bindparam("sid"))
-# Built once: only the parameters change from batch to batch. The rows an item may update
-# are locked, so a concurrent upsert of the same key waits for this transaction.
-_BY_SLUGS, _BY_TOPIC_KEYS = (
-    select(*history.VERSIONED, Memory.status, column.label("wanted_value"))
-    .where(*_IN_SCOPE, column.in_(bindparam("wanted", expanding=True)))
-    .order_by(Memory.id)
-    .with_for_update()
-    for column in (Memory.slug, Memory.topic_key)
-)
-_TAKEN_SLUGS = select(Memory.slug).where(
-    *_IN_SCOPE, Memory.slug.in_(bindparam("wanted", expanding=True))
-)
-_SESSION_TWIN = (
-    select(Memory.id, Memory.slug)
-    .where(
-        *_IN_SCOPE,
-        Memory.session_id == bindparam("session_id"),
-        Memory.content_hash == bindparam("digest"),
-        Memory.topic_key.is_(None),
-    )
-    .order_by(Memory.id)
-    .limit(1)
-)
-
-
-def _session_twin(
-    session: Session, scope: Scope, session_id: str, digest: str
-) -> tuple[int, str] | None:
-    """The note of ``session_id`` holding the same content, if any (mem_save's dedup)."""
-    row = session.execute(
-        _SESSION_TWIN,
-        {"kind": scope.kind, "sid": scope.id, "session_id": session_id, "digest": digest},
-    ).first()
-    return None if row is None else (int(row[0]), str(row[1]))
-
-
-def _lookup(
-    session: Session, scope: Scope, items: Sequence[Item], *, bases: bool = True
-) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], set[str]]:
-    """The scope's rows holding the items' explicit slugs and topic keys (locked; what
-    history keeps of each, and ``status``), and (with ``bases``) every slug taken among the
-    derived bases and their ``-N`` forms."""
-    explicit = sorted({i.draft.slug for i in items if i.draft.slug is not None})
-    keys = sorted({i.topic_key for i in items if i.draft.slug is None and i.topic_key})
-    derived = sorted(
-        {base_slug_of(i.draft.title, i.topic_key) for i in items if i.draft.slug is None}
-    )
-    in_scope = {"kind": scope.kind, "sid": scope.id}
-    by_slug: dict[str, dict[str, Any]] = {}
-    by_topic: dict[str, dict[str, Any]] = {}
-    for stmt, wanted, found in ((_BY_SLUGS, explicit, by_slug), (_BY_TOPIC_KEYS, keys, by_topic)):
-        for start in range(0, len(wanted), ID_CHUNK):
-            rows = session.execute(stmt, {**in_scope, "wanted": wanted[start : start + ID_CHUNK]})
-            for row in rows:
-                found[str(row.wanted_value)] = dict(row._mapping)
-    taken: set[str] = set(by_slug)
-    # Most bases are free: look them up exactly (an index probe each), and only for the
-    # taken ones list their -N forms.
-    busy: set[str] = set()
-    for start in range(0, len(derived) if bases else 0, ID_CHUNK):
-        busy.update(
-            session.execute(
-                _TAKEN_SLUGS, {**in_scope, "wanted": derived[start : start + ID_CHUNK]}
-            ).scalars()
-        )
-    taken |= busy
-    crowded = sorted(busy)
-    for start in range(0, len(crowded), 50):
-        chunk = crowded[start : start + 50]
-        taken.update(
-            session.execute(
-                select(Memory.slug).where(
-                    Memory.scope_kind == scope.kind,
-                    Memory.scope_id == scope.id,
-                    or_(*(Memory.slug.like(f"{b}-%") for b in chunk)),
-                ),
-            ).scalars()
-        )
-    return by_slug, by_topic, taken
-
-
-_TERMS = cast(Table, MemoryTerm.__table__)
-# PostgreSQL: every row in one statement (arrays unnested side by side), not one per row.
-_UNNEST_TERMS = text(
-    "INSERT INTO memory_terms (memory_id, term, scope_kind, scope_id)"
-    " SELECT unnest(CAST(:ids AS bigint[])), unnest(CAST(:terms AS varchar[])), :kind, :sid"
-)
-
-
-def insert_terms(session: Session, scope: Scope, rows: Sequence[tuple[int, str]]) -> None:
-    """Add ``(memory_id, term)`` rows of the scope to the term index."""
-    if not rows:
-        return
-    if dialect_name(session) == "postgresql":
-        session.execute(
-            _UNNEST_TERMS,
-            {
-                "ids": [memory_id for memory_id, _ in rows],
-                "terms": [term for _, term in rows],
-                "kind": scope.kind,
-                "sid": scope.id,
-            },
-        )
-        return
-    session.execute(
-        insert(_TERMS),
-        [
-            {"memory_id": memory_id, "term": term, "scope_kind": scope.kind, "scope_id": scope.id}
-            for memory_id, term in rows
-        ],
-    )

@@ -221,13 +221,13 @@ def test_batch_slug_taken_meanwhile_is_planned_again(
     """A slug a concurrent writer took after the lookup: that item is planned again, the
     lost slug counted as taken (the lookup here stays stale, as a race would leave it)."""
     store.write(ALICE, {"title": "Taken", "body": "x"})
-    lookup = writer._lookup
+    lookup = writer.lookup
 
     def stale(*args: Any, **kwargs: Any) -> Any:
         by_slug, by_topic, _taken = lookup(*args, **kwargs)
         return by_slug, by_topic, set()  # as if the lookup ran before the other insert
 
-    monkeypatch.setattr(writer, "_lookup", stale)
+    monkeypatch.setattr(writer, "lookup", stale)
     with store.transaction() as session:
         results = notes.write_batch(
             session,

@@ -1,0 +1,114 @@
+"""What the writer reads before it writes: the rows an item may update (locked), the slugs
+already taken among the ones it derives, and a session's copy of the same content.
+
+Built once: only the parameters change from batch to batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import bindparam, or_, select
+from sqlalchemy.orm import Session
+
+from store import history
+from store.drafts import base_slug_of
+from store.models import Memory
+from store.schemas import Scope
+from store.sql import ID_CHUNK
+
+if TYPE_CHECKING:
+    from store.writer import Item
+
+
+def free_slug(base: str, taken: set[str]) -> str:
+    """``base``, or the first ``base-N`` (N from 2) not in ``taken``."""
+    if base not in taken:
+        return base
+    n = 2
+    while f"{base}-{n}" in taken:
+        n += 1
+    return f"{base}-{n}"
+
+
+_IN_SCOPE = (Memory.scope_kind == bindparam("kind"), Memory.scope_id == bindparam("sid"))
+# Built once: only the parameters change from batch to batch. The rows an item may update
+# are locked, so a concurrent upsert of the same key waits for this transaction.
+_BY_SLUGS, _BY_TOPIC_KEYS = (
+    select(*history.VERSIONED, Memory.status, column.label("wanted_value"))
+    .where(*_IN_SCOPE, column.in_(bindparam("wanted", expanding=True)))
+    .order_by(Memory.id)
+    .with_for_update()
+    for column in (Memory.slug, Memory.topic_key)
+)
+_TAKEN_SLUGS = select(Memory.slug).where(
+    *_IN_SCOPE, Memory.slug.in_(bindparam("wanted", expanding=True))
+)
+_SESSION_TWIN = (
+    select(Memory.id, Memory.slug)
+    .where(
+        *_IN_SCOPE,
+        Memory.session_id == bindparam("session_id"),
+        Memory.content_hash == bindparam("digest"),
+        Memory.topic_key.is_(None),
+    )
+    .order_by(Memory.id)
+    .limit(1)
+)
+
+
+def session_twin(
+    session: Session, scope: Scope, session_id: str, digest: str
+) -> tuple[int, str] | None:
+    """The note of ``session_id`` holding the same content, if any (mem_save's dedup)."""
+    row = session.execute(
+        _SESSION_TWIN,
+        {"kind": scope.kind, "sid": scope.id, "session_id": session_id, "digest": digest},
+    ).first()
+    return None if row is None else (int(row[0]), str(row[1]))
+
+
+def lookup(
+    session: Session, scope: Scope, items: Sequence[Item], *, bases: bool = True
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], set[str]]:
+    """The scope's rows holding the items' explicit slugs and topic keys (locked; what
+    history keeps of each, and ``status``), and (with ``bases``) every slug taken among the
+    derived bases and their ``-N`` forms."""
+    explicit = sorted({i.draft.slug for i in items if i.draft.slug is not None})
+    keys = sorted({i.topic_key for i in items if i.draft.slug is None and i.topic_key})
+    derived = sorted(
+        {base_slug_of(i.draft.title, i.topic_key) for i in items if i.draft.slug is None}
+    )
+    in_scope = {"kind": scope.kind, "sid": scope.id}
+    by_slug: dict[str, dict[str, Any]] = {}
+    by_topic: dict[str, dict[str, Any]] = {}
+    for stmt, wanted, found in ((_BY_SLUGS, explicit, by_slug), (_BY_TOPIC_KEYS, keys, by_topic)):
+        for start in range(0, len(wanted), ID_CHUNK):
+            rows = session.execute(stmt, {**in_scope, "wanted": wanted[start : start + ID_CHUNK]})
+            for row in rows:
+                found[str(row.wanted_value)] = dict(row._mapping)
+    taken: set[str] = set(by_slug)
+    # Most bases are free: look them up exactly (an index probe each), and only for the
+    # taken ones list their -N forms.
+    busy: set[str] = set()
+    for start in range(0, len(derived) if bases else 0, ID_CHUNK):
+        busy.update(
+            session.execute(
+                _TAKEN_SLUGS, {**in_scope, "wanted": derived[start : start + ID_CHUNK]}
+            ).scalars()
+        )
+    taken |= busy
+    crowded = sorted(busy)
+    for start in range(0, len(crowded), 50):
+        chunk = crowded[start : start + 50]
+        taken.update(
+            session.execute(
+                select(Memory.slug).where(
+                    Memory.scope_kind == scope.kind,
+                    Memory.scope_id == scope.id,
+                    or_(*(Memory.slug.like(f"{b}-%") for b in chunk)),
+                ),
+            ).scalars()
+        )
+    return by_slug, by_topic, taken
