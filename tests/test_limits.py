@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import harvest.chunks as chunks_module
-import harvest.readers.load as load_module
+import harvest.readers.files as files_module
 from harvest.batch import Summary, harvest_paths, read_all
 from harvest.chunks import PIECE_CHARS, _encoding, chunk_sizes, count_tokens, pack_chunks
 from harvest.errors import ContextWindowExceeded, TranscriptFormatError
@@ -255,7 +255,7 @@ def test_a_zip_member_is_inflated_in_pieces_and_stopped_at_the_limit(
         with zipfile.ZipFile(archive_path) as archive:
             member = archive.getinfo("conversations.json")
             with pytest.raises(TranscriptFormatError) as inflated:
-                load_module._inflate(archive, member, archive_path, 1_000_000)
+                files_module._inflate(archive, member, archive_path, 1_000_000)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -289,7 +289,7 @@ def test_a_zip_declaring_too_many_entries_is_refused_unopened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = zeros_zip(tmp_path / "export.zip", 0, extra=10)
-    monkeypatch.setattr(load_module, "MAX_ZIP_ENTRIES", 5)
+    monkeypatch.setattr(files_module, "MAX_ZIP_ENTRIES", 5)
     with pytest.raises(TranscriptFormatError) as caught:
         read_path(path)
     assert caught.value.reason == "too_large"

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import sys
-import zipfile
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from pathlib import Path
+from typing import Any
 
 from harvest.errors import TranscriptFormatError
 from harvest.readers.chatgpt import read_chatgpt
 from harvest.readers.claude import read_claude
 from harvest.readers.claude_code import read_claude_code
 from harvest.readers.codex import read_codex
+from harvest.readers.files import (
+    EXPORT_MEMBER,
+    STDIN,
+    STDIN_NAME,
+    decode,
+    not_a_transcript,
+    read_stdin,
+    read_text,
+    read_zip,
+)
 from harvest.readers.native import read_native, read_openai
 from harvest.readers.sessions import session_events, session_id, session_kind
 from harvest.redact import redact_text
@@ -25,7 +30,6 @@ from harvest.transcript import DEFAULT_LIMITS, Limits, Transcript, too_large
 
 SUFFIXES = frozenset({".json", ".jsonl", ".zip"})
 _LINES_SUFFIXES = frozenset({".jsonl", ".ndjson"})
-EXPORT_MEMBER = "conversations.json"
 # Files that sit beside conversations.json in an unpacked ChatGPT or Claude export: account
 # data, not conversations, so a folder import skips them instead of failing on them.
 _EXPORT_SIDECARS = frozenset(
@@ -39,19 +43,7 @@ _EXPORT_SIDECARS = frozenset(
         "shared_conversations.json",
     }
 )
-EXPECTED = (
-    "expected one of: native JSON {conversation_id, owner | scope, messages}, "
-    "JSON Lines of native objects, an OpenAI-style {messages: [...]}, "
-    "a ChatGPT or Claude export conversations.json, or the export .zip holding it, "
-    "a Claude Code session file or a Codex CLI rollout file"
-)
 
-# A zip member is inflated this many bytes at a time, so memory stays bounded by the limit
-# whatever the member declares.
-_INFLATE_PIECE = 1 << 20
-# A zip's central directory is parsed whole (an object per entry) before any member is read.
-# An export holds thousands of entries (its images and files); millions are refused unopened.
-MAX_ZIP_ENTRIES = 200_000
 
 # A conversation id is at most this long (the transcript refuses longer ones).
 _MAX_LABEL_ID_CHARS = 255
@@ -65,9 +57,6 @@ _READERS: dict[str, Reader] = {
     "claude-code": read_claude_code,
     "codex": read_codex,
 }
-# The path that names standard input (``gleaner harvest -``), and how it is shown.
-STDIN = "-"
-STDIN_NAME = "<stdin>"
 
 
 @dataclass
@@ -82,11 +71,6 @@ class ReadResult:
 
     transcripts: list[Transcript] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
-
-
-def not_a_transcript(path: Path, why: str) -> TranscriptFormatError:
-    """The error for a whole file that is no transcript: names the file and what was expected."""
-    return TranscriptFormatError(f"{path}: not a transcript file ({why}); {EXPECTED}")
 
 
 def kind_of(obj: object) -> str | None:
@@ -249,128 +233,6 @@ def _read_lines(
     return result if recognised else None
 
 
-def _decode(data: bytes | bytearray, path: Path) -> str:
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise not_a_transcript(path, "not UTF-8 text") from None
-
-
-def _declared_entries(fp: BinaryIO) -> int:
-    """How many entries the zip's end-of-central-directory record declares (0 when there is
-    none: ZipFile then says the archive is damaged)."""
-    # zipfile's own reader of that record (zip64 included): private, but in every Python 3.
-    record = zipfile._EndRecData(fp)  # type: ignore[attr-defined]
-    if not record:
-        return 0
-    return int(record[zipfile._ECD_ENTRIES_TOTAL])  # type: ignore[attr-defined]
-
-
-def _inflate(
-    archive: zipfile.ZipFile, member: zipfile.ZipInfo, path: Path, limit: int
-) -> bytearray:
-    """The member's bytes, inflated a piece at a time and refused past ``limit`` bytes."""
-    data = bytearray()
-    with archive.open(member) as stream:
-        while piece := stream.read(_INFLATE_PIECE):
-            data += piece
-            if len(data) > limit:
-                raise too_large(
-                    f"{path}: the archive's {EXPORT_MEMBER}",
-                    f"more than {limit:,} bytes inflated",
-                    limit,
-                    "GLEANER_MAX_FILE_BYTES",
-                )
-    return data
-
-
-def _read_zip(path: Path, limits: Limits, data: bytes | None = None) -> str:
-    """The text of the export's conversations.json; no other member is read. ``data`` is the
-    archive's bytes when it is not read from ``path``.
-
-    Refused (``too_large``) before anything is inflated when the archive declares more than
-    MAX_ZIP_ENTRIES entries or the member more than ``limits.file_bytes`` bytes, and while
-    inflating once the member grows past that (a declared size can lie).
-    """
-    try:
-        with path.open("rb") if data is None else io.BytesIO(data) as fp:
-            entries = _declared_entries(fp)
-            if entries > MAX_ZIP_ENTRIES:
-                raise TranscriptFormatError(
-                    f"{path}: zip archive too large: {entries:,} entries, over the limit of "
-                    f"{MAX_ZIP_ENTRIES:,} (an export holds a few thousand)",
-                    reason="too_large",
-                )
-            with zipfile.ZipFile(fp) as archive:
-                return _decode(_export_member(archive, path, limits), path)
-    except (zipfile.BadZipFile, zlib.error, EOFError):
-        # Not its message: some name members of the archive, which are the file's own text.
-        raise not_a_transcript(path, "a damaged zip archive") from None
-    except NotImplementedError:  # a compression method zipfile lacks
-        raise not_a_transcript(path, "a zip archive compressed in an unsupported way") from None
-    except RuntimeError as exc:
-        if isinstance(exc, RecursionError):
-            raise
-        # zipfile's only RuntimeError: an encrypted member asked for without a password.
-        raise not_a_transcript(path, "an encrypted zip archive") from None
-
-
-def _export_member(archive: zipfile.ZipFile, path: Path, limits: Limits) -> bytearray:
-    """The bytes of the archive's conversations.json, inflated within the limit."""
-    members = [
-        info
-        for info in archive.infolist()
-        if not info.is_dir()
-        and PurePosixPath(info.filename).name == EXPORT_MEMBER
-        and not info.filename.startswith("__MACOSX/")
-    ]
-    if not members:
-        raise not_a_transcript(path, f"a zip archive without {EXPORT_MEMBER}")
-    # The shallowest one is the export's own; deeper ones belong to nested folders.
-    member = min(members, key=lambda i: (i.filename.count("/"), i.filename))
-    if member.file_size > limits.file_bytes:
-        raise too_large(
-            f"{path}: the archive's {EXPORT_MEMBER}",
-            f"{member.file_size:,} bytes declared",
-            limits.file_bytes,
-            "GLEANER_MAX_FILE_BYTES",
-        )
-    return _inflate(archive, member, path, limits.file_bytes)
-
-
-def _read_file(path: Path, limits: Limits) -> bytes:
-    """The file's bytes, refused (``too_large``) past ``limits.file_bytes`` before reading."""
-    limit = limits.file_bytes
-    with path.open("rb") as fp:
-        size = os.fstat(fp.fileno()).st_size
-        # A pipe says 0, and a file may grow while it is read: the read is bounded too.
-        data = b"" if size > limit else fp.read(limit + 1)
-    if size > limit or len(data) > limit:
-        shown = f"{size:,} bytes" if size > limit else f"more than {limit:,} bytes"
-        raise too_large(f"{path}: file", shown, limit, "GLEANER_MAX_FILE_BYTES")
-    return data
-
-
-def _is_zip(path: Path) -> bool:
-    with path.open("rb") as fp:
-        return fp.read(4) == b"PK\x03\x04"
-
-
-def _read_text(path: Path, limits: Limits) -> str:
-    try:
-        if path.suffix.lower() == ".zip" or _is_zip(path):
-            return _read_zip(path, limits)
-        return _decode(_read_file(path, limits), path)
-    except IsADirectoryError:
-        raise TranscriptFormatError(
-            f"{path}: is a directory, not a transcript file", reason="unreadable"
-        ) from None
-    except OSError as exc:
-        raise TranscriptFormatError(
-            f"{path}: cannot be read ({exc.strerror or exc})", reason="unreadable"
-        ) from None
-
-
 def read_path(
     path: Path, *, default_owner: str | None = None, limits: Limits = DEFAULT_LIMITS
 ) -> ReadResult:
@@ -385,28 +247,10 @@ def read_path(
     """
     if str(path) == STDIN:
         return read_bytes(
-            _read_stdin(limits), STDIN_NAME, default_owner=default_owner, limits=limits
+            read_stdin(limits), STDIN_NAME, default_owner=default_owner, limits=limits
         )
     path = Path(path)
-    return _read_document(_read_text(path, limits), path, default_owner, limits)
-
-
-def _read_stdin(limits: Limits) -> bytes:
-    """Standard input's bytes, read up to one past ``limits.file_bytes`` (more is refused)."""
-    if sys.stdin is None:
-        raise TranscriptFormatError(
-            f"{STDIN_NAME}: there is no standard input", reason="unreadable"
-        )
-    stream = getattr(sys.stdin, "buffer", None)
-    try:
-        if stream is not None:
-            return bytes(stream.read(limits.file_bytes + 1))
-        # A text stream (a test's StringIO): the same text, as UTF-8.
-        return sys.stdin.read(limits.file_bytes + 1).encode("utf-8", "surrogatepass")
-    except OSError as exc:
-        raise TranscriptFormatError(
-            f"{STDIN_NAME}: cannot be read ({exc.strerror or exc})", reason="unreadable"
-        ) from None
+    return _read_document(read_text(path, limits), path, default_owner, limits)
 
 
 def read_bytes(
@@ -421,7 +265,7 @@ def read_bytes(
             f"{path}: file", f"{len(data):,} bytes", limits.file_bytes, "GLEANER_MAX_FILE_BYTES"
         )
     zipped = data[:4] == b"PK\x03\x04"
-    text = _read_zip(path, limits, data) if zipped else _decode(data, path)
+    text = read_zip(path, limits, data) if zipped else decode(data, path)
     return _read_document(text, path, default_owner, limits)
 
 

@@ -56,7 +56,7 @@ def inputs(raw: list[str]) -> list[Any]:
     of any supported format, read once)."""
     from pathlib import Path
 
-    from harvest.readers.load import STDIN
+    from harvest.readers import STDIN
 
     if raw.count(STDIN) > 1:
         raise UsageError("standard input (-) can be read only once")
