@@ -199,21 +199,26 @@ def requeue_stale(
     waiting = None
     if settings.broker_url:
         waiting = waiting_messages(settings.broker_url, queues, scan_limit)
+    # A job recovered above was sent a moment ago: a worker may have taken that message
+    # already, but it is not lost, so it is not sent twice.
+    just_sent = frozenset(job_id for job_id, _ in recovered.requeued)
     lost: list[tuple[str, str]] = []
     with store.transaction() as session:
         pending = jobs.pending_counts(session)
         for queue in queues:
             found = None if waiting is None else waiting[queue]
             if found is None:  # not Redis: nothing to compare with, every stale job is sent
-                ids = jobs.stale_pending(session, queue, older_than, most=SEND_LIMIT)
+                ids = jobs.stale_pending(
+                    session, queue, older_than, skip=just_sent, most=SEND_LIMIT
+                )
             elif found.job_ids is not None:
                 ids = jobs.stale_pending(
-                    session, queue, older_than, skip=found.job_ids, most=SEND_LIMIT
+                    session, queue, older_than, skip=just_sent | found.job_ids, most=SEND_LIMIT
                 )
             else:
                 shortfall = pending.get(queue, 0) - found.length
                 ids = jobs.stale_pending(
-                    session, queue, older_than, most=min(SEND_LIMIT, shortfall)
+                    session, queue, older_than, skip=just_sent, most=min(SEND_LIMIT, shortfall)
                 )
             lost.extend((job_id, queue) for job_id in ids)
     return sent + _send_by_queue(lost)
