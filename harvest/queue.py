@@ -19,7 +19,7 @@ from harvest.job import Plan, plan_harvest, resolve_owner, run_harvest
 from harvest.outcome import HarvestOutcome
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Transcript
-from store import Store, format_error
+from store import Store, format_error, job_leases
 from store import jobs as job_records
 
 LIVE_QUEUE, IMPORT_QUEUE = "harvest", "import"
@@ -109,7 +109,7 @@ class _JobRun:
         self.store, self.job_id = store, job_id
         # The delivery's lease token (claim would make the same fresh one).
         self.token, self.redelivered = token or job_records.new_id(), redelivered
-        self.heartbeats = job_records.heartbeats_for(
+        self.heartbeats = job_leases.heartbeats_for(
             store.engine, store.settings.job_heartbeat_seconds
         )
         self.held = False

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from harvest.batch import harvest_paths
 from harvest.job import harvest_transcript
 from harvest.queue import record_jobs, run_job
+from store import job_reports
 from store import jobs as job_records
 from store.models import Job
 from tests.llm_server import LLMServer, answer, llm_server, note, server_error, truncated
@@ -62,7 +63,7 @@ def test_a_jobs_row_sums_the_cost_of_every_run_failed_ones_too(
     server.script(server_error(), server_error())
     assert run_job(store, job_id)["status"] == "failed"  # type: ignore[index]
     with store.transaction() as session:
-        [failure] = job_records.failures(session)
+        [failure] = job_reports.failures(session)
         assert (failure["model_calls"], failure["id"]) == (2, job_id)
         job_records.reset(session, [job_id])
 
@@ -72,7 +73,7 @@ def test_a_jobs_row_sums_the_cost_of_every_run_failed_ones_too(
         row = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
         assert (row.state, row.model_calls) == ("done", 3)
         assert (row.prompt_tokens, row.completion_tokens) == (40, 9)
-        assert job_records.cost_by_state(session)["done"]["model_calls"] == 3
+        assert job_reports.cost_by_state(session)["done"]["model_calls"] == 3
 
 
 def test_status_shows_what_jobs_cost(

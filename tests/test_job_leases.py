@@ -24,7 +24,7 @@ from sqlalchemy import select, update
 
 from harvest.queue import IMPORT_QUEUE, LIVE_QUEUE, record_jobs
 from harvest.transcript import Transcript
-from store import Store
+from store import Store, job_leases
 from store import jobs as job_records
 from store.models import HarvestLedger, Job, Memory, utcnow
 from tests.conftest import recreate_pg_database, test_settings
@@ -184,8 +184,8 @@ def test_a_claim_takes_pending_or_lost_jobs_never_failed_done_or_live_ones(store
     taken = claim("t3")  # the lease ran out: another message takes the job over
     assert taken is not None and (taken.attempts, taken.crashes) == (4, 2)
     with store.transaction() as session:
-        assert job_records.renew(session, {job_id: "t1"}) == set()  # no longer its lease
-        assert job_records.renew(session, {job_id: "t3"}) == {job_id}
+        assert job_leases.renew(session, {job_id: "t1"}) == set()  # no longer its lease
+        assert job_leases.renew(session, {job_id: "t3"}) == {job_id}
         job_records.fail(session, job_id, "late: from the lost run", token="t1")
     assert row(store, job_id)["state"] == "running"  # a lost run's outcome is not recorded
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from store import Store, jobs
+from store import Store, job_leases
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -175,7 +175,7 @@ def requeue_stale(
     """
     settings = store.settings
     with store.transaction() as session:
-        recovered = jobs.recover_lost(
+        recovered = job_leases.recover_lost(
             session,
             timedelta(seconds=settings.job_lease_seconds),
             settings.job_max_crashes,
@@ -191,7 +191,7 @@ def requeue_stale(
     if older_than is None:
         older_than = timedelta(seconds=settings.requeue_after_seconds)
     with store.transaction() as session:
-        queues = sorted(jobs.pending_counts(session, older_than))
+        queues = sorted(job_leases.pending_counts(session, older_than))
     if not queues:  # the usual case: nothing waited that long, Redis is not even asked
         return sent
     # Read the queues before the candidates: a message taken meanwhile belongs to a job that
@@ -204,20 +204,20 @@ def requeue_stale(
     just_sent = frozenset(job_id for job_id, _ in recovered.requeued)
     lost: list[tuple[str, str]] = []
     with store.transaction() as session:
-        pending = jobs.pending_counts(session)
+        pending = job_leases.pending_counts(session)
         for queue in queues:
             found = None if waiting is None else waiting[queue]
             if found is None:  # not Redis: nothing to compare with, every stale job is sent
-                ids = jobs.stale_pending(
+                ids = job_leases.stale_pending(
                     session, queue, older_than, skip=just_sent, most=SEND_LIMIT
                 )
             elif found.job_ids is not None:
-                ids = jobs.stale_pending(
+                ids = job_leases.stale_pending(
                     session, queue, older_than, skip=just_sent | found.job_ids, most=SEND_LIMIT
                 )
             else:
                 shortfall = pending.get(queue, 0) - found.length
-                ids = jobs.stale_pending(
+                ids = job_leases.stale_pending(
                     session, queue, older_than, skip=just_sent, most=min(SEND_LIMIT, shortfall)
                 )
             lost.extend((job_id, queue) for job_id in ids)

@@ -78,8 +78,7 @@ def _requeue(store: Any, args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    from store import jobs as job_records
-    from store import ledger
+    from store import job_reports, ledger
     from store.models import utcnow
 
     if args.import_id:
@@ -97,13 +96,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = open_store()
     lease = timedelta(seconds=settings.job_lease_seconds)
     with store.transaction() as session:
-        by_queue = job_records.counts_by_queue(session)
-        totals = job_records.counts(session)
-        oldest = job_records.oldest_pending(session)
-        running = job_records.running(session, lease, limit=args.limit)
-        failures = job_records.failures(session, limit=args.limit)
+        by_queue = job_reports.counts_by_queue(session)
+        totals = job_reports.counts(session)
+        oldest = job_reports.oldest_pending(session)
+        running = job_reports.running(session, lease, limit=args.limit)
+        failures = job_reports.failures(session, limit=args.limit)
         harvested = ledger.totals(session)
-        cost = job_records.cost_by_state(session)
+        cost = job_reports.cost_by_state(session)
     depths: dict[str, int | None] = {}
     if settings.broker_url:
         depths = _queue_depths(settings.broker_url)

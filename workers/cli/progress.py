@@ -132,24 +132,24 @@ class Progress:
 def import_state(store: Store, import_id: str) -> tuple[dict[str, Any], dict[str, int]]:
     """An import's job counts (``store.jobs.import_progress``) and what its finished jobs
     wrote and cost (``import_totals``); ({}, {}) when there is no such import."""
-    from store import jobs as job_records
+    from store import job_reports
 
     with store.transaction() as session:
-        state = job_records.import_progress(session, import_id)
-        totals = job_records.import_totals(session, import_id) if state else {}
+        state = job_reports.import_progress(session, import_id)
+        totals = job_reports.import_totals(session, import_id) if state else {}
     return state, totals
 
 
 def follow_import(store: Store, import_id: str) -> None:
     """Show an import's progress until every job is done or failed. Ctrl-C stops following
     (ImportStillRunning), never the import."""
-    from store import jobs as job_records
+    from store import job_reports
 
     try:
         with Progress(f"import {import_id[:8]}") as progress:
             while True:
                 with store.transaction() as session:
-                    state = job_records.import_progress(session, import_id)
+                    state = job_reports.import_progress(session, import_id)
                 progress.update(int(state["finished"]), int(state["total"]))
                 if state["finished"] >= state["total"]:
                     return
