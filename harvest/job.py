@@ -22,7 +22,7 @@ from harvest.outcome import Counts, HarvestOutcome, Status
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Limits, Transcript, check_size
 from harvest.write import write_candidates
-from store import Scope, Settings, StorageFailure, Store, forget, ledger, similar
+from store import Scope, Settings, StorageFailure, Store, forget, keyed, ledger
 from store.errors import InvalidInput
 from store.terms import content_terms
 from store.text import check_principal
@@ -168,7 +168,7 @@ def recall_keys(
         if message.role == "user":
             counts.update(content_terms(message.content))
     terms = [term for term, _ in counts.most_common(RECALL_TERMS)]
-    found = similar.keyed_notes(session, plan.scope, terms, limit=settings.harvest_known_keys)
+    found = keyed.keyed_notes(session, plan.scope, terms, limit=settings.harvest_known_keys)
     return tuple((note.topic_key, note.title) for note in found)
 
 

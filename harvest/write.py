@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from harvest.candidate import NoteCandidate
 from harvest.outcome import Counts
 from harvest.transcript import Transcript
-from store import Scope, Settings, normalize_topics, notes, similar, strip_private
+from store import Scope, Settings, keyed, normalize_topics, notes, similar, strip_private
 from store.similar import Twin
 from store.terms import FactText, adds_to, jaccard, similarity_terms
 
@@ -49,8 +49,8 @@ def write_candidates(
     """
     writer = _SegmentWriter(session, settings, scope, transcript=transcript, provenance=provenance)
     writer.kept = writer.keep(candidates)
-    keyed = [c.topic_key for c, _ in writer.kept if c.topic_key is not None]
-    protected = similar.protected_keys(session, scope, keyed) if keyed else set()
+    key_names = [c.topic_key for c, _ in writer.kept if c.topic_key is not None]
+    protected = keyed.protected_keys(session, scope, key_names) if key_names else set()
     for position, (candidate, text) in enumerate(writer.kept):
         attrs: dict[str, object] = {
             "title": text.title,

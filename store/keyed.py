@@ -1,0 +1,82 @@
+"""Topic-keyed notes as harvest needs them: which keys a pinned or person-written note holds
+(no harvested text may rewrite those), and the owner's keyed notes shown to the model so it
+reuses a key instead of inventing a second one for the same fact."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Integer, bindparam, func, select
+from sqlalchemy.orm import Session
+
+from store.models import LIVE, Memory, MemoryTerm
+from store.schemas import Scope
+from store.similar import TERM_CHUNK
+from store.sql import ID_CHUNK
+
+_KEY_HOLDERS = select(Memory.topic_key, Memory.pinned, Memory.provenance).where(
+    Memory.scope_kind == bindparam("kind"),
+    Memory.scope_id == bindparam("sid"),
+    Memory.topic_key.in_(bindparam("keys", expanding=True)),
+)
+
+
+def protected_keys(session: Session, scope: Scope, keys: Sequence[str]) -> set[str]:
+    """The topic keys of ``keys`` held by a pinned or person-written (``user``) note: no
+    harvested text may rewrite those, whatever key it names."""
+    wanted = sorted(set(keys))
+    held: set[str] = set()
+    for start in range(0, len(wanted), ID_CHUNK):
+        rows = session.execute(
+            _KEY_HOLDERS,
+            {"kind": scope.kind, "sid": scope.id, "keys": wanted[start : start + ID_CHUNK]},
+        )
+        held.update(str(key) for key, pinned, provenance in rows if pinned or provenance == "user")
+    return held
+
+
+@dataclass(frozen=True)
+class KeyedNote:
+    """A live note that holds a topic key: the key and the note's title."""
+
+    topic_key: str
+    title: str
+
+
+# The scope's live keyed notes (the partial topic-key index finds them: an owner has few),
+# each with how many of the given terms it holds (one primary-key probe per note and term),
+# most shared first, then the most recently changed.
+_KEYED = (
+    select(Memory.topic_key, Memory.title, func.count(MemoryTerm.term).label("shared"))
+    .outerjoin(
+        MemoryTerm,
+        (MemoryTerm.memory_id == Memory.id)
+        & MemoryTerm.term.in_(bindparam("terms", expanding=True)),
+    )
+    .where(
+        Memory.scope_kind == bindparam("kind"),
+        Memory.scope_id == bindparam("sid"),
+        Memory.topic_key.is_not(None),
+        Memory.status == LIVE,
+    )
+    .group_by(Memory.id, Memory.topic_key, Memory.title, Memory.updated_seq)
+    .order_by(func.count(MemoryTerm.term).desc(), Memory.updated_seq.desc())
+    .limit(bindparam("limit", type_=Integer))
+)
+
+
+def keyed_notes(
+    session: Session, scope: Scope, terms: Sequence[str], *, limit: int
+) -> list[KeyedNote]:
+    """At most ``limit`` of the scope's live topic-keyed notes: those sharing the most of
+    ``terms`` first, then the most recently changed (a fact that changes, "moved to Porto",
+    often shares no word with the note it replaces, "Based in Lisbon")."""
+    if limit <= 0:
+        return []
+    # An empty IN list matches nothing; a term no note holds keeps the statement's shape.
+    wanted = sorted(set(terms))[:TERM_CHUNK] or [""]
+    rows = session.execute(
+        _KEYED, {"kind": scope.kind, "sid": scope.id, "limit": limit, "terms": wanted}
+    )
+    return [KeyedNote(str(key), title) for key, title, _ in rows]
