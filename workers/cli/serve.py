@@ -35,9 +35,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from service.mcp import build_server
-
     from gleaner import Gleaner
+    from service.mcp import build_server
 
     owner = args.owner or os.environ.get(MCP_OWNER_VARIABLE)
     if not owner:
