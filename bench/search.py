@@ -17,7 +17,7 @@ from sqlalchemy import text
 from bench import data
 from bench.core import Context, Row, percentile
 from store import Scope, Store
-from store.search import _params
+from store.search import search_params
 
 NAME = "search"
 
@@ -93,7 +93,7 @@ def measure(ctx: Context, backend: str, n: int) -> None:
                 conn.rollback()
                 raw.append((time.perf_counter() - started) * 1000)
                 if backend == "postgresql":
-                    params = {**_params(store.settings, Scope.owner(sid), 10), "q": q}
+                    params = {**search_params(store.settings, Scope.owner(sid), 10), "q": q}
                     full = conn.execute(FULL_PG, params).scalars().all()
                     conn.rollback()
                     same += [h.memory.id for h in hits] == list(full)

@@ -1,4 +1,22 @@
-"""Gleaner's note store: the only code that touches the database."""
+"""Gleaner's note store: the only code that touches the database.
+
+The public surface, for a platform: what this package exports (``Store``, its schemas,
+errors and settings, the text helpers).
+
+The pipeline's seam, for ``harvest``, ``workers``, ``gleaner`` and ``bench`` (functions that
+take the caller's session, so a harvest writes notes, ledger and job outcome in one
+transaction): ``notes`` (write, write_batch), ``similar`` and ``keyed`` (near-duplicates,
+topic keys), ``ledger``, ``forget``, ``jobs``, ``job_leases``, ``job_reports``,
+``job_status``, ``keys``, ``links``, ``history``, ``index``, ``search``, ``decay``, ``terms``,
+``text``, ``schemas``, ``errors``, ``settings`` and ``db`` (migrations and revisions).
+
+Everything else is internal and may change without notice: the one writer (``writer``,
+``write_lookup``, ``term_index``, ``drafts``), dialect SQL (``sql``), advisory locks
+(``locks``, reached through ``Store.transcript_lock``), superseding (``supersede``), dedupe
+and its join (``dedupe``, ``overlap``, ``housekeeping``), ``mem``, ``tending``, ``api``
+(``Store`` is exported here), ``models`` and ``migrations``. ``tests/test_layout.py`` holds
+every package to this and to the direction ``workers -> harvest -> store``.
+"""
 
 from store.api import Store
 from store.errors import (

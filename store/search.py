@@ -53,7 +53,8 @@ def content_words(query: str) -> list[str]:
     return [w for w in words(query) if w not in SEARCH_STOP_WORDS][:MAX_QUERY_WORDS]
 
 
-def _params(settings: Settings, scope: Scope, limit: int) -> dict[str, Any]:
+def search_params(settings: Settings, scope: Scope, limit: int) -> dict[str, Any]:
+    """The parameters every search statement takes (scope, ranking settings, limit)."""
     return {
         "kind": scope.kind,
         "sid": scope.id,
@@ -133,7 +134,7 @@ def _like_query(
     session: Session, settings: Settings, scope: Scope, needles: list[str], limit: int
 ) -> tuple[TextClause, dict[str, Any]]:
     recency = recency_sql(session.get_bind().dialect.name)
-    params = _params(settings, scope, limit)
+    params = search_params(settings, scope, limit)
     hits = []
     for i, needle in enumerate(needles):
         params[f"n{i}"] = (
@@ -199,7 +200,7 @@ def search(
     rows: list[Row[Any]] | None = None
     backend = "like"
     if settings.search != "like":
-        params = _params(settings, scope, limit)
+        params = search_params(settings, scope, limit)
         if dialect == "postgresql":
             params["q"] = " ".join(tokens)
             # The driver prepares a statement run often, and PostgreSQL may then settle on one

@@ -76,10 +76,9 @@ def _requeue(store: Any, args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from datetime import timedelta
+    from datetime import UTC, datetime, timedelta
 
     from store import job_reports, ledger
-    from store.models import utcnow
 
     if args.import_id:
         return _import_status(args)
@@ -114,7 +113,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "running": running,
         "oldest_pending_seconds": None
         if oldest is None
-        else round((utcnow() - oldest).total_seconds(), 1),
+        else round((datetime.now(UTC) - oldest).total_seconds(), 1),
         "failures": failures,
         "harvested": harvested,
         "job_cost": cost,
