@@ -93,7 +93,8 @@ def _rss_kb(pid: int) -> int:
 
 
 def worker_memory(ctx: Context) -> None:
-    from harvest.queue import LIVE_QUEUE, record_jobs
+    from harvest.queue import record_jobs
+    from harvest.queues import LIVE_QUEUE
     from harvest.transcript import Transcript
     from store import Store
     from tests.conftest import test_settings

@@ -118,7 +118,8 @@ class Gleaner:
         this returns. Either way ``job(id)`` follows it. A ``Conversation`` from ``read``
         keeps the owner settled there (``owner`` must then be None).
         """
-        from harvest.queue import LIVE_QUEUE, record_jobs
+        from harvest.queue import record_jobs
+        from harvest.queues import LIVE_QUEUE
 
         if isinstance(conversation, Conversation):
             if owner is not None or reassign_owner:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from harvest.batch import Summary, judge_owners, read_all
 from harvest.errors import HarvestError
-from harvest.queue import IMPORT_QUEUE, record_jobs
+from harvest.queue import record_jobs
+from harvest.queues import IMPORT_QUEUE
 from harvest.transcript import Limits, Transcript
 from store import Settings, Store
 from store import jobs as job_records

@@ -22,8 +22,6 @@ from harvest.transcript import Transcript
 from store import Store, format_error, job_leases
 from store import jobs as job_records
 
-LIVE_QUEUE, IMPORT_QUEUE = "harvest", "import"
-
 
 def new_jobs(
     transcripts: Iterable[Transcript],

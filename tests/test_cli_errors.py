@@ -97,7 +97,8 @@ def test_import_with_the_broker_down_is_one_line_and_the_jobs_stay(
 def test_retry_with_the_broker_down_leaves_the_jobs_pending(
     cli: Cli, pg_store: Store, tmp_path: Path
 ) -> None:
-    from harvest.queue import LIVE_QUEUE, record_jobs
+    from harvest.queue import record_jobs
+    from harvest.queues import LIVE_QUEUE
     from harvest.transcript import Transcript
     from store import jobs
     from tests.samples import native

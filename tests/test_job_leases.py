@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from harvest.queue import IMPORT_QUEUE, LIVE_QUEUE, record_jobs
+from harvest.queue import record_jobs
+from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
 from harvest.transcript import Transcript
 from store import Store, job_leases
 from store import jobs as job_records

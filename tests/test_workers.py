@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from harvest.queue import IMPORT_QUEUE, LIVE_QUEUE
+from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
 from store import Store
 from store.models import HarvestLedger, Job, Memory
 from tests.conftest import recreate_pg_database, test_settings

@@ -24,15 +24,15 @@ from __future__ import annotations
 from celery import Celery
 from kombu.entity import Queue
 
+from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
 from store import Settings, load_settings
 
-LIVE_QUEUE, IMPORT_QUEUE, HOUSEKEEPING_QUEUE = "harvest", "import", "housekeeping"
+HOUSEKEEPING_QUEUE = "housekeeping"
 # Order matters: with the priority strategy a worker polls them in this order. Housekeeping
 # is first so the minute's sweep that recovers lost jobs never waits behind a harvest backlog.
 QUEUES = (HOUSEKEEPING_QUEUE, LIVE_QUEUE, IMPORT_QUEUE)
 ROUTES = {
     "gleaner.harvest": {"queue": LIVE_QUEUE},
-    "gleaner.import_file": {"queue": IMPORT_QUEUE},
     "gleaner.decay": {"queue": HOUSEKEEPING_QUEUE},
     "gleaner.dedupe": {"queue": HOUSEKEEPING_QUEUE},
     "gleaner.requeue_stale": {"queue": HOUSEKEEPING_QUEUE},

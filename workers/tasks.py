@@ -72,26 +72,6 @@ def harvest(self: Task, job_id: str) -> dict[str, Any] | None:
 LOGGED_RESULT = ("status", *COUNTERS)
 
 
-@shared_task(name="gleaner.import_file")
-def import_file(
-    path: str, owner: str | None, provenance: str = "import", reassign_owner: bool = False
-) -> dict[str, Any]:
-    """Fan an export on this worker's disk out into one job per conversation (``owner``
-    fills in conversations that name none; ``reassign_owner`` overrides every one)."""
-    from harvest.imports import plan_import
-    from workers.enqueue import send_jobs
-
-    planned = plan_import(
-        runtime.store(),
-        path,
-        owner=owner,
-        provenance=provenance,
-        reassign_owner=reassign_owner,
-    )
-    send_jobs(planned.queue, planned.job_ids)
-    return {"import_id": planned.import_id, "jobs": len(planned.job_ids)}
-
-
 @shared_task(name="gleaner.decay")
 def decay() -> dict[str, Any]:
     """Recompute every note's decayed weight (and archive below the floor, if set)."""

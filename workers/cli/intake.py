@@ -65,7 +65,8 @@ def inputs(raw: list[str]) -> list[Any]:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     from harvest.batch import Summary, judge_owners, read_all
-    from harvest.queue import LIVE_QUEUE, record_jobs
+    from harvest.queue import record_jobs
+    from harvest.queues import LIVE_QUEUE
     from harvest.transcript import Limits
     from workers.app import make_celery
     from workers.enqueue import BrokerUnavailable, send_jobs
