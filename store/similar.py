@@ -315,27 +315,6 @@ def similar_twins_many(
     return results
 
 
-def similar_twins(
-    session: Session,
-    scope: Scope,
-    title: str,
-    topic_string: str,
-    *,
-    threshold: float,
-    exclude_id: int | None = None,
-    limit: int = SIMILAR_LIMIT,
-) -> list[Twin]:
-    """``similar_twins_many`` for one probe."""
-    return similar_twins_many(
-        session,
-        scope,
-        [(title, topic_string)],
-        threshold=threshold,
-        exclude_id=exclude_id,
-        limit=limit,
-    )[0]
-
-
 def similar_notes(
     session: Session,
     scope: Scope,
@@ -349,15 +328,14 @@ def similar_notes(
     """Live notes of the scope whose title+topic Jaccard score reaches ``threshold``, best first."""
     return [
         Similar(slug=t.slug, title=t.title, score=t.score)
-        for t in similar_twins(
+        for t in similar_twins_many(
             session,
             scope,
-            title,
-            topic_string,
+            [(title, topic_string)],
             threshold=threshold,
             exclude_id=exclude_id,
             limit=limit,
-        )
+        )[0]
     ]
 
 

@@ -176,7 +176,7 @@ def test_similar_is_the_same_whether_candidates_come_from_rare_terms_or_all_term
 
     def twins() -> list[tuple[str, float]]:
         with store.transaction() as session:
-            found = similar.similar_twins(session, ALICE, *probe, threshold=0.7, limit=50)
+            [found] = similar.similar_twins_many(session, ALICE, [probe], threshold=0.7, limit=50)
         return sorted((t.slug, t.score) for t in found)
 
     # 8 terms at 0.7: 6 must be shared, so the 3 rarest terms find every candidate.
@@ -216,9 +216,9 @@ def test_many_probes_in_one_lookup_answer_as_each_probe_alone(
                 )
             else:
                 found = [
-                    similar.similar_twins(
-                        session, ALICE, *probe, threshold=0.7, exclude_id=exclude, limit=4
-                    )
+                    similar.similar_twins_many(
+                        session, ALICE, [probe], threshold=0.7, exclude_id=exclude, limit=4
+                    )[0]
                     for probe in probes
                 ]
         return [[(t.slug, t.score, t.pinned, t.provenance) for t in twins] for twins in found]
@@ -230,7 +230,7 @@ def test_many_probes_in_one_lookup_answer_as_each_probe_alone(
     best = [t[1] for t in batched[0]]
     assert best == sorted(best, reverse=True) and best[0] == 1.0
     with store.transaction() as session:
-        first = similar.similar_twins(session, ALICE, *probes[1], threshold=0.7)[0].id
+        first = similar.similar_twins_many(session, ALICE, [probes[1]], threshold=0.7)[0][0].id
     assert answer(True, exclude=first)[1] == []  # the probe's own note left out
     monkeypatch.setattr(similar, "COMMON_TERM_NOTES", 1)  # every term common: all in SQL
     assert answer(True) == batched
