@@ -226,18 +226,16 @@ def test_a_zip_that_inflates_to_500_mb_is_refused_at_once_with_the_default_limit
     assert bomb.stat().st_size < 5_000_000
     monkeypatch.setattr(zipfile.ZipFile, "read", _never_read_whole)
     tracemalloc.start()
-    started = time.perf_counter()
     try:
         with pytest.raises(TranscriptFormatError) as caught:
             read_path(bomb)
-        elapsed = time.perf_counter() - started
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert caught.value.reason == "too_large"
     assert "524,288,000 bytes declared" in str(caught.value)
     assert "GLEANER_MAX_FILE_BYTES" in str(caught.value)
-    assert elapsed < 1 and peak < 5_000_000
+    assert peak < 5_000_000  # refused on the declared size: nothing was inflated
 
 
 def test_a_zip_member_is_inflated_in_pieces_and_stopped_at_the_limit(
