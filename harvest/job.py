@@ -135,9 +135,7 @@ class Ready:
 def harvested_before(session: Session, plan: Plan) -> bool:
     """True when there is nothing to do: the ledger says this scope already harvested this
     transcript, or the owner forgot it (a tombstone)."""
-    if forget.is_tombstoned(session, plan.scope, plan.digest):
-        return True
-    return ledger.already_harvested(session, plan.scope, plan.digest, plan.version)
+    return forget.harvest_state(session, plan.scope, plan.digest, plan.version)[1]
 
 
 def look_up(
@@ -145,8 +143,8 @@ def look_up(
 ) -> Ready | None:
     """The ledger check under the transcript's lock: None when it was harvested (or
     forgotten) before, else what extraction needs (``recall_keys``)."""
-    generation = forget.generation(session, plan.scope)
-    if harvested_before(session, plan):
+    generation, done = forget.harvest_state(session, plan.scope, plan.digest, plan.version)
+    if done:
         return None
     return Ready(recall_keys(session, settings, plan, llm), generation)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Executable, delete, select, text, update
+from sqlalchemy import CursorResult, Executable, bindparam, delete, exists, select, text, update
 from sqlalchemy.orm import Session
 
 from store.models import (
@@ -85,15 +85,36 @@ def still_remembered(session: Session, scope: Scope, planned_generation: int) ->
     return generation(session, scope) == planned_generation
 
 
-def is_tombstoned(session: Session, scope: Scope, digest: str) -> bool:
-    """Whether this transcript of this owner was forgotten."""
-    key = transcript_key(scope, digest)
-    return (
-        session.execute(
-            select(ForgottenTranscript.key).where(ForgottenTranscript.key == key)
-        ).first()
-        is not None
-    )
+_HARVEST_STATE = select(
+    select(ForgottenOwner.generation)
+    .where(ForgottenOwner.owner_key == bindparam("owner_key"))
+    .scalar_subquery(),
+    exists().where(ForgottenTranscript.key == bindparam("tombstone")),
+    exists().where(
+        HarvestLedger.scope_kind == bindparam("kind"),
+        HarvestLedger.scope_id == bindparam("sid"),
+        HarvestLedger.transcript_hash == bindparam("digest"),
+        HarvestLedger.harvester_version == bindparam("version"),
+    ),
+)
+
+
+def harvest_state(session: Session, scope: Scope, digest: str, version: str) -> tuple[int, bool]:
+    """``(generation, done)`` in one statement: how many times the owner was forgotten, and
+    whether there is nothing to do for this transcript (forgotten: a tombstone; or the ledger
+    holds it at this harvester version). What a harvest checks under the transcript's lock."""
+    found, tombstoned, harvested = session.execute(
+        _HARVEST_STATE,
+        {
+            "owner_key": owner_key(scope),
+            "tombstone": transcript_key(scope, digest),
+            "kind": scope.kind,
+            "sid": scope.id,
+            "digest": digest,
+            "version": version,
+        },
+    ).one()
+    return int(found or 0), bool(tombstoned or harvested)
 
 
 def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -> dict[str, int]:

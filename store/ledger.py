@@ -41,7 +41,6 @@ _KEY = (
     _LEDGER.c.harvester_version == bindparam("version"),
 )
 # Built once: only the parameters change from transcript to transcript.
-_FIND = select(_LEDGER.c.id).where(*_KEY)
 _RECORD = {
     name: insert(_LEDGER).on_conflict_do_nothing().returning(_LEDGER.c.id)
     for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
@@ -59,11 +58,6 @@ _SET_COUNTS = (
 
 def _key(scope: Scope, digest: str, version: str) -> dict[str, str]:
     return {"kind": scope.kind, "sid": scope.id, "digest": digest, "version": version}
-
-
-def already_harvested(session: Session, scope: Scope, digest: str, version: str) -> bool:
-    """True when this scope has a ledger row for the transcript hash and harvester version."""
-    return session.execute(_FIND, _key(scope, digest, version)).first() is not None
 
 
 def record(session: Session, scope: Scope, entry: LedgerEntry) -> bool:
