@@ -107,6 +107,28 @@ def failures(session: Session, limit: int = 20) -> list[dict[str, Any]]:
     ]
 
 
+# The shortest id prefix taken for an import (the progress line shows 8 characters).
+MIN_IMPORT_PREFIX = 4
+
+
+def find_import(session: Session, id_or_prefix: str) -> list[str]:
+    """The imports whose id is ``id_or_prefix`` or (at least MIN_IMPORT_PREFIX characters)
+    starts with it: one id when it names one import, several when the prefix is ambiguous
+    (at most two are read), none when nothing matches."""
+    if session.get(ImportBatch, id_or_prefix) is not None:
+        return [id_or_prefix]
+    prefix = id_or_prefix.lower()
+    if len(prefix) < MIN_IMPORT_PREFIX or not all(c in "0123456789abcdef" for c in prefix):
+        return []
+    rows = session.execute(
+        select(ImportBatch.id)
+        .where(ImportBatch.id.like(f"{prefix}%"))
+        .order_by(ImportBatch.id)
+        .limit(2)
+    ).scalars()
+    return [str(found) for found in rows]
+
+
 def import_progress(session: Session, import_id: str) -> dict[str, Any]:
     batch = session.get(ImportBatch, import_id)
     if batch is None:

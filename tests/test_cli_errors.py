@@ -16,7 +16,7 @@ import redis
 from sqlalchemy import func, select
 
 from store import Store
-from store.models import Job, Memory
+from store.models import ImportBatch, Job, Memory
 from tests.cli_harness import (
     EXAMPLES,
     Cli,
@@ -162,6 +162,31 @@ def test_status_of_an_unknown_import_and_watch_without_one(cli: Cli, tmp_path: P
     assert unknown.code == 1 and "gleaner import" in one_line(unknown.err)
     lonely = cli("status", "--watch")
     assert lonely.code == 2 and "--import ID" in lonely.err
+
+
+def test_status_takes_the_import_id_the_progress_line_shows(cli: Cli, tmp_path: Path) -> None:
+    """The progress line names an import by its first 8 characters: status takes them, and
+    any unique prefix of 4 or more; an ambiguous one is refused (exit 2)."""
+    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/s.db")
+    assert cli("db", "upgrade").code == 0
+    store = Store(f"sqlite:///{tmp_path}/s.db")
+    with store.transaction() as session:
+        session.add_all(
+            [
+                ImportBatch(
+                    id="3ef6ebb8" + "0" * 24, source="a.zip", owner="x", provenance="import"
+                ),
+                ImportBatch(
+                    id="3ef6ebb9" + "0" * 24, source="b.zip", owner="x", provenance="import"
+                ),
+            ]
+        )
+    store.dispose()
+    shown = cli("status", "--import", "3ef6ebb8", "--json")
+    assert shown.code == 0, shown.err
+    assert shown.json()["import_id"] == "3ef6ebb8" + "0" * 24
+    ambiguous = cli("status", "--import", "3ef6eb")
+    assert ambiguous.code == 2 and "more than one import" in ambiguous.err
 
 
 @pytest.mark.slow

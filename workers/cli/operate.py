@@ -155,10 +155,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _import_status(args: argparse.Namespace) -> int:
     """One import's jobs by state and what they wrote; with --watch, followed until every
     job is done or failed. Exit 1 when a job failed or a conversation was unreadable."""
+    from store import job_reports
     from workers.cli.imports import print_import
     from workers.cli.progress import follow_import, import_state
 
     store = open_store()
+    with store.transaction() as session:
+        found = job_reports.find_import(session, args.import_id)
+    if len(found) > 1:
+        raise UsageError(
+            f"import id {args.import_id!r} names more than one import: give more of it"
+        )
+    if found:
+        args.import_id = found[0]
     state, totals = import_state(store, args.import_id)
     if not state:
         raise CommandFailed(
