@@ -153,7 +153,7 @@ def worker_memory(ctx: Context) -> None:
     ctx.add(
         Row(
             NAME,
-            f"worker child peak RSS over {count} harvests (litellm path)",
+            f"worker child peak RSS over {count} harvests (the model path)",
             peak,
             "MB",
             note=f"{len(peaks)} children seen: recycled every {recycle} tasks "
