@@ -7,18 +7,24 @@ system prompts, so untrusted text pins only by explicit opt-in.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+)
 
 from store.errors import InvalidInput
 from store.settings import Settings
 from store.text import check_text, content_hash, is_slug, normalize_topics, slugify
 
-ATTR_KEYS = frozenset({"title", "body", "slug", "topics", "pinned", "confidence", "source"})
-SOURCE_KEYS = frozenset({"url", "artifact", "note"})
 CODE_PROVENANCES = frozenset({"user", "compaction", "import"})
 MAX_TITLE_BYTES = 1_000
 
@@ -36,84 +42,142 @@ class Draft:
     source: dict[str, str] | None
 
 
-def validate_attrs(attrs: Mapping[str, object], settings: Settings) -> Draft:
-    """Check attrs against every write rule; raise InvalidInput naming the first one broken."""
-    if not isinstance(attrs, Mapping):
-        raise InvalidInput(
-            f"attrs must be a mapping, got {type(attrs).__name__}", reason="bad_type"
-        )
-    unknown = sorted(str(key) for key in attrs if key not in ATTR_KEYS)
-    if unknown:
-        raise InvalidInput(
-            f"unknown attrs key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(ATTR_KEYS))}",
-            reason="unknown_attr",
-        )
-    if "title" not in attrs or "body" not in attrs:
-        raise InvalidInput("attrs need both 'title' and 'body'", reason="missing_attr")
-    title = check_text(attrs["title"], "title", max_bytes=MAX_TITLE_BYTES)
-    if not title.strip():
-        raise InvalidInput("title is empty", reason="empty_title")
-    body = check_text(attrs["body"], "body", max_bytes=settings.max_body_bytes)
-    if not body.strip():
-        raise InvalidInput("body is empty", reason="empty_body")
+def _text(field: str, max_bytes: int | None = None, *, optional: bool = False) -> Any:
+    """A before-validator: the value as text under ``check_text``'s rules (bytes decoded);
+    ``optional`` lets None through. Without ``max_bytes`` the limit is the body limit the
+    caller's settings give (the validation context)."""
 
-    slug = attrs.get("slug")
-    if slug is not None and not (isinstance(slug, str) and is_slug(slug)):
+    def check(value: object, info: ValidationInfo) -> object:
+        if optional and value is None:
+            return None
+        limit = max_bytes
+        if limit is None and info.context is not None:
+            limit = info.context.get("max_body_bytes")
+        return check_text(value, field, max_bytes=limit)
+
+    return BeforeValidator(check)
+
+
+def _slug(value: object) -> object:
+    if value is not None and not (isinstance(value, str) and is_slug(value)):
         raise InvalidInput(
-            f"slug {slug!r} must be lowercase ASCII words joined by '-' (at most 100 chars)",
+            f"slug {value!r} must be lowercase ASCII words joined by '-' (at most 100 chars)",
             reason="bad_slug",
         )
+    return value
 
-    raw_topics = attrs.get("topics")
-    if raw_topics is not None and not (
-        isinstance(raw_topics, list | tuple) and all(isinstance(t, str) for t in raw_topics)
-    ):
-        raise InvalidInput(
-            f"topics must be a list of strings, got {raw_topics!r}", reason="bad_topics"
+
+def _topics(value: object) -> object:
+    if value is None:
+        return value
+    if not (isinstance(value, list | tuple) and all(isinstance(t, str) for t in value)):
+        raise InvalidInput(f"topics must be a list of strings, got {value!r}", reason="bad_topics")
+    return [check_text(topic, "topic") for topic in value]
+
+
+def _source(value: object) -> object:
+    if value is not None and not isinstance(value, Mapping):
+        raise InvalidInput(f"source must be a mapping, got {value!r}", reason="bad_source")
+    return value
+
+
+class _Source(BaseModel):
+    """``source``: where a note came from; a key left None is dropped."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    url: Annotated[str | None, _text("source.url", 4_000, optional=True)] = None
+    artifact: Annotated[str | None, _text("source.artifact", 4_000, optional=True)] = None
+    note: Annotated[str | None, _text("source.note", 4_000, optional=True)] = None
+
+
+class _Attrs(BaseModel):
+    """A caller's attrs, checked strictly: no unknown key, no coercion between types."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    title: Annotated[str, _text("title", MAX_TITLE_BYTES)]
+    body: Annotated[str, _text("body")]
+    slug: Annotated[str | None, BeforeValidator(_slug)] = None
+    topics: Annotated[list[str] | None, BeforeValidator(_topics)] = None
+    pinned: bool = False
+    confidence: Annotated[float | None, Field(ge=0, le=1, allow_inf_nan=False)] = None
+    source: Annotated[_Source | None, BeforeValidator(_source)] = None
+
+
+# What a field's own type or bound refused means (a rule's InvalidInput keeps its reason).
+_FIELD_REASONS = {
+    "title": "bad_type",
+    "body": "bad_type",
+    "slug": "bad_slug",
+    "topics": "bad_topics",
+    "pinned": "bad_pinned",
+    "confidence": "bad_confidence",
+    "source": "bad_source",
+}
+_FIELD_RULES = {
+    "pinned": "pinned must be true or false",
+    "confidence": "confidence must be a number from 0 to 1",
+}
+
+
+def _refusal(exc: ValidationError, attrs: object) -> InvalidInput:
+    """The first rule ``attrs`` broke, in the order they are documented: the shape, unknown
+    keys, missing keys, then field by field."""
+    errors = exc.errors(include_url=False)
+    if any(e["type"] == "model_type" for e in errors):
+        return InvalidInput(
+            f"attrs must be a mapping, got {type(attrs).__name__}", reason="bad_type"
         )
-    for topic in raw_topics or ():
-        check_text(topic, "topic")
-
-    pinned = attrs.get("pinned", False)
-    if not isinstance(pinned, bool):
-        raise InvalidInput(f"pinned must be true or false, got {pinned!r}", reason="bad_pinned")
-
-    confidence = attrs.get("confidence")
-    if confidence is not None:
-        if (
-            isinstance(confidence, bool)
-            or not isinstance(confidence, int | float)
-            or not math.isfinite(confidence)
-            or not 0 <= confidence <= 1
-        ):
-            raise InvalidInput(
-                f"confidence must be a number from 0 to 1, got {confidence!r}",
-                reason="bad_confidence",
-            )
-        confidence = float(confidence)
-
-    source = attrs.get("source")
-    if source is not None:
-        if not isinstance(source, Mapping):
-            raise InvalidInput(f"source must be a mapping, got {source!r}", reason="bad_source")
-        extra = sorted(str(key) for key in source if key not in SOURCE_KEYS)
-        if extra:
-            raise InvalidInput(
-                f"unknown source key(s) {', '.join(extra)}; allowed: url, artifact, note",
+    extra = sorted(
+        str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden" and len(e["loc"]) == 1
+    )
+    if extra:
+        return InvalidInput(
+            f"unknown attrs key(s) {', '.join(extra)}; "
+            f"allowed: {', '.join(sorted(_Attrs.model_fields))}",
+            reason="unknown_attr",
+        )
+    if any(e["type"] == "missing" and len(e["loc"]) == 1 for e in errors):
+        return InvalidInput("attrs need both 'title' and 'body'", reason="missing_attr")
+    order = list(_Attrs.model_fields)
+    first = min(errors, key=lambda e: order.index(str(e["loc"][0])) if e["loc"] else -1)
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, InvalidInput):
+        return cause
+    field = str(first["loc"][0])
+    if field == "source":
+        keys = sorted(str(e["loc"][1]) for e in errors if e["type"] == "extra_forbidden")
+        if keys:
+            return InvalidInput(
+                f"unknown source key(s) {', '.join(keys)}; allowed: url, artifact, note",
                 reason="bad_source",
             )
-        source = {
-            str(key): check_text(value, f"source.{key}", max_bytes=4_000)
-            for key, value in source.items()
-            if value is not None
-        } or None
+    value = attrs.get(field) if isinstance(attrs, Mapping) else None
+    rule = _FIELD_RULES.get(field, f"{field} is not valid ({first['msg']})")
+    return InvalidInput(f"{rule}, got {value!r}", reason=_FIELD_REASONS.get(field, "bad_type"))
+
+
+def validate_attrs(attrs: Mapping[str, object], settings: Settings) -> Draft:
+    """Check attrs against every write rule; raise InvalidInput naming the first one broken."""
+    try:
+        checked = _Attrs.model_validate(attrs, context={"max_body_bytes": settings.max_body_bytes})
+    except ValidationError as exc:
+        raise _refusal(exc, attrs) from None
+    if not checked.title.strip():
+        raise InvalidInput("title is empty", reason="empty_title")
+    if not checked.body.strip():
+        raise InvalidInput("body is empty", reason="empty_body")
+    source = None
+    if checked.source is not None:
+        source = checked.source.model_dump(exclude_none=True) or None
     return Draft(
-        title=title,
-        body=body,
-        slug=slug,
-        topics=normalize_topics(raw_topics),
-        pinned=pinned,
-        confidence=confidence,
+        title=checked.title,
+        body=checked.body,
+        slug=checked.slug,
+        topics=normalize_topics(checked.topics),
+        pinned=checked.pinned,
+        confidence=checked.confidence,
         source=source,
     )
 
