@@ -35,11 +35,9 @@ def _fresh_engine_in_child(**_: object) -> None:
 
 @worker_init.connect
 def _warm_up_before_forking(**_: object) -> None:
-    # Runs in the worker's main process before the pool starts: litellm's import (seconds)
-    # and the tokenizer are then inherited by every forked child, including the ones that
-    # replace children after GLEANER_WORKER_MAX_TASKS_PER_CHILD tasks. Measured: without
-    # this a fresh child spent its first ~3 s importing litellm (half the profile of a
-    # 600-transcript run).
+    # Runs in the worker's main process before the pool starts, so litellm's import (seconds)
+    # and the tokenizer are inherited by every forked child, including the ones that replace
+    # children after GLEANER_WORKER_MAX_TASKS_PER_CHILD tasks, instead of paid by each.
     settings = load_settings()
     if settings.harvest_model and settings.harvest_llm.strip() == "litellm":
         from harvest.model import warm_up
