@@ -16,7 +16,7 @@ import redis
 from store import Store
 from tests.cli_harness import EXAMPLES, Cli, cli, redis_url_for
 from tests.samples import write_chatgpt_export, write_natives
-from tests.workers_harness import Cluster, cluster_env
+from tests.workers_harness import Cluster, cluster_on
 from workers.cli import progress
 
 __all__ = ["cli"]  # the fixture, used by name
@@ -110,14 +110,7 @@ def cluster(
 ) -> Iterator[Cluster]:
     store = make_store("postgresql")  # type: ignore[operator]
     redis_url = redis_url_for(worker_id)
-    env = cluster_env(store.database_url, int(redis_url.rsplit("/", 1)[1]))
-    running = Cluster(env, tmp_path)
-    running.redis().flushdb()
-    try:
-        yield running
-    finally:
-        running.stop()
-        running.redis().flushdb()
+    yield from cluster_on(store.database_url, int(redis_url.rsplit("/", 1)[1]), tmp_path)
 
 
 @pytest.mark.slow

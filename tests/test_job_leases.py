@@ -28,10 +28,10 @@ from harvest.transcript import Transcript
 from store import Store, job_leases
 from store import jobs as job_records
 from store.models import HarvestLedger, Job, Memory, utcnow
-from tests.conftest import recreate_pg_database, test_settings
+from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.samples import native
-from tests.workers_harness import Cluster, cluster_env, wait_for
+from tests.workers_harness import Cluster, cluster_on, migrated_pg_database, wait_for
 from workers.enqueue import _job_id, requeue_stale
 
 pytestmark = [pytest.mark.postgres]
@@ -46,19 +46,10 @@ LONG_AGO = timedelta(hours=1)
 
 @pytest.fixture
 def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
-    url = recreate_pg_database(f"gleaner_leases_{worker_id}")
-    store = Store(url, settings=test_settings())
-    store.migrate()
-    store.dispose()
+    url = migrated_pg_database(f"gleaner_leases_{worker_id}")
     # Redis databases 4..9: test_workers.py takes 10..15.
     redis_db = 4 + int(hashlib.sha256(worker_id.encode()).hexdigest(), 16) % 6
-    running = Cluster(cluster_env(url, redis_db), tmp_path)
-    running.redis().flushdb()
-    try:
-        yield running
-    finally:
-        running.stop()
-        running.redis().flushdb()
+    yield from cluster_on(url, redis_db, tmp_path)
 
 
 def open_store(cluster: Cluster, **overrides: Any) -> Store:

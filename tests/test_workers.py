@@ -13,28 +13,19 @@ from sqlalchemy import func, select
 from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
 from store import Store
 from store.models import HarvestLedger, Job, Memory
-from tests.conftest import recreate_pg_database, test_settings
+from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note, unauthorized
 from tests.samples import native, write_chatgpt_export, write_natives
-from tests.workers_harness import Cluster, cluster_env, wait_for
+from tests.workers_harness import Cluster, cluster_on, migrated_pg_database, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
 @pytest.fixture
 def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
-    url = recreate_pg_database(f"gleaner_workers_{worker_id}")
-    store = Store(url, settings=test_settings())
-    store.migrate()
-    store.dispose()
+    url = migrated_pg_database(f"gleaner_workers_{worker_id}")
     redis_db = 10 + int(hashlib.sha256(worker_id.encode()).hexdigest(), 16) % 6
-    running = Cluster(cluster_env(url, redis_db), tmp_path)
-    running.redis().flushdb()
-    try:
-        yield running
-    finally:
-        running.stop()
-        running.redis().flushdb()
+    yield from cluster_on(url, redis_db, tmp_path)
 
 
 @pytest.fixture

@@ -190,6 +190,30 @@ def cluster_env(database_url: str, redis_db: int, **extra: str) -> dict[str, str
     }
 
 
+def migrated_pg_database(name: str) -> str:
+    """A fresh PostgreSQL database ``name``, migrated to the newest revision; its URL."""
+    from store import Store
+    from tests.conftest import recreate_pg_database, test_settings
+
+    url = recreate_pg_database(name)
+    store = Store(url, settings=test_settings())
+    store.migrate()
+    store.dispose()
+    return url
+
+
+def cluster_on(database_url: str, redis_db: int, tmp: Path) -> Iterator[Cluster]:
+    """A fixture's body: a cluster on these services, its Redis database emptied before and
+    after and its workers stopped at the end (``yield from cluster_on(...)``)."""
+    cluster = Cluster(cluster_env(database_url, redis_db), tmp)
+    cluster.redis().flushdb()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        cluster.redis().flushdb()
+
+
 def running(cluster: Cluster) -> Iterator[Cluster]:
     try:
         yield cluster
