@@ -1,7 +1,8 @@
 """Run the benchmarks: `python -m bench [--quick] [--only NAME ...]`.
 
 Each scenario module in ``bench/`` has ``NAME`` and ``run(ctx)``; rows are printed as they are
-measured and written to BENCHMARKS.md (unless --no-report).
+measured. A full run (every scenario, full size) writes them to BENCHMARKS.md; a partial or
+--quick run writes a report only to an --out named for it, so it never replaces the record.
 """
 
 from __future__ import annotations
@@ -55,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"scenarios to run, by module or row name: {', '.join([*SCENARIOS, *ALIASES])}",
     )
-    parser.add_argument("--out", default="BENCHMARKS.md", help="report file")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="report file (default: BENCHMARKS.md, for a full run only)",
+    )
     parser.add_argument("--no-report", action="store_true", help="print only")
     args = parser.parse_args(argv)
     names = [ALIASES.get(name, name) for name in args.only or SCENARIOS]
@@ -72,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
             module.run(ctx)
     seconds = time.perf_counter() - started
     command = "python -m bench" + (" --quick" if args.quick else "")
-    if not args.no_report:
-        write_report(Path(args.out), ctx.rows, command, seconds)
+    full = not args.quick and args.only is None
+    out = args.out or ("BENCHMARKS.md" if full else None)
+    if out and not args.no_report:
+        write_report(Path(out), ctx.rows, command, seconds)
     missed = [r for r in ctx.rows if r.met is False]
     print(f"done in {seconds:.0f} s; {len(missed)} target(s) missed")
     return 0
