@@ -25,7 +25,7 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.orm import Session
 
 from store import supersede
@@ -175,18 +175,21 @@ READ_AHEAD = 3
 
 
 def _reads_apart(session: Session, scopes: Sequence[Scope]) -> bool:
-    """Whether ``_scans`` reads on a connection of its own (PostgreSQL, several scopes)."""
+    """Whether the scan reads on a connection of its own (PostgreSQL, several scopes)."""
     return len(scopes) > 1 and session.get_bind().dialect.name == "postgresql"
 
 
-def _scans(session: Session, scopes: Sequence[Scope]) -> Generator[tuple[Scope, _Scan], None, None]:
-    """Each scope's live notes, in order.
+def _scans(
+    source: Session | Engine, scopes: Sequence[Scope]
+) -> Generator[tuple[Scope, _Scan], None, None]:
+    """Each scope's live notes, in order, read through ``source``.
 
-    On PostgreSQL, with more than one scope, the next scopes are read on a second connection
-    while the caller works on this one, so the database's time hides behind Python's; the
-    reading thread only fetches (terms are extracted here), as it is the one waited on. Plain
-    reads are enough: ``_supersede`` writes a pair only if both notes are still as read,
-    whichever connection read them.
+    Given the engine (PostgreSQL, several scopes), the next scopes are read on a connection
+    of their own while the caller works, so the database's time hides behind Python's; the
+    reading thread only fetches (terms are extracted here), as it is the one waited on. The
+    scan then never touches the caller's session, which the settler's thread writes on.
+    Plain reads are enough: ``_supersede`` writes a pair only if both notes are still as
+    read, whichever connection read them.
     """
 
     def read(conn: Connection, scope: Scope) -> Sequence[Row[int, str, str, int]]:
@@ -196,12 +199,12 @@ def _scans(session: Session, scopes: Sequence[Scope]) -> Generator[tuple[Scope, 
         ids, titles, topics, seqs = zip(*rows, strict=True) if rows else ((), (), (), ())
         return _Scan(list(ids), list(seqs), list(map(similarity_terms, titles, topics)))
 
-    if not _reads_apart(session, scopes):
+    if isinstance(source, Session):
         for scope in scopes:
             # Straight through the connection: plain rows, none of the ORM's statement work.
-            yield scope, scan(read(session.connection(), scope))
+            yield scope, scan(read(source.connection(), scope))
         return
-    with session.get_bind().engine.connect() as reader, ThreadPoolExecutor(1) as ahead:
+    with source.connect() as reader, ThreadPoolExecutor(1) as ahead:
         pending = deque(ahead.submit(read, reader, scope) for scope in scopes[:READ_AHEAD])
         for n, scope in enumerate(scopes):
             rows = pending.popleft().result()
@@ -391,10 +394,14 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
 
     scanned = changed = checked = 0
     in_scopes = [Scope(kind=kind, id=sid) for kind, sid in scopes]
-    settler = _Settler(session, dry_run=dry_run, apart=_reads_apart(session, in_scopes))
+    apart = _reads_apart(session, in_scopes)
+    # Apart, the scan reads through the engine and the settler's thread alone uses the
+    # session until ``close``: nothing else here touches it in between.
+    source: Session | Engine = session.get_bind().engine if apart else session
+    settler = _Settler(session, dry_run=dry_run, apart=apart)
     # closing(): on an error the reading thread stops and its connection goes back at once,
     # not whenever the traceback holding this frame is let go.
-    with closing(_scans(session, in_scopes)) as scans:
+    with closing(_scans(source, in_scopes)) as scans:
         try:
             for scope, scan in scans:
                 fresh = [seq > since for seq in scan.seqs]
