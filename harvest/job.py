@@ -1,7 +1,7 @@
 """One transcript in, notes out: the one harvest path, in process or as a recorded job.
 
 plan (limits, redaction, owner, hash) -> the (scope, transcript) lock -> the ledger check ->
-extraction -> the record (ledger row and notes, one transaction). ``run_harvest`` runs these
+extraction -> the record (notes, then the ledger row, one transaction). ``run_harvest`` runs these
 steps for ``harvest_transcript`` (in process) and ``harvest.queue.run_job`` (a recorded job);
 the two differ only in their ``HarvestSteps``: where the plan comes from and where the
 immutable ``HarvestOutcome`` goes.
@@ -191,28 +191,23 @@ def extract_notes(
         return plan.outcome("failed", spent, model=model, error=f"{exc.reason}: {exc}")
 
 
+class RecordedElsewhere(Exception):
+    """Raised inside the record's transaction to roll it back (notes and all): another
+    harvest recorded this transcript first, or the owner was forgotten since the plan."""
+
+
 def record_harvest(
     session: Session, settings: Settings, plan: Plan, ready: Ready, found: Extraction
 ) -> HarvestOutcome:
-    """Write the ledger row, then the notes, in the caller's transaction.
+    """Write the notes, then the ledger row with the final counts, in the caller's
+    transaction; raise RecordedElsewhere when the ledger row cannot be written (another
+    worker recorded this transcript, or the owner was forgotten since the check), so the
+    caller rolls the notes back.
 
-    The ledger row goes first: when another worker recorded this transcript already, or the
-    owner was forgotten since the check, nothing is written and the outcome is ``skipped``
-    (with what the extraction cost).
+    A forget of the owner cannot commit from the first statement here to the end of the
+    transaction (``forget.hold_off``); the ledger row's statement checks the forget count.
     """
-    if not forget.still_remembered(session, plan.scope, ready.forget_generation):
-        return plan.outcome("skipped", found.cost, model=found.model)
-    entry = ledger.LedgerEntry(
-        transcript_hash=plan.digest,
-        harvester_version=plan.version,
-        conversation_id=plan.transcript.conversation_id,
-        provenance=plan.provenance,
-        occurred_at=plan.transcript.happened_at,
-        model=found.model,
-        **found.cost.counts(),
-    )
-    if not ledger.record(session, plan.scope, entry):
-        return plan.outcome("skipped", found.cost, model=found.model)  # another worker won
+    forget.hold_off(session, plan.scope)
     written = write_candidates(
         session,
         settings,
@@ -222,15 +217,24 @@ def record_harvest(
         provenance=plan.provenance,
     )
     counts = found.cost + written.counts
-    ledger.update_counts(
+    entry = ledger.LedgerEntry(
+        transcript_hash=plan.digest,
+        harvester_version=plan.version,
+        conversation_id=plan.transcript.conversation_id,
+        provenance=plan.provenance,
+        occurred_at=plan.transcript.happened_at,
+        model=found.model,
+        **counts.counts(),
+    )
+    recorded = ledger.record(
         session,
         plan.scope,
-        plan.digest,
-        plan.version,
-        written=counts.notes_written,
-        updated=counts.notes_updated,
-        skipped=counts.notes_skipped,
+        entry,
+        owner_key=forget.owner_key(plan.scope),
+        generation=ready.forget_generation,
     )
+    if not recorded:
+        raise RecordedElsewhere(plan.digest)
     return plan.outcome("harvested", counts, model=found.model, slugs=written.slugs)
 
 
@@ -264,12 +268,14 @@ def run_harvest(
     """Harvest one transcript at most once: plan, lock, ledger check, extract, record.
 
     Two transactions in the usual case: the plan with the ledger check (a transcript
-    harvested before is settled right there, with no model call), then the ledger row, the
-    notes and ``steps.end`` together. The (scope, transcript) lock
-    (``Store.transcript_lock``) is taken between them on no pooled connection; only when
-    another worker holds it does the check wait for it, in a transaction of its own, and
-    then usually find that worker's ledger row instead of calling the model again. A
-    ``StorageFailure`` always propagates, so a queue can redeliver.
+    harvested before is settled right there, with no model call), then the notes, the ledger
+    row and ``steps.end`` together (a ledger row that cannot be written, recorded elsewhere or
+    forgotten meanwhile, rolls the notes back; a third transaction settles ``skipped``).
+    The (scope, transcript) lock (``Store.transcript_lock``) is taken between them on no
+    pooled connection; only when another worker holds it does the check wait for it, in a
+    transaction of its own, and then usually find that worker's ledger row instead of
+    calling the model again. A ``StorageFailure`` always propagates, so a queue can
+    redeliver.
     """
     settings = store.settings
     lock = None
@@ -293,11 +299,17 @@ def run_harvest(
                     return checked
         try:
             found = extract_notes(plan, checked, settings, llm)
-            with store.transaction() as session:
-                if isinstance(found, HarvestOutcome):
+            if isinstance(found, HarvestOutcome):
+                with store.transaction() as session:
                     return _settle(steps, session, found)
-                outcome = record_harvest(session, settings, plan, checked, found)
-                return _settle(steps, session, outcome)
+            try:
+                with store.transaction() as session:
+                    outcome = record_harvest(session, settings, plan, checked, found)
+                    return _settle(steps, session, outcome)
+            except RecordedElsewhere:  # rolled back: nothing of this harvest was written
+                with store.transaction() as session:
+                    skipped = plan.outcome("skipped", found.cost, model=found.model)
+                    return _settle(steps, session, skipped)
         except StorageFailure:
             raise
         except (HarvestError, ValueError) as exc:

@@ -67,22 +67,12 @@ def _count(session: Session, statement: Executable) -> int:
     return int(cast("CursorResult[Any]", session.execute(statement)).rowcount)
 
 
-def generation(session: Session, scope: Scope) -> int:
-    """How many times the owner was forgotten (0: never)."""
-    found = session.execute(
-        select(ForgottenOwner.generation).where(ForgottenOwner.owner_key == owner_key(scope))
-    ).scalar_one_or_none()
-    return int(found or 0)
-
-
-def still_remembered(session: Session, scope: Scope, planned_generation: int) -> bool:
-    """Whether a harvest planned at ``planned_generation`` may write now (no forget since).
-
-    Takes the forget lock shared on PostgreSQL for the rest of the transaction.
-    """
+def hold_off(session: Session, scope: Scope) -> None:
+    """Keep a forget of the owner from committing until this transaction ends (PostgreSQL:
+    the forget lock, shared). A harvest takes it before it writes, then writes its ledger row
+    only if the owner's forget count is still the planned one (``store.ledger.record``)."""
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": lock_key(scope)})
-    return generation(session, scope) == planned_generation
 
 
 _HARVEST_STATE = select(

@@ -6,11 +6,11 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Table, bindparam, func, select, update
+from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from store.models import HarvestLedger, utcnow
+from store.models import ForgottenOwner, HarvestLedger, utcnow
 from store.schemas import Scope
 
 
@@ -40,57 +40,49 @@ _KEY = (
     _LEDGER.c.transcript_hash == bindparam("digest"),
     _LEDGER.c.harvester_version == bindparam("version"),
 )
-# Built once: only the parameters change from transcript to transcript.
+# The row, written only while the owner's forget count is the one the harvest planned with:
+# one statement, so a forget committed since (or a ledger row another harvest wrote) leaves
+# nothing written. Built once per dialect: only the parameters change.
+_COLUMNS = [column for column in _LEDGER.c if column.name != "id"]
+_UNFORGOTTEN = func.coalesce(
+    select(ForgottenOwner.generation)
+    .where(ForgottenOwner.owner_key == bindparam("owner_key"))
+    .scalar_subquery(),
+    0,
+) == bindparam("generation")
 _RECORD = {
-    name: insert(_LEDGER).on_conflict_do_nothing().returning(_LEDGER.c.id)
+    name: insert(_LEDGER)
+    .from_select(
+        _COLUMNS,
+        select(*(bindparam(c.name, type_=c.type) for c in _COLUMNS)).where(_UNFORGOTTEN),
+    )
+    .on_conflict_do_nothing()
+    .returning(_LEDGER.c.id)
     for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
 }
-_SET_COUNTS = (
-    update(_LEDGER)
-    .where(*_KEY)
-    .values(
-        notes_written=bindparam("written"),
-        notes_updated=bindparam("updated"),
-        notes_skipped=bindparam("skipped"),
-    )
-)
 
 
 def _key(scope: Scope, digest: str, version: str) -> dict[str, str]:
     return {"kind": scope.kind, "sid": scope.id, "digest": digest, "version": version}
 
 
-def record(session: Session, scope: Scope, entry: LedgerEntry) -> bool:
-    """Add the ledger row; False (and nothing written) when another harvest recorded it first.
-
-    Call it before writing the notes, in the same transaction: the loser of a race then
-    rolls back instead of writing a second set.
-    """
+def record(
+    session: Session, scope: Scope, entry: LedgerEntry, *, owner_key: str, generation: int
+) -> bool:
+    """Add the ledger row, with the final counts, as the last write of a harvest; False (and
+    nothing written) when another harvest recorded this transcript first or the owner was
+    forgotten since ``generation`` (``owner_key``: ``store.forget.owner_key``). The caller
+    then rolls its transaction back, notes and all."""
     stmt = _RECORD[session.get_bind().dialect.name]
-    row = {"scope_kind": scope.kind, "scope_id": scope.id, "created_at": utcnow(), **asdict(entry)}
+    row = {
+        "scope_kind": scope.kind,
+        "scope_id": scope.id,
+        "created_at": utcnow(),
+        **asdict(entry),
+        "owner_key": owner_key,
+        "generation": generation,
+    }
     return session.execute(stmt, row).scalar_one_or_none() is not None
-
-
-def update_counts(
-    session: Session,
-    scope: Scope,
-    digest: str,
-    version: str,
-    *,
-    written: int,
-    updated: int,
-    skipped: int,
-) -> None:
-    """Set the note counts once the notes are written (same transaction as ``record``)."""
-    session.execute(
-        _SET_COUNTS,
-        {
-            **_key(scope, digest, version),
-            "written": written,
-            "updated": updated,
-            "skipped": skipped,
-        },
-    )
 
 
 def totals(session: Session) -> dict[str, int]:

@@ -367,3 +367,48 @@ def test_two_processes_harvesting_one_transcript_make_one_call(
     assert sorted(r[1] for r in results) == ["harvested", "skipped"]
     assert server.calls == 1
     assert [n.slug for n in rows(store, Memory)] == ["adopted-kotlin"]
+
+
+def test_a_transcript_recorded_meanwhile_rolls_the_notes_back(make_store, backend: str) -> None:
+    """The ledger row is the record's last write: when another harvest records the same
+    transcript while this one waits for its model (as a worker whose lock lapsed could),
+    this one writes nothing (its notes are rolled back), reports ``skipped``, and still
+    counts the call it made."""
+    from harvest.job import plan_harvest
+    from harvest.llm import LLMAnswer
+    from harvest.options import ModelOptions
+    from store import forget, ledger
+
+    store: Store = make_store(backend, harvest_model="test/model")
+    chat = transcript("I like dark roast.")
+    plan = plan_harvest(store.settings, chat, owner=None, provenance="compaction")
+
+    def slow(messages: Any, *, options: ModelOptions) -> LLMAnswer:
+        with store.transaction() as session:  # the other harvest commits its ledger row
+            entry = ledger.LedgerEntry(
+                transcript_hash=plan.digest,
+                harvester_version=plan.version,
+                conversation_id=chat.conversation_id,
+                provenance="compaction",
+                occurred_at=None,
+                notes_written=0,
+                notes_updated=0,
+                notes_skipped=0,
+                items_dropped=0,
+                model="elsewhere",
+                model_calls=1,
+                prompt_tokens=0,
+                completion_tokens=0,
+            )
+            key = forget.owner_key(plan.scope)
+            assert ledger.record(session, plan.scope, entry, owner_key=key, generation=0)
+        item = {"type": "preference", "title": "Prefers dark roast", "body": "Dark roast."}
+        return LLMAnswer(text=json.dumps({"notes": [{**item, "topics": [], "confidence": 0.9}]}))
+
+    late = harvest_transcript(store, chat, llm=slow)
+    assert late.status == "skipped" and late.notes_written == 0
+    assert late.model_calls == 1
+    with store.transaction() as session:
+        assert session.execute(select(Memory.id)).all() == []  # the notes were rolled back
+        models = session.execute(select(HarvestLedger.model)).scalars().all()
+        assert models == ["elsewhere"]
