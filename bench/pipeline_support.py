@@ -330,7 +330,8 @@ def cpu_note(before: dict[str, float], after: dict[str, float], transcripts: int
 
 CLIENT_PROBE = """
 import json, sys, time
-from harvest.model import ModelOptions, resolve_llm, warm_up
+from harvest.model import resolve_llm, warm_up
+from harvest.options import ModelOptions
 from store.settings import Settings
 
 options = ModelOptions.from_settings(Settings(

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field
 
 from harvest.errors import HarvestError
 from harvest.job import harvest_transcript, resolve_owner
-from harvest.model import HarvestLLM
+from harvest.llm import HarvestLLM
 from harvest.outcome import Counts, HarvestOutcome
 from harvest.readers import iter_paths, read_path
 from harvest.transcript import Limits, Transcript

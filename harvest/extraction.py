@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harvest.candidate import NoteCandidate
-from harvest.model import HarvestLLM, ModelOptions, Usage, extract
+from harvest.llm import HarvestLLM
+from harvest.model import Usage, extract
 from harvest.offline import offline_extract
+from harvest.options import ModelOptions
 from harvest.outcome import Counts
 from harvest.transcript import Transcript
 from store import Settings

@@ -119,7 +119,7 @@ def estimate(
     counted, never expanded. With ``store``, conversations its ledger or tombstones say are
     done are left out (``already_harvested``).
     """
-    from harvest.model import chunk_sizes, count_tokens
+    from harvest.chunks import chunk_sizes, count_tokens
     from harvest.prompt import render_message, system_prompt, user_prompt
 
     summary = Summary()

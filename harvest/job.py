@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from harvest.errors import HarvestError
 from harvest.extraction import Extraction, run_extraction, uses_model
-from harvest.model import HarvestLLM, Usage
+from harvest.llm import HarvestLLM
+from harvest.model import Usage
 from harvest.outcome import Counts, HarvestOutcome, Status
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Limits, Transcript, check_size
@@ -135,7 +136,7 @@ class Ready:
 def harvested_before(session: Session, plan: Plan) -> bool:
     """True when there is nothing to do: the ledger says this scope already harvested this
     transcript, or the owner forgot it (a tombstone)."""
-    return forget.harvest_state(session, plan.scope, plan.digest, plan.version)[1]
+    return ledger.state(session, plan.scope, plan.digest, plan.version)[1]
 
 
 def look_up(
@@ -143,7 +144,7 @@ def look_up(
 ) -> Ready | None:
     """The ledger check under the transcript's lock: None when it was harvested (or
     forgotten) before, else what extraction needs (``recall_keys``)."""
-    generation, done = forget.harvest_state(session, plan.scope, plan.digest, plan.version)
+    generation, done = ledger.state(session, plan.scope, plan.digest, plan.version)
     if done:
         return None
     return Ready(recall_keys(session, settings, plan, llm), generation)
@@ -226,14 +227,7 @@ def record_harvest(
         model=found.model,
         **counts.counts(),
     )
-    recorded = ledger.record(
-        session,
-        plan.scope,
-        entry,
-        owner_key=forget.owner_key(plan.scope),
-        generation=ready.forget_generation,
-    )
-    if not recorded:
+    if not ledger.record(session, plan.scope, entry, generation=ready.forget_generation):
         raise RecordedElsewhere(plan.digest)
     return plan.outcome("harvested", counts, model=found.model, slugs=written.slugs)
 

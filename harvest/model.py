@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from harvest.answer import ParsedNotes, parse_answer
 from harvest.candidate import NoteCandidate
-from harvest.chunks import chunk_sizes, count_tokens, pack_chunks
+from harvest.chunks import count_tokens, pack_chunks
 from harvest.errors import ContextWindowExceeded, TruncatedAnswer, UnparseableAnswer
 from harvest.formats import call_with_fallback
 from harvest.litellm_client import litellm_call, litellm_format, load_litellm
@@ -32,17 +32,11 @@ from harvest.options import MIN_CONTEXT_TOKENS, ModelOptions
 from harvest.prompt import build_messages, reask_messages, render_message
 from harvest.transcript import Limits, Transcript, check_size, too_large
 
-# What lives here, and the names other modules import from here that live in the module
-# named for them (the call contract, the options, token counting).
+# The call contract, the options and token counting live in the modules named for them.
 __all__ = [
     "MAX_HALVINGS",
-    "HarvestLLM",
-    "LLMAnswer",
-    "ModelOptions",
     "ModelResult",
     "Usage",
-    "chunk_sizes",
-    "count_tokens",
     "extract",
     "merge_notes",
     "resolve_llm",

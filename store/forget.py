@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Executable, bindparam, delete, exists, select, text, update
+from sqlalchemy import CursorResult, Executable, delete, select, text, update
 from sqlalchemy.orm import Session
 
 from store.models import (
@@ -73,38 +73,6 @@ def hold_off(session: Session, scope: Scope) -> None:
     only if the owner's forget count is still the planned one (``store.ledger.record``)."""
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": lock_key(scope)})
-
-
-_HARVEST_STATE = select(
-    select(ForgottenOwner.generation)
-    .where(ForgottenOwner.owner_key == bindparam("owner_key"))
-    .scalar_subquery(),
-    exists().where(ForgottenTranscript.key == bindparam("tombstone")),
-    exists().where(
-        HarvestLedger.scope_kind == bindparam("kind"),
-        HarvestLedger.scope_id == bindparam("sid"),
-        HarvestLedger.transcript_hash == bindparam("digest"),
-        HarvestLedger.harvester_version == bindparam("version"),
-    ),
-)
-
-
-def harvest_state(session: Session, scope: Scope, digest: str, version: str) -> tuple[int, bool]:
-    """``(generation, done)`` in one statement: how many times the owner was forgotten, and
-    whether there is nothing to do for this transcript (forgotten: a tombstone; or the ledger
-    holds it at this harvester version). What a harvest checks under the transcript's lock."""
-    found, tombstoned, harvested = session.execute(
-        _HARVEST_STATE,
-        {
-            "owner_key": owner_key(scope),
-            "tombstone": transcript_key(scope, digest),
-            "kind": scope.kind,
-            "sid": scope.id,
-            "digest": digest,
-            "version": version,
-        },
-    ).one()
-    return int(found or 0), bool(tombstoned or harvested)
 
 
 def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -> dict[str, int]:

@@ -6,11 +6,12 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Table, bindparam, func, select
+from sqlalchemy import Table, bindparam, exists, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from store.models import ForgottenOwner, HarvestLedger, utcnow
+from store import forget
+from store.models import ForgottenOwner, ForgottenTranscript, HarvestLedger, utcnow
 from store.schemas import Scope
 
 
@@ -40,21 +41,30 @@ _KEY = (
     _LEDGER.c.transcript_hash == bindparam("digest"),
     _LEDGER.c.harvester_version == bindparam("version"),
 )
-# The row, written only while the owner's forget count is the one the harvest planned with:
-# one statement, so a forget committed since (or a ledger row another harvest wrote) leaves
-# nothing written. Built once per dialect: only the parameters change.
-_COLUMNS = [column for column in _LEDGER.c if column.name != "id"]
-_UNFORGOTTEN = func.coalesce(
+# How many times the owner of ``:owner_key`` was forgotten (0: never).
+_GENERATION = func.coalesce(
     select(ForgottenOwner.generation)
     .where(ForgottenOwner.owner_key == bindparam("owner_key"))
     .scalar_subquery(),
     0,
-) == bindparam("generation")
+)
+# What a harvest checks under the transcript's lock, in one statement.
+_STATE = select(
+    _GENERATION,
+    exists().where(ForgottenTranscript.key == bindparam("tombstone")),
+    exists().where(*_KEY),
+)
+# The row, written only while the owner's forget count is the one the harvest planned with:
+# one statement, so a forget committed since (or a ledger row another harvest wrote) leaves
+# nothing written. Built once per dialect: only the parameters change.
+_COLUMNS = [column for column in _LEDGER.c if column.name != "id"]
 _RECORD = {
     name: insert(_LEDGER)
     .from_select(
         _COLUMNS,
-        select(*(bindparam(c.name, type_=c.type) for c in _COLUMNS)).where(_UNFORGOTTEN),
+        select(*(bindparam(c.name, type_=c.type) for c in _COLUMNS)).where(
+            bindparam("generation") == _GENERATION
+        ),
     )
     .on_conflict_do_nothing()
     .returning(_LEDGER.c.id)
@@ -62,16 +72,28 @@ _RECORD = {
 }
 
 
-def _key(scope: Scope, digest: str, version: str) -> dict[str, str]:
-    return {"kind": scope.kind, "sid": scope.id, "digest": digest, "version": version}
+def state(session: Session, scope: Scope, digest: str, version: str) -> tuple[int, bool]:
+    """``(generation, done)``: how many times the owner was forgotten, and whether there is
+    nothing to do for this transcript (forgotten: a tombstone; or this scope's ledger holds
+    it at this harvester version). What a harvest checks under the transcript's lock."""
+    found, tombstoned, harvested = session.execute(
+        _STATE,
+        {
+            "owner_key": forget.owner_key(scope),
+            "tombstone": forget.transcript_key(scope, digest),
+            "kind": scope.kind,
+            "sid": scope.id,
+            "digest": digest,
+            "version": version,
+        },
+    ).one()
+    return int(found), bool(tombstoned or harvested)
 
 
-def record(
-    session: Session, scope: Scope, entry: LedgerEntry, *, owner_key: str, generation: int
-) -> bool:
+def record(session: Session, scope: Scope, entry: LedgerEntry, *, generation: int) -> bool:
     """Add the ledger row, with the final counts, as the last write of a harvest; False (and
     nothing written) when another harvest recorded this transcript first or the owner was
-    forgotten since ``generation`` (``owner_key``: ``store.forget.owner_key``). The caller
+    forgotten since ``generation`` (``state``'s first value). The caller
     then rolls its transaction back, notes and all."""
     stmt = _RECORD[session.get_bind().dialect.name]
     row = {
@@ -79,7 +101,7 @@ def record(
         "scope_id": scope.id,
         "created_at": utcnow(),
         **asdict(entry),
-        "owner_key": owner_key,
+        "owner_key": forget.owner_key(scope),
         "generation": generation,
     }
     return session.execute(stmt, row).scalar_one_or_none() is not None

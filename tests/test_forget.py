@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy import inspect, text
 
 from harvest.job import harvest_transcript
-from harvest.model import LLMAnswer, ModelOptions
+from harvest.llm import LLMAnswer
+from harvest.options import ModelOptions
 from harvest.queue import record_jobs
 from store import Scope, Store
 from store import jobs as job_records

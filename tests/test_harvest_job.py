@@ -377,7 +377,7 @@ def test_a_transcript_recorded_meanwhile_rolls_the_notes_back(make_store, backen
     from harvest.job import plan_harvest
     from harvest.llm import LLMAnswer
     from harvest.options import ModelOptions
-    from store import forget, ledger
+    from store import ledger
 
     store: Store = make_store(backend, harvest_model="test/model")
     chat = transcript("I like dark roast.")
@@ -400,8 +400,7 @@ def test_a_transcript_recorded_meanwhile_rolls_the_notes_back(make_store, backen
                 prompt_tokens=0,
                 completion_tokens=0,
             )
-            key = forget.owner_key(plan.scope)
-            assert ledger.record(session, plan.scope, entry, owner_key=key, generation=0)
+            assert ledger.record(session, plan.scope, entry, generation=0)
         item = {"type": "preference", "title": "Prefers dark roast", "body": "Dark roast."}
         return LLMAnswer(text=json.dumps({"notes": [{**item, "topics": [], "confidence": 0.9}]}))
 
