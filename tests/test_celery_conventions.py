@@ -250,3 +250,39 @@ def test_worker_options_for_celery(argv: list[str], passed: list[str], named: bo
     assert args.queues == "harvest"
     assert celery_options(args) == passed
     assert names_node(passed) is named
+
+
+WARM_UP_PROBE = """
+import json, sys
+from celery.signals import worker_init
+import workers.runtime  # connects the worker's signal handlers
+import harvest.chunks as chunks
+worker_init.send(sender=None)
+loaded = chunks._encoding.cache_info().currsize  # the tokenizer's cache: 1 once loaded
+print(json.dumps({"tokenizer": loaded, "litellm": int("litellm" in sys.modules)}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "tokenizer", "litellm"),
+    [
+        # The lean client: the tokenizer is loaded for the children to inherit, litellm is not.
+        ({"GLEANER_HARVEST_MODEL": "openai/m", "GLEANER_HARVEST_API_BASE": "http://h/v1"}, 1, 0),
+        # A model only litellm routes: both.
+        ({"GLEANER_HARVEST_MODEL": "openai/m", "GLEANER_HARVEST_LLM": "litellm"}, 1, 1),
+        # The offline harvester: neither.
+        ({}, 0, 0),
+    ],
+)
+def test_the_worker_parent_loads_what_its_children_use_before_forking(
+    env: dict[str, str], tokenizer: int, litellm: int, tmp_path: Path
+) -> None:
+    base = cluster_env(f"sqlite:///{tmp_path / 'w.db'}", 0)
+    out = subprocess.run(
+        [sys.executable, "-c", WARM_UP_PROBE],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout.splitlines()[-1]) == {"tokenizer": tokenizer, "litellm": litellm}

@@ -35,11 +35,19 @@ def _fresh_engine_in_child(**_: object) -> None:
 
 @worker_init.connect
 def _warm_up_before_forking(**_: object) -> None:
-    # Runs in the worker's main process before the pool starts, so litellm's import (seconds)
-    # and the tokenizer are inherited by every forked child, including the ones that replace
-    # children after GLEANER_WORKER_MAX_TASKS_PER_CHILD tasks, instead of paid by each.
+    # Runs in the worker's main process before the pool starts, so the tokenizer file (a
+    # fifth of a second of CPU) and, for the litellm client, litellm's import (seconds) are
+    # inherited by every forked child, including the ones that replace children after
+    # GLEANER_WORKER_MAX_TASKS_PER_CHILD tasks, instead of paid by each.
     settings = load_settings()
-    if settings.harvest_model and settings.harvest_llm.strip() == "litellm":
-        from harvest.model import warm_up
+    if not settings.harvest_model:
+        return  # the offline harvester counts no tokens
+    from harvest.chunks import count_tokens
+    from harvest.litellm_client import litellm_call
+    from harvest.model import resolve_llm, warm_up
+    from harvest.options import ModelOptions
 
+    if resolve_llm(ModelOptions.from_settings(settings)) is litellm_call:
         warm_up(settings.harvest_model)
+    else:
+        count_tokens("warm up")
