@@ -42,7 +42,7 @@ class Draft:
     source: dict[str, str] | None
 
 
-def _text(field: str, max_bytes: int | None = None, *, optional: bool = False) -> Any:
+def text_field(field: str, max_bytes: int | None = None, *, optional: bool = False) -> Any:
     """A before-validator: the value as text under ``check_text``'s rules (bytes decoded);
     ``optional`` lets None through. Without ``max_bytes`` the limit is the body limit the
     caller's settings give (the validation context)."""
@@ -86,9 +86,9 @@ class _Source(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    url: Annotated[str | None, _text("source.url", 4_000, optional=True)] = None
-    artifact: Annotated[str | None, _text("source.artifact", 4_000, optional=True)] = None
-    note: Annotated[str | None, _text("source.note", 4_000, optional=True)] = None
+    url: Annotated[str | None, text_field("source.url", 4_000, optional=True)] = None
+    artifact: Annotated[str | None, text_field("source.artifact", 4_000, optional=True)] = None
+    note: Annotated[str | None, text_field("source.note", 4_000, optional=True)] = None
 
 
 class _Attrs(BaseModel):
@@ -96,8 +96,8 @@ class _Attrs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    title: Annotated[str, _text("title", MAX_TITLE_BYTES)]
-    body: Annotated[str, _text("body")]
+    title: Annotated[str, text_field("title", MAX_TITLE_BYTES)]
+    body: Annotated[str, text_field("body")]
     slug: Annotated[str | None, BeforeValidator(_slug)] = None
     topics: Annotated[list[str] | None, BeforeValidator(_topics)] = None
     pinned: bool = False

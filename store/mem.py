@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from typing import Annotated
 
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from store.drafts import Draft
+from store.drafts import MAX_TITLE_BYTES, Draft, text_field
 from store.errors import InvalidInput
 from store.models import MemSession, utcnow
 from store.notes import save_draft
@@ -19,6 +20,7 @@ from store.text import check_principal, check_text, strip_private
 
 SUMMARY_TYPE = "summary"
 MAX_TOPIC_KEY_CHARS = 255
+MAX_USER_ID_BYTES = 255
 
 
 def touch_session(session: Session, user_id: str) -> str:
@@ -45,15 +47,59 @@ def touch_session(session: Session, user_id: str) -> str:
     raise RuntimeError(f"could not open a session for {user_id!r}")
 
 
-@dataclass(frozen=True)
-class Observation:
-    """A checked mem_save call; title and content are not yet privacy-stripped."""
+def _not_blank(field: str, reason: str, hint: str = "") -> AfterValidator:
+    """An after-validator: the text holds more than white space (None passes)."""
 
-    user: str
-    content: str
-    title: str
-    type: str
-    topic_key: str | None
+    def check(value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise InvalidInput(f"{field} is empty{hint}", reason=reason)
+        return value
+
+    return AfterValidator(check)
+
+
+def _principal(value: str) -> str:
+    return check_principal(value, "user_id")
+
+
+def _allowed_type(value: str, info: ValidationInfo) -> str:
+    """One of the configured observation types; ``summary`` only for the session summary."""
+    context = info.context or {}
+    if value == SUMMARY_TYPE:
+        if not context.get("allow_summary"):
+            raise InvalidInput(
+                "type 'summary' is reserved: use mem_session_summary", reason="reserved_type"
+            )
+        return value
+    allowed = context.get("observation_types", ())
+    if value not in allowed:
+        raise InvalidInput(f"type {value!r} is not one of {', '.join(allowed)}", reason="bad_type")
+    return value
+
+
+class Observation(BaseModel):
+    """A checked mem_save call; title and content are not yet privacy-stripped.
+
+    Strict (no unknown key, no coercion); validated with a context naming the body limit
+    (``max_body_bytes``), the ``observation_types`` and whether ``summary`` is allowed.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    user_id: Annotated[
+        str,
+        text_field("user_id", MAX_USER_ID_BYTES),
+        _not_blank("user_id", "empty_user_id"),
+        AfterValidator(_principal),
+    ]
+    content: Annotated[str, text_field("content"), _not_blank("content", "empty_content")]
+    title: Annotated[str, text_field("title", MAX_TITLE_BYTES), _not_blank("title", "empty_title")]
+    type: Annotated[str, AfterValidator(_allowed_type)]
+    topic_key: Annotated[
+        str | None,
+        text_field("topic_key", MAX_TOPIC_KEY_CHARS, optional=True),
+        _not_blank("topic_key", "bad_topic_key", " (pass None for none)"),
+    ] = None
 
 
 def check_observation(
@@ -66,34 +112,33 @@ def check_observation(
     topic_key: object,
     allow_summary: bool = False,
 ) -> Observation:
-    """Check a mem_save call's arguments; InvalidInput (a ValueError) names the bad one."""
-    user = check_text(user_id, "user_id", max_bytes=255)
-    if not user.strip():
-        raise InvalidInput("user_id is empty", reason="empty_user_id")
-    user = check_principal(user, "user_id")
-    body = check_text(content, "content", max_bytes=settings.max_body_bytes)
-    if not body.strip():
-        raise InvalidInput("content is empty", reason="empty_content")
-    name = check_text(title, "title", max_bytes=1_000)
-    if not name.strip():
-        raise InvalidInput("title is empty", reason="empty_title")
-    if not isinstance(note_type, str):
-        raise InvalidInput(f"type must be a string, got {note_type!r}", reason="bad_type")
-    if note_type == SUMMARY_TYPE and not allow_summary:
+    """Check a mem_save call's arguments; InvalidInput (a ValueError) names the first bad one."""
+    call = {
+        "user_id": user_id,
+        "content": content,
+        "title": title,
+        "type": note_type,
+        "topic_key": topic_key,
+    }
+    context = {
+        "max_body_bytes": settings.max_body_bytes,
+        "observation_types": settings.observation_types,
+        "allow_summary": allow_summary,
+    }
+    try:
+        return Observation.model_validate(call, context=context)
+    except ValidationError as exc:
+        # Arguments are checked in order: the first one's refusal is the one reported.
+        order = list(Observation.model_fields)
+        first = min(exc.errors(include_url=False), key=lambda e: order.index(str(e["loc"][0])))
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, InvalidInput):
+            raise cause from None
+        # Only a type pydantic itself refuses is left: a non-string ``type``.
+        field = str(first["loc"][0])
         raise InvalidInput(
-            "type 'summary' is reserved: use mem_session_summary", reason="reserved_type"
-        )
-    if note_type != SUMMARY_TYPE and note_type not in settings.observation_types:
-        raise InvalidInput(
-            f"type {note_type!r} is not one of {', '.join(settings.observation_types)}",
-            reason="bad_type",
-        )
-    key = None
-    if topic_key is not None:
-        key = check_text(topic_key, "topic_key", max_bytes=MAX_TOPIC_KEY_CHARS)
-        if not key.strip():
-            raise InvalidInput("topic_key is empty (pass None for none)", reason="bad_topic_key")
-    return Observation(user=user, content=body, title=name, type=note_type, topic_key=key)
+            f"{field} must be a string, got {call[field]!r}", reason="bad_type"
+        ) from None
 
 
 def mem_save(
@@ -122,13 +167,13 @@ def _save(session: Session, settings: Settings, obs: Observation) -> SaveResult:
     # Stripped before hashing and before anything is written.
     body, title = strip_private(obs.content), strip_private(obs.title)
     check_text(body, "content", max_bytes=settings.max_body_bytes)
-    session_id = touch_session(session, obs.user)
+    session_id = touch_session(session, obs.user_id)
     draft = Draft(
         title=title, body=body, slug=None, topics="", pinned=False, confidence=None, source=None
     )
     written = save_draft(
         session,
-        Scope.owner(obs.user),
+        Scope.owner(obs.user_id),
         draft,
         provenance="agent",
         note_type=obs.type,
