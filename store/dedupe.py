@@ -393,7 +393,7 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
     ).all()
 
     scanned = changed = checked = 0
-    in_scopes = [Scope(kind=kind, id=sid) for kind, sid in scopes]
+    in_scopes = [Scope.stored(kind, sid) for kind, sid in scopes]
     apart = _reads_apart(session, in_scopes)
     # Apart, the scan reads through the engine and the settler's thread alone uses the
     # session until ``close``: nothing else here touches it in between.

@@ -2,28 +2,56 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from store.errors import InvalidInput
 from store.models import Memory
 from store.text import check_principal
 
 RELS: tuple[str, ...] = ("related", "derived_from", "supersedes")
-SCOPE_KINDS = ("owner", "global")
+ScopeKind = Literal["owner", "global"]
+MAX_SCOPE_ID_CHARS = 255
 
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
-class Scope(Frozen):
-    """Where a note lives: ``("owner", principal)`` or the global scope ``("global", "")``."""
+def _scope_id(value: str, info: ValidationInfo) -> str:
+    """The id a scope of its kind may have: an owner under the one owner rule (see
+    ``store.text.check_principal``, which also normalizes it), the global scope's ''."""
+    kind = info.data.get("kind")
+    if kind == "owner":
+        value = check_principal(value)
+    elif kind == "global" and value:
+        raise InvalidInput("the global scope's id is ''", reason="bad_scope")
+    if len(value) > MAX_SCOPE_ID_CHARS or "\x00" in value:
+        raise InvalidInput("scope id is too long or holds NUL", reason="bad_scope")
+    return value
 
-    kind: str
-    id: str
+
+class Scope(Frozen):
+    """Where a note lives: ``("owner", principal)`` or the global scope ``("global", "")``.
+
+    Checked strictly when built (``Scope(kind=..., id=...)`` or :meth:`of`); a scope read
+    back from the database is not checked again (:meth:`stored`).
+    """
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+
+    kind: ScopeKind
+    id: Annotated[str, AfterValidator(_scope_id)]
 
     GLOBAL_KIND: ClassVar[str] = "global"
 
@@ -36,6 +64,12 @@ class Scope(Frozen):
         return cls.of(("global", ""))
 
     @classmethod
+    def stored(cls, kind: str, ident: str) -> Scope:
+        """A scope as the database holds it: checked when its notes were written, so not
+        again. One value per scope is shared (a read builds one per row it returns)."""
+        return _stored_scope(kind, ident)
+
+    @classmethod
     def of(cls, value: Scope | tuple[str, str] | object) -> Scope:
         """Accept a Scope or a ``(kind, id)`` pair; anything else is InvalidInput."""
         if isinstance(value, Scope):
@@ -43,25 +77,31 @@ class Scope(Frozen):
         if not (isinstance(value, tuple | list) and len(value) == 2):
             raise InvalidInput(f"a scope is (kind, id), got {value!r}", reason="bad_scope")
         kind, ident = value
-        if kind not in SCOPE_KINDS:
-            raise InvalidInput(
-                f"unknown scope kind {kind!r}: expected 'owner' or 'global'", reason="bad_scope"
-            )
-        if not isinstance(ident, str):
-            raise InvalidInput(f"scope id must be a string, got {ident!r}", reason="bad_scope")
-        if kind == "owner":
-            try:
-                ident = check_principal(ident)  # the one owner rule: see store.text
-            except InvalidInput as exc:
-                raise InvalidInput(str(exc), reason="bad_scope") from None
-        if kind == "global" and ident:
-            raise InvalidInput("the global scope's id is ''", reason="bad_scope")
-        if len(ident) > 255 or "\x00" in ident:
-            raise InvalidInput("scope id is too long or holds NUL", reason="bad_scope")
-        return cls(kind=kind, id=ident)
+        try:
+            return cls.model_validate({"kind": kind, "id": ident})
+        except ValidationError as exc:
+            raise _scope_refusal(exc, kind, ident) from None
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.id}" if self.id else self.kind
+
+
+@functools.lru_cache(maxsize=4_096)
+def _stored_scope(kind: str, ident: str) -> Scope:
+    return Scope.model_construct(kind=cast("ScopeKind", kind), id=ident)
+
+
+def _scope_refusal(exc: ValidationError, kind: object, ident: object) -> InvalidInput:
+    """The first rule a ``(kind, id)`` pair broke, as InvalidInput(reason="bad_scope")."""
+    first = exc.errors(include_url=False)[0]  # fields are checked in order: kind, then id
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, InvalidInput):  # an owner's own rule keeps its message
+        return InvalidInput(str(cause), reason="bad_scope")
+    if first["loc"] == ("kind",):
+        return InvalidInput(
+            f"unknown scope kind {kind!r}: expected 'owner' or 'global'", reason="bad_scope"
+        )
+    return InvalidInput(f"scope id must be a string, got {ident!r}", reason="bad_scope")
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -105,7 +145,7 @@ class Note(Frozen):
     def from_row(cls, row: Memory) -> Note:
         return cls(
             id=row.id,
-            scope=Scope(kind=row.scope_kind, id=row.scope_id),
+            scope=Scope.stored(row.scope_kind, row.scope_id),
             slug=row.slug,
             title=row.title,
             body=row.body,
