@@ -35,9 +35,7 @@ from store.models import LIVE, Memory
 from store.overlap import Candidates, similar_groups
 from store.schemas import Frozen, Scope
 from store.settings import Settings
-from store.sql import (
-    ID_CHUNK,
-)
+from store.sql import ID_CHUNK
 from store.terms import FactText, disagreement, similarity_terms
 
 # Dedupe -----------------------------------------------------------------------------------
@@ -232,13 +230,13 @@ def _found(scope: Scope, scan: _Scan, found: Candidates) -> _Found:
     return _Found(scope, found, {p: (scan.ids[p], scan.seqs[p]) for p in sorted(positions)})
 
 
-def _plan_pairs(session: Session, waiting: Sequence[_Found]) -> list[_Pair]:
-    """Read the details of every waiting scope's notes (many scopes per statement) and pair
-    each duplicate with its keeper. A note deleted since its scope was read is left out."""
+def _plan_pairs(session: Session, waiting: Sequence[_Found], id_chunk: int) -> list[_Pair]:
+    """Read the details of every waiting scope's notes (``id_chunk`` ids per statement) and
+    pair each duplicate with its keeper. A note deleted since its scope was read is left out."""
     ids = sorted(note_id for found in waiting for note_id, _ in found.notes.values())
     details: dict[int, tuple[str, bool, datetime, float | None, FactText]] = {}
-    for start in range(0, len(ids), ID_CHUNK):
-        result = session.connection().execute(_DETAILS, {"ids": ids[start : start + ID_CHUNK]})
+    for start in range(0, len(ids), id_chunk):
+        result = session.connection().execute(_DETAILS, {"ids": ids[start : start + id_chunk]})
         details.update(
             {
                 row[0]: (row[1], bool(row[2]), row[3], row[4], FactText(row[5], row[6], row[7]))
@@ -259,7 +257,7 @@ def _plan_pairs(session: Session, waiting: Sequence[_Found]) -> list[_Pair]:
     return pairs
 
 
-def _supersede(session: Session, plan: Sequence[_Pair]) -> list[_Pair]:
+def _supersede(session: Session, plan: Sequence[_Pair], id_chunk: int) -> list[_Pair]:
     """Write the planned ``keeper supersedes loser`` pairs in bulk; return those written.
 
     ``store.links.link``'s rules hold because a pair is written only when both notes are as
@@ -272,11 +270,11 @@ def _supersede(session: Session, plan: Sequence[_Pair]) -> list[_Pair]:
     loaded = {row.id: row.seq for _, keeper, loser, _ in plan for row in (keeper, loser)}
     ids = sorted(loaded)
     current: set[int] = set()
-    for start in range(0, len(ids), ID_CHUNK):
+    for start in range(0, len(ids), id_chunk):
         stmt = (
             select(Memory.id, Memory.updated_seq)
             .where(
-                Memory.id.in_(ids[start : start + ID_CHUNK]),
+                Memory.id.in_(ids[start : start + id_chunk]),
                 Memory.status == LIVE,
                 Memory.superseded_by_id.is_(None),
             )
@@ -296,12 +294,17 @@ class _Settler:
 
     With ``apart`` (the scan reads on a connection of its own), this happens on a thread of
     its own, so the session's statements run while the next scopes are scanned; the session
-    is then used by that thread alone until :meth:`finish` has returned.
+    is then used by that thread alone until :meth:`finish` has returned. Details are read
+    once ``id_chunk`` notes wait, and pairs written once ``batch`` are planned.
     """
 
-    def __init__(self, session: Session, *, dry_run: bool, apart: bool) -> None:
+    def __init__(
+        self, session: Session, *, dry_run: bool, apart: bool, batch: int, id_chunk: int
+    ) -> None:
         self.session = session
         self.dry_run = dry_run
+        self.batch = batch
+        self.id_chunk = id_chunk
         self.superseded = self.skipped = 0
         self.reported: list[DuplicatePair] = []
         self._plan: list[_Pair] = []
@@ -314,7 +317,7 @@ class _Settler:
     def add(self, found: _Found) -> None:
         self._waiting.append(found)
         self._noted += len(found.notes)
-        if self._noted >= ID_CHUNK:
+        if self._noted >= self.id_chunk:
             self._run(self._waiting, last=False)
             self._waiting, self._noted = [], 0
 
@@ -341,8 +344,8 @@ class _Settler:
         if self._failed:
             return  # queued behind a failed write: the run is over
         try:
-            self._plan.extend(_plan_pairs(self.session, batch))
-            if last or len(self._plan) >= SUPERSEDE_BATCH:  # many scopes' pairs per statement
+            self._plan.extend(_plan_pairs(self.session, batch, self.id_chunk))
+            if last or len(self._plan) >= self.batch:  # many scopes' pairs per statement
                 self._write()
         except BaseException:
             self._failed = True
@@ -350,7 +353,9 @@ class _Settler:
 
     def _write(self) -> None:
         plan = self._plan
-        applied = plan if self.dry_run or not plan else _supersede(self.session, plan)
+        applied = (
+            plan if self.dry_run or not plan else _supersede(self.session, plan, self.id_chunk)
+        )
         if len(applied) < len(plan):
             log.warning(
                 "dedupe skipped %d pair(s): notes changed during the run; the next run looks again",
@@ -366,7 +371,14 @@ class _Settler:
         self._plan = []
 
 
-def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> DedupeResult:
+def dedupe(
+    session: Session,
+    settings: Settings,
+    *,
+    dry_run: bool = False,
+    supersede_batch: int = SUPERSEDE_BATCH,
+    id_chunk: int = ID_CHUNK,
+) -> DedupeResult:
     """Supersede near-duplicates among live notes changed since the last run, scope by scope.
 
     One transaction, the caller's. On PostgreSQL it first tries an advisory lock and, when
@@ -375,6 +387,9 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
     ``updated_seq`` seen at the start (not in a dry run, nor when a pair was skipped because
     its notes changed mid-run: the next run then looks again), so the next run sees only
     later changes; pairs of two unchanged notes are never rescanned.
+
+    ``supersede_batch`` planned pairs are written per set of statements (and held until
+    then); the notes' details are read ``id_chunk`` ids per statement.
     """
     started = time.perf_counter()
     if session.get_bind().dialect.name == "postgresql":
@@ -398,7 +413,9 @@ def dedupe(session: Session, settings: Settings, *, dry_run: bool = False) -> De
     # Apart, the scan reads through the engine and the settler's thread alone uses the
     # session until ``close``: nothing else here touches it in between.
     source: Session | Engine = session.get_bind().engine if apart else session
-    settler = _Settler(session, dry_run=dry_run, apart=apart)
+    settler = _Settler(
+        session, dry_run=dry_run, apart=apart, batch=supersede_batch, id_chunk=id_chunk
+    )
     # closing(): on an error the reading thread stops and its connection goes back at once,
     # not whenever the traceback holding this frame is let go.
     with closing(_scans(source, in_scopes)) as scans:

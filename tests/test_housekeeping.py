@@ -270,6 +270,12 @@ def test_every_scope_is_read_and_deduplicated_on_its_own(store: Store) -> None:
     assert result.superseded == 3
 
 
+def tuned_dedupe(store: Store, **tuning: int) -> DedupeResult:
+    """``store.dedupe()`` with dedupe's batch sizes (``supersede_batch``, ``id_chunk``) set."""
+    with store.transaction() as session:
+        return dedupe.dedupe(session, store.settings, **tuning)
+
+
 def fail_on_call(
     monkeypatch: pytest.MonkeyPatch, module: Any, name: str, nth: int, message: str
 ) -> list[int]:
@@ -296,9 +302,8 @@ def test_a_failure_in_a_later_scope_leaves_every_scope_as_it_was(
         put(store, BASE, scope=scope)
         put(store, NEAR, scope=scope)
     fail_on_call(monkeypatch, dedupe, "similar_groups", 3, "boom")
-    monkeypatch.setattr(dedupe, "SUPERSEDE_BATCH", 1)  # the first scopes are written
     with pytest.raises(RuntimeError, match="boom") as raised:
-        store.dedupe()
+        tuned_dedupe(store, supersede_batch=1)  # the first scopes are written
     monkeypatch.undo()
 
     # Given back at once, though the traceback (held by ``raised``) keeps the run's frame.
@@ -316,10 +321,8 @@ def test_a_failed_write_fails_the_run_and_leaves_every_scope_as_it_was(
         put(store, BASE, scope=Scope.owner(f"user{n}"))
         put(store, NEAR, scope=Scope.owner(f"user{n}"))
     writes = fail_on_call(monkeypatch, supersede, "write", 2, "disk full")
-    monkeypatch.setattr(dedupe, "SUPERSEDE_BATCH", 1)
-    monkeypatch.setattr(dedupe, "ID_CHUNK", 1)  # a write after every scope
     with pytest.raises(RuntimeError, match="disk full"):
-        store.dedupe()
+        tuned_dedupe(store, supersede_batch=1, id_chunk=1)  # a write after every scope
     monkeypatch.undo()
 
     assert len(writes) == 2  # it stopped at the failed write
