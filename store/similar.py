@@ -30,7 +30,7 @@ from store.terms import FactText, disagreement, similarity_terms
 
 SIMILAR_LIMIT = 5
 # A term held by this many notes of the scope counts as common (its postings are not walked
-# to find candidates).
+# to find candidates); ``similar_twins_many`` takes another as ``common_term_notes``.
 COMMON_TERM_NOTES = 500
 # Above this many prefix terms (a low threshold, as for ``similar``) the extra lookups cost
 # more than they save: count every shared term instead.
@@ -59,27 +59,29 @@ def prefix_size(terms: frozenset[str], threshold: float) -> int:
     return 0 if size > PREFIX_MAX_TERMS or size >= len(terms) else size
 
 
-def rare_prefix(terms: frozenset[str], size: int, frequency: dict[str, int]) -> list[str] | None:
-    """The probe's rarest ``size`` terms (``prefix_size``), or None when one of them is common
-    (then counting every shared term is no dearer).
+def rare_prefix(
+    terms: frozenset[str], size: int, frequency: dict[str, int], common: int = COMMON_TERM_NOTES
+) -> list[str] | None:
+    """The probe's rarest ``size`` terms (``prefix_size``), or None when one of them is
+    common, held by ``common`` notes or more (then counting every shared term is no dearer).
 
     Exact, not a heuristic: a note sharing ``min_shared`` of the terms holds one of these.
     """
     prefix = sorted(terms, key=lambda t: (frequency.get(t, 0), t))[:size]
-    if frequency.get(prefix[-1], 0) >= COMMON_TERM_NOTES:
+    if frequency.get(prefix[-1], 0) >= common:
         return None
     return prefix
 
 
 @functools.lru_cache(maxsize=256)
-def _frequency_statement(count: int) -> TextClause:
+def _frequency_statement(count: int, cap: int) -> TextClause:
     """One row: for each of ``count`` terms, how many notes of the scope hold it, capped at
-    COMMON_TERM_NOTES. Each term is its own equality lookup, so every column of the (scope,
+    ``cap``. Each term is its own equality lookup, so every column of the (scope,
     term) index is an index condition whatever the table's statistics say."""
     columns = ", ".join(
         # Only integers are formatted in; every value is a bound parameter.
         f"(SELECT count(*) FROM (SELECT 1 FROM memory_terms WHERE scope_kind = :kind"  # noqa: S608
-        f" AND scope_id = :sid AND term = :t{n} LIMIT {COMMON_TERM_NOTES}) AS c{n})"
+        f" AND scope_id = :sid AND term = :t{n} LIMIT {int(cap)}) AS c{n})"
         for n in range(count)
     )
     return text(f"SELECT {columns}")
@@ -126,10 +128,10 @@ def _term_chunks(scope: Scope, terms: Sequence[str]) -> Iterator[tuple[list[str]
         yield chunk, params
 
 
-def _frequencies(session: Session, scope: Scope, terms: Sequence[str]) -> dict[str, int]:
+def _frequencies(session: Session, scope: Scope, terms: Sequence[str], cap: int) -> dict[str, int]:
     found: dict[str, int] = {}
     for chunk, params in _term_chunks(scope, terms):
-        row = session.execute(_frequency_statement(len(chunk)), params).one()
+        row = session.execute(_frequency_statement(len(chunk), cap), params).one()
         found.update({term: int(n) for term, n in zip(chunk, row, strict=True)})
     return found
 
@@ -251,9 +253,11 @@ def similar_twins_many(
     threshold: float,
     exclude_id: int | None = None,
     limit: int = SIMILAR_LIMIT,
+    common_term_notes: int = COMMON_TERM_NOTES,
 ) -> list[list[Twin]]:
     """For each ``(title, topic string)`` probe, the live notes of the scope scoring at least
-    ``threshold`` against it, best first (then by slug), at most ``limit``.
+    ``threshold`` against it, best first (then by slug), at most ``limit``. A term held by
+    ``common_term_notes`` notes of the scope or more is common: never walked.
 
     Statements: one for the terms' frequencies, one for the rare prefixes' postings (none
     when no note holds them), one for the candidates' shared terms (none without
@@ -274,11 +278,11 @@ def similar_twins_many(
     vocabulary = sorted(set().union(*(wanted[n] for n in short)))
     if not vocabulary:
         return results
-    frequency = _frequencies(session, scope, vocabulary)
+    frequency = _frequencies(session, scope, vocabulary, common_term_notes)
     prefixes: dict[int, list[str]] = {}
     for n in short:
         terms = wanted[n]
-        prefix = rare_prefix(terms, prefix_size(terms, threshold), frequency)
+        prefix = rare_prefix(terms, prefix_size(terms, threshold), frequency, common_term_notes)
         if prefix is None:
             results[n] = _counted_in_sql(
                 session, scope, terms, threshold=threshold, exclude_id=exclude_id, limit=limit

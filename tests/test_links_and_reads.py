@@ -165,7 +165,7 @@ def test_index_text_puts_pinned_bodies_first_within_budgets(make_store, backend:
 
 
 def test_similar_is_the_same_whether_candidates_come_from_rare_terms_or_all_terms(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store,
 ) -> None:
     from store import similar
 
@@ -174,21 +174,20 @@ def test_similar_is_the_same_whether_candidates_come_from_rare_terms_or_all_term
     put(store, "Deploy the billing worker on Fridays", ["ops"])
     probe = ("Deploy the billing service 1 on Fridays", "ops")
 
-    def twins() -> list[tuple[str, float]]:
+    def twins(common: int = similar.COMMON_TERM_NOTES) -> list[tuple[str, float]]:
         with store.transaction() as session:
-            [found] = similar.similar_twins_many(session, ALICE, [probe], threshold=0.7, limit=50)
+            [found] = similar.similar_twins_many(
+                session, ALICE, [probe], threshold=0.7, limit=50, common_term_notes=common
+            )
         return sorted((t.slug, t.score) for t in found)
 
     # 8 terms at 0.7: 6 must be shared, so the 3 rarest terms find every candidate.
     via_rare_terms = twins()
-    monkeypatch.setattr(similar, "COMMON_TERM_NOTES", 1)  # every term "common": count them all
-    assert twins() == via_rare_terms
+    assert twins(common=1) == via_rare_terms  # every term "common": count them all
     assert len(via_rare_terms) == 12 and max(s for _, s in via_rare_terms) == 1.0
 
 
-def test_many_probes_in_one_lookup_answer_as_each_probe_alone(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_many_probes_in_one_lookup_answer_as_each_probe_alone(store: Store) -> None:
     from store import similar
 
     for i in range(8):
@@ -207,18 +206,15 @@ def test_many_probes_in_one_lookup_answer_as_each_probe_alone(
     ]
 
     def answer(
-        batched: bool, exclude: int | None = None
+        batched: bool, exclude: int | None = None, common: int = similar.COMMON_TERM_NOTES
     ) -> list[list[tuple[str, float, bool, str]]]:
+        tuning = {"exclude_id": exclude, "limit": 4, "common_term_notes": common}
         with store.transaction() as session:
             if batched:
-                found = similar.similar_twins_many(
-                    session, ALICE, probes, threshold=0.7, exclude_id=exclude, limit=4
-                )
+                found = similar.similar_twins_many(session, ALICE, probes, threshold=0.7, **tuning)
             else:
                 found = [
-                    similar.similar_twins_many(
-                        session, ALICE, [probe], threshold=0.7, exclude_id=exclude, limit=4
-                    )[0]
+                    similar.similar_twins_many(session, ALICE, [probe], threshold=0.7, **tuning)[0]
                     for probe in probes
                 ]
         return [[(t.slug, t.score, t.pinned, t.provenance) for t in twins] for twins in found]
@@ -232,5 +228,4 @@ def test_many_probes_in_one_lookup_answer_as_each_probe_alone(
     with store.transaction() as session:
         first = similar.similar_twins_many(session, ALICE, [probes[1]], threshold=0.7)[0][0].id
     assert answer(True, exclude=first)[1] == []  # the probe's own note left out
-    monkeypatch.setattr(similar, "COMMON_TERM_NOTES", 1)  # every term common: all in SQL
-    assert answer(True) == batched
+    assert answer(True, common=1) == batched  # every term common: all in SQL
