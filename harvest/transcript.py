@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from harvest.errors import TranscriptFormatError
-
-if TYPE_CHECKING:
-    from store.settings import Settings
+from store.settings import Settings
 
 Role = Literal["user", "assistant", "system", "tool"]
 
@@ -55,10 +54,10 @@ class Transcript(BaseModel):
 
 # --- size limits -------------------------------------------------------------------------
 
-# The defaults of the GLEANER_* settings that bound one read (see store.settings).
-DEFAULT_MAX_TRANSCRIPT_BYTES = 4_000_000
-DEFAULT_MAX_TRANSCRIPT_MESSAGES = 10_000
-DEFAULT_MAX_FILE_BYTES = 256_000_000
+
+def _setting(name: str) -> Any:
+    """The ``Settings`` field ``name`` (default, bounds, description): a limit is declared once."""
+    return copy.copy(Settings.model_fields[name])
 
 
 class Limits(BaseModel):
@@ -66,15 +65,17 @@ class Limits(BaseModel):
 
     ``transcript_bytes`` counts the UTF-8 bytes of a conversation's message text,
     ``transcript_messages`` the messages it lists, ``file_bytes`` the bytes read from one file
-    (a zip export's ``conversations.json`` counted inflated). Each is checked before the text
-    is tokenized or sent anywhere.
+    (a zip export's ``conversations.json`` counted inflated), ``zip_entries`` the entries a
+    zip export declares. Each is checked before the text is tokenized or sent anywhere; each
+    default and bound is the setting's (``GLEANER_MAX_*``).
     """
 
     model_config = ConfigDict(frozen=True)
 
-    transcript_bytes: int = Field(default=DEFAULT_MAX_TRANSCRIPT_BYTES, gt=0)
-    transcript_messages: int = Field(default=DEFAULT_MAX_TRANSCRIPT_MESSAGES, gt=0)
-    file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, gt=0)
+    transcript_bytes: int = _setting("max_transcript_bytes")
+    transcript_messages: int = _setting("max_transcript_messages")
+    file_bytes: int = _setting("max_file_bytes")
+    zip_entries: int = _setting("max_zip_entries")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -92,6 +93,7 @@ _LIMIT_SETTINGS = {
     "transcript_bytes": "max_transcript_bytes",
     "transcript_messages": "max_transcript_messages",
     "file_bytes": "max_file_bytes",
+    "zip_entries": "max_zip_entries",
 }
 
 

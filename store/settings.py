@@ -131,6 +131,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Most bytes read from one file (a zip's conversations.json inflated).",
     )
+    max_zip_entries: int = Field(
+        default=200_000,
+        gt=0,
+        description="Most entries a zip export may declare (its directory is read whole before "
+        "any member); more is too_large, unopened.",
+    )
     archive_below_weight: float | None = Field(
         default=None,
         ge=0,

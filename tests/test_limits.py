@@ -151,6 +151,7 @@ def test_limits_come_from_the_settings_and_bad_values_name_the_variable(
     assert Limits.from_settings(settings) == Limits(
         transcript_bytes=123, transcript_messages=4, file_bytes=99
     )
+    assert Limits.from_settings(test_settings(max_zip_entries=5)).zip_entries == 5
     options = ModelOptions.from_settings(settings)
     assert (options.max_calls, options.max_transcript_bytes, options.max_transcript_messages) == (
         7,
@@ -161,7 +162,7 @@ def test_limits_come_from_the_settings_and_bad_values_name_the_variable(
     assert (defaults.harvest_max_calls, defaults.max_transcript_bytes) == (20, 4_000_000)
     assert (defaults.max_transcript_messages, defaults.max_file_bytes) == (10_000, 256_000_000)
     assert Limits.from_settings(defaults) == Limits()
-    for name in ("GLEANER_MAX_FILE_BYTES", "GLEANER_HARVEST_MAX_CALLS"):
+    for name in ("GLEANER_MAX_FILE_BYTES", "GLEANER_MAX_ZIP_ENTRIES", "GLEANER_HARVEST_MAX_CALLS"):
         monkeypatch.setenv(name, "0")
         with pytest.raises(ConfigError, match=name):
             load_settings()
@@ -283,15 +284,13 @@ def test_a_zip_whose_member_lies_about_its_size_stays_bounded(tmp_path: Path) ->
     assert peak < 4_000_000
 
 
-def test_a_zip_declaring_too_many_entries_is_refused_unopened(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = zeros_zip(tmp_path / "export.zip", 0, extra=10)
-    monkeypatch.setattr(files_module, "MAX_ZIP_ENTRIES", 5)
+def test_a_zip_declaring_too_many_entries_is_refused_unopened(tmp_path: Path) -> None:
+    path = zeros_zip(tmp_path / "export.zip", 0, extra=10, head=json.dumps(native("z")).encode())
+    assert len(read_path(path, limits=Limits(zip_entries=11)).transcripts) == 1  # at the limit
     with pytest.raises(TranscriptFormatError) as caught:
-        read_path(path)
+        read_path(path, limits=Limits(zip_entries=10))
     assert caught.value.reason == "too_large"
-    assert "11 entries, over the limit of 5" in str(caught.value)
+    assert "11 entries, over the limit of 10 (GLEANER_MAX_ZIP_ENTRIES" in str(caught.value)
 
 
 # --- JSON nested too deeply ----------------------------------------------------------------

@@ -35,11 +35,6 @@ def not_a_transcript(path: Path, why: str) -> TranscriptFormatError:
     return TranscriptFormatError(f"{path}: not a transcript file ({why}); {EXPECTED}")
 
 
-# A zip's central directory is parsed whole (an object per entry) before any member is read.
-# An export holds thousands of entries (its images and files); millions are refused unopened.
-MAX_ZIP_ENTRIES = 200_000
-
-
 def decode(data: bytes | bytearray, path: Path) -> str:
     try:
         return data.decode("utf-8-sig")
@@ -80,17 +75,20 @@ def read_zip(path: Path, limits: Limits, data: bytes | None = None) -> str:
     archive's bytes when it is not read from ``path``.
 
     Refused (``too_large``) before anything is inflated when the archive declares more than
-    MAX_ZIP_ENTRIES entries or the member more than ``limits.file_bytes`` bytes, and while
-    inflating once the member grows past that (a declared size can lie).
+    ``limits.zip_entries`` entries (its central directory is parsed whole, an object per
+    entry, before any member is read; an export holds a few thousand) or the member more
+    than ``limits.file_bytes`` bytes, and while inflating once the member grows past that (a
+    declared size can lie).
     """
     try:
         with path.open("rb") if data is None else io.BytesIO(data) as fp:
             entries = _declared_entries(fp)
-            if entries > MAX_ZIP_ENTRIES:
-                raise TranscriptFormatError(
-                    f"{path}: zip archive too large: {entries:,} entries, over the limit of "
-                    f"{MAX_ZIP_ENTRIES:,} (an export holds a few thousand)",
-                    reason="too_large",
+            if entries > limits.zip_entries:
+                raise too_large(
+                    f"{path}: zip archive",
+                    f"{entries:,} entries",
+                    limits.zip_entries,
+                    "GLEANER_MAX_ZIP_ENTRIES",
                 )
             with zipfile.ZipFile(fp) as archive:
                 return decode(_export_member(archive, path, limits), path)
