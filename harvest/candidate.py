@@ -6,8 +6,6 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-NOTE_TYPES = ("profile", "preference", "decision", "discovery", "pattern")
-
 # A word: at least one letter or digit, in any script.
 _WORD = re.compile(r"[^\W_]")
 
@@ -27,7 +25,7 @@ class NoteCandidate(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    type: str = Field(description="one of profile, preference, decision, discovery, pattern")
+    type: str = Field(description="one of the observation types (GLEANER_OBSERVATION_TYPES)")
     title: str = Field(min_length=1, max_length=200)
     body: str = Field(min_length=1, max_length=4000)
     topics: list[str] = Field(default_factory=list, max_length=8)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from harvest.candidate import NOTE_TYPES, NoteCandidate
+from harvest.candidate import NoteCandidate
 from harvest.offline_cues import (
     ADVERBS,
     CHAT_NOUNS,
@@ -46,6 +46,7 @@ from harvest.offline_cues import (
 )
 from harvest.redact import redact_text
 from harvest.transcript import Message, Transcript
+from store.settings import DEFAULT_OBSERVATION_TYPES
 from store.terms import jaccard
 from store.text import REDACTED, words
 
@@ -279,7 +280,7 @@ def _body(item: _Found, t: Transcript) -> str:
 
 
 def offline_extract(
-    t: Transcript, max_facts: int, types: tuple[str, ...] = NOTE_TYPES
+    t: Transcript, max_facts: int, types: tuple[str, ...] = DEFAULT_OBSERVATION_TYPES
 ) -> list[NoteCandidate]:
     """Notes for the preferences, decisions, profile facts, discoveries and patterns the user
     stated, surest first, at most ``max_facts``, only of ``types``.

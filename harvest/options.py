@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from harvest.candidate import NOTE_TYPES
 from harvest.formats import ResponseFormat
 from store import ConfigError, Settings
+from store.settings import DEFAULT_OBSERVATION_TYPES
 
 # Each option that mirrors a setting, and the setting it mirrors (its GLEANER_* variable is
 # the upper-cased name).
@@ -72,7 +72,7 @@ class ModelOptions(BaseModel):
     api_base: str | None = _setting("harvest_api_base")
     api_key: SecretStr | None = _setting("harvest_api_key")
     max_facts: int = _setting("harvest_max_facts")
-    types: tuple[str, ...] = Field(default=NOTE_TYPES, min_length=1)
+    types: tuple[str, ...] = Field(default=DEFAULT_OBSERVATION_TYPES, min_length=1)
     timeout_seconds: float = _setting("harvest_timeout_seconds")
     max_attempts: int = _setting("harvest_max_attempts")
     max_retry_seconds: float = _setting("harvest_max_retry_seconds")

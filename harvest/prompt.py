@@ -15,8 +15,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harvest.candidate import NOTE_TYPES
 from harvest.transcript import Message
+from store.settings import DEFAULT_OBSERVATION_TYPES
 
 # One line of guidance per known type; a configured type without one is listed bare.
 TYPE_GUIDE: dict[str, str] = {
@@ -117,7 +117,7 @@ ROLE_LABELS = {"user": "User", "assistant": "Assistant", "system": "System", "to
 _CLOSING_MARKER = re.compile(r"</\s*transcript\s*>", re.IGNORECASE)
 
 
-def system_prompt(*, max_facts: int, types: Sequence[str] = NOTE_TYPES) -> str:
+def system_prompt(*, max_facts: int, types: Sequence[str] = DEFAULT_OBSERVATION_TYPES) -> str:
     """The system message for a transcript: the rules, the types and the answer shape."""
     if max_facts < 1:
         raise ValueError("max_facts must be at least 1")
@@ -136,7 +136,9 @@ def system_prompt(*, max_facts: int, types: Sequence[str] = NOTE_TYPES) -> str:
     )
 
 
-def essentials(*, max_facts: int, types: Sequence[str] = NOTE_TYPES, cut_off: bool = False) -> str:
+def essentials(
+    *, max_facts: int, types: Sequence[str] = DEFAULT_OBSERVATION_TYPES, cut_off: bool = False
+) -> str:
     """The rules' essentials for the end of the user turn; ``cut_off`` asks for a shorter
     answer (the retry after an answer stopped at the length limit)."""
     return ESSENTIALS_TEMPLATE.format(
@@ -171,7 +173,7 @@ def user_prompt(
     part: tuple[int, int] | None = None,
     known_keys: Sequence[tuple[str, str]] = (),
     max_facts: int = 5,
-    types: Sequence[str] = NOTE_TYPES,
+    types: Sequence[str] = DEFAULT_OBSERVATION_TYPES,
     cut_off: bool = False,
 ) -> str:
     """The user message: the owner's known topic keys, the transcript between markers

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harvest.candidate import NOTE_TYPES, NoteCandidate
+from harvest.candidate import NoteCandidate
 from harvest.offline import offline_extract
 from harvest.readers import iter_paths, read_path
 from harvest.transcript import Message, Transcript
+from store.settings import DEFAULT_OBSERVATION_TYPES as TYPES
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -27,7 +28,7 @@ def said(*user_turns: str, title: str | None = "Setup") -> Transcript:
 
 
 def one(text: str) -> NoteCandidate:
-    notes = offline_extract(said(text), 10, NOTE_TYPES)
+    notes = offline_extract(said(text), 10, TYPES)
     assert len(notes) == 1, notes
     return notes[0]
 
@@ -136,7 +137,7 @@ def test_profile_facts_get_stable_topic_keys(
 
 
 def test_two_facts_in_one_sentence() -> None:
-    notes = offline_extract(said("my name is bob and i work at acme"), 10, NOTE_TYPES)
+    notes = offline_extract(said("my name is bob and i work at acme"), 10, TYPES)
     assert {(n.title, n.topic_key) for n in notes} == {
         ("Name is Bob", "profile/name"),
         ("Works at Acme", "profile/employer"),
@@ -187,7 +188,7 @@ def test_body_is_the_sentence_with_context() -> None:
     ],
 )
 def test_chit_chat_gives_no_notes(chatter: str) -> None:
-    assert offline_extract(said(chatter), 10, NOTE_TYPES) == []
+    assert offline_extract(said(chatter), 10, TYPES) == []
 
 
 def test_only_user_turns_count() -> None:
@@ -199,7 +200,7 @@ def test_only_user_turns_count() -> None:
             Message(role="system", content="My name is Assistant."),
         ],
     )
-    assert offline_extract(t, 10, NOTE_TYPES) == []
+    assert offline_extract(t, 10, TYPES) == []
 
 
 def test_private_and_index_text_never_become_notes() -> None:
@@ -208,7 +209,7 @@ def test_private_and_index_text_never_become_notes() -> None:
         '<gleaner-memory-index scope="owner:a">\n- I prefer vim over emacs\n'
         "</gleaner-memory-index>Thanks.",
     )
-    assert offline_extract(t, 10, NOTE_TYPES) == []
+    assert offline_extract(t, 10, TYPES) == []
 
 
 def test_types_filter_and_cap() -> None:
@@ -219,20 +220,20 @@ def test_types_filter_and_cap() -> None:
         "The bug was a race in the cache warmer.",
         "I always run the linter before committing.",
     )
-    every = offline_extract(t, 10, NOTE_TYPES)
-    assert sorted(n.type for n in every) == sorted(NOTE_TYPES)
+    every = offline_extract(t, 10, TYPES)
+    assert sorted(n.type for n in every) == sorted(TYPES)
     assert [n.type for n in offline_extract(t, 10, ("decision",))] == ["decision"]
     assert offline_extract(t, 10, ("summary",)) == []
-    capped = offline_extract(t, 2, NOTE_TYPES)
+    capped = offline_extract(t, 2, TYPES)
     assert capped == every[:2]
-    assert offline_extract(t, 0, NOTE_TYPES) == []
+    assert offline_extract(t, 0, TYPES) == []
 
 
 def test_sorted_by_confidence_and_hedges_lower_it() -> None:
     t = said(
         "I like Go.", "Maybe I prefer dark mode.", "My name is Alice.", "I prefer light fonts."
     )
-    notes = offline_extract(t, 10, NOTE_TYPES)
+    notes = offline_extract(t, 10, TYPES)
     confidences = [n.confidence for n in notes]
     assert confidences == sorted(confidences, reverse=True)
     by_title = {n.title: n.confidence for n in notes}
@@ -246,33 +247,33 @@ def test_near_identical_statements_are_one_note() -> None:
         "As I said, I really prefer tabs over spaces!",
         "I prefer tabs over spaces.",
     )
-    notes = offline_extract(t, 10, NOTE_TYPES)
+    notes = offline_extract(t, 10, TYPES)
     assert [n.title for n in notes] == ["Prefers tabs over spaces"]
     assert notes[0].confidence == 0.9  # said three times: surer than once (0.85)
 
 
 def test_a_corrected_profile_fact_keeps_the_latest() -> None:
-    notes = offline_extract(said("I live in Berlin.", "I live in Munich now."), 10, NOTE_TYPES)
+    notes = offline_extract(said("I live in Berlin.", "I live in Munich now."), 10, TYPES)
     assert [(n.title, n.topic_key) for n in notes] == [("Lives in Munich", "profile/location")]
     assert notes[0].confidence == 0.85  # a correction, not a repeat
-    again = offline_extract(said("I live in Berlin.", "I live in berlin."), 10, NOTE_TYPES)
+    again = offline_extract(said("I live in Berlin.", "I live in berlin."), 10, TYPES)
     assert [(n.title, n.confidence) for n in again] == [("Lives in Berlin", 0.9)]
 
 
 def test_deterministic() -> None:
     t = read_path(EXAMPLES / "native.json").transcripts[0]
-    first = offline_extract(t, 10, NOTE_TYPES)
+    first = offline_extract(t, 10, TYPES)
     assert first
-    assert all(offline_extract(t, 10, NOTE_TYPES) == first for _ in range(3))
+    assert all(offline_extract(t, 10, TYPES) == first for _ in range(3))
 
 
 def test_examples_each_yield_two_to_four_good_notes() -> None:
     for path in iter_paths([EXAMPLES]):
         for t in read_path(path, default_owner="example-owner").transcripts:
-            notes = offline_extract(t, 10, NOTE_TYPES)
+            notes = offline_extract(t, 10, TYPES)
             assert 2 <= len(notes) <= 4, (t.conversation_id, notes)
             for note in notes:
-                assert note.type in NOTE_TYPES
+                assert note.type in TYPES
                 assert 0.5 <= note.confidence <= 0.9
                 assert 1 <= len(note.topics) <= 5
                 assert "[REDACTED]" not in note.title + note.body
@@ -281,13 +282,13 @@ def test_examples_each_yield_two_to_four_good_notes() -> None:
 
 def test_example_notes_are_the_expected_ones() -> None:
     (t,) = read_path(EXAMPLES / "native.json").transcripts
-    titles = {(n.type, n.title) for n in offline_extract(t, 10, NOTE_TYPES)}
+    titles = {(n.type, n.title) for n in offline_extract(t, 10, TYPES)}
     assert titles == {
         ("preference", "Prefers tabs over spaces"),
         ("profile", "Based in Lisbon"),
         ("decision", "Decided to use uv instead of pip-tools for the lockfiles"),
     }
     chatgpt = read_path(EXAMPLES / "chatgpt-export" / "conversations.json").transcripts[0]
-    chatgpt_titles = [n.title for n in offline_extract(chatgpt, 10, NOTE_TYPES)]
+    chatgpt_titles = [n.title for n in offline_extract(chatgpt, 10, TYPES)]
     assert "Decided to go with FastAPI and a small React admin instead" in chatgpt_titles
     assert not any("Django and its built-in admin" in title for title in chatgpt_titles)

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from harvest.candidate import NOTE_TYPES
 from harvest.prompt import (
     EXAMPLE_ANSWER,
     build_messages,
@@ -22,6 +21,7 @@ from harvest.prompt import (
     user_prompt,
 )
 from harvest.transcript import Message
+from store.settings import DEFAULT_OBSERVATION_TYPES as TYPES
 
 
 def _cl100k() -> Any:
@@ -37,16 +37,16 @@ def _cl100k() -> Any:
 
 def test_fixed_part_of_the_prompt_is_under_1000_tokens() -> None:
     encoding = _cl100k()
-    messages = build_messages("", max_facts=50, types=NOTE_TYPES)
+    messages = build_messages("", max_facts=50, types=TYPES)
     fixed = sum(len(encoding.encode(m["content"])) for m in messages)
     assert fixed <= 1_000, fixed
 
 
 def test_system_prompt_states_the_rules() -> None:
-    text = system_prompt(max_facts=7, types=NOTE_TYPES)
+    text = system_prompt(max_facts=7, types=TYPES)
     lowered = text.lower()
     assert "at most 7 notes" in lowered
-    for name in NOTE_TYPES:
+    for name in TYPES:
         assert name in text
     assert "never copy secrets" in lowered
     assert "data, not instructions" in lowered
@@ -63,14 +63,14 @@ def test_configured_types_are_listed_even_without_guidance() -> None:
     assert "- profile:" not in text
 
 
-@pytest.mark.parametrize(("max_facts", "types"), [(0, NOTE_TYPES), (3, ())])
+@pytest.mark.parametrize(("max_facts", "types"), [(0, TYPES), (3, ())])
 def test_system_prompt_rejects_nonsense(max_facts: int, types: tuple[str, ...]) -> None:
     with pytest.raises(ValueError, match=r"max_facts|type"):
         system_prompt(max_facts=max_facts, types=types)
 
 
 def test_build_messages_puts_the_transcript_last_as_data() -> None:
-    messages = build_messages("User: I use vim.", max_facts=5, types=NOTE_TYPES)
+    messages = build_messages("User: I use vim.", max_facts=5, types=TYPES)
     assert [m["role"] for m in messages] == ["system", "user"]
     user = messages[1]["content"]
     assert "<transcript>\nUser: I use vim.\n</transcript>" in user
@@ -129,18 +129,18 @@ def test_the_user_turn_repeats_the_essentials_after_the_transcript() -> None:
 
 def test_the_essentials_cost_at_most_150_tokens() -> None:
     encoding = _cl100k()
-    assert len(encoding.encode(essentials(max_facts=50, types=NOTE_TYPES))) <= 150
+    assert len(encoding.encode(essentials(max_facts=50, types=TYPES))) <= 150
 
 
 def test_the_cut_off_retry_asks_for_a_shorter_answer() -> None:
-    messages = build_messages("User: hi", max_facts=2, types=NOTE_TYPES, cut_off=True)
+    messages = build_messages("User: hi", max_facts=2, types=TYPES, cut_off=True)
     assert "at most 2 notes" in messages[0]["content"]
     user = messages[1]["content"]
     assert "cut off at the length limit" in user and "(one sentence, third person)" in user
 
 
 def test_the_reask_appends_the_answer_and_one_line_of_feedback() -> None:
-    first = build_messages("User: hi", max_facts=5, types=NOTE_TYPES)
+    first = build_messages("User: hi", max_facts=5, types=TYPES)
     again = reask_messages(first, "Sure!", "it is not JSON\nat all. " + "x" * 500)
     assert again[:2] == first and again[2] == {"role": "assistant", "content": "Sure!"}
     feedback = again[3]["content"]
