@@ -137,6 +137,12 @@ class Settings(BaseSettings):
         description="Most entries a zip export may declare (its directory is read whole before "
         "any member); more is too_large, unopened.",
     )
+    progress_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="Seconds between two plain progress lines of harvest, import and status "
+        "--watch when stderr is no terminal (logs, CI); the first and last are always shown.",
+    )
     archive_below_weight: float | None = Field(
         default=None,
         ge=0,

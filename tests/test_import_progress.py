@@ -48,17 +48,16 @@ def test_plain_progress_waits_between_lines_and_always_shows_the_end() -> None:
     assert progress.duration(7380) == "2h03m"
 
 
+@pytest.mark.parametrize(("seconds", "shown"), [("0", [1, 2, 3, 4, 5]), ("3600", [1, 5])])
 def test_in_process_harvest_shows_progress_on_stderr_without_a_terminal(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cli: Cli, tmp_path: Path, seconds: str, shown: list[int]
 ) -> None:
-    monkeypatch.setattr(progress, "PLAIN_EVERY_SECONDS", 0.0)
     write_natives(tmp_path / "in", 5)
-    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/h.db")
+    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/h.db", GLEANER_PROGRESS_SECONDS=seconds)
     ran = cli("harvest", str(tmp_path / "in"))
     assert ran.code == 0, ran.err
     found = [LINE.match(line) for line in ran.err.splitlines()]
-    counts = [(m["done"], m["total"]) for m in found if m]
-    assert counts[0] == ("1", "5") and counts[-1] == ("5", "5")
+    assert [(int(m["done"]), m["total"]) for m in found if m] == [(n, "5") for n in shown]
 
 
 def test_the_text_summary_names_unreadable_files(cli: Cli, tmp_path: Path) -> None:
@@ -115,12 +114,11 @@ def cluster(
 
 @pytest.mark.slow
 def test_no_wait_returns_queued_then_status_watch_follows_to_the_end(
-    cli: Cli, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    cli: Cli, cluster: Cluster
 ) -> None:
-    monkeypatch.setattr(progress, "PLAIN_EVERY_SECONDS", 0.0)
-    monkeypatch.setattr(progress, "POLL_SECONDS", 0.1)
     export = write_chatgpt_export(cluster.tmp / "export" / "conversations.json", 30, facts=2)
     cli.env(**{k: v for k, v in cluster.env.items() if k.startswith("GLEANER_")})
+    cli.env(GLEANER_PROGRESS_SECONDS="0")  # a line at every look
 
     queued = cli("import", str(export), "--owner", "dana", "--no-wait")
     assert queued.code == 0, queued.err

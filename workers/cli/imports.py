@@ -105,7 +105,8 @@ def _import_in_process(store: Any, paths: list[Any], owners: dict[str, Any], as_
     from harvest.batch import harvest_paths
 
     try:
-        with Progress("importing", from_zero=True) as progress:
+        every = store.settings.progress_seconds
+        with Progress("importing", every=every, from_zero=True) as progress:
             summary = harvest_paths(
                 store, paths, provenance="import", on_progress=progress.update, **owners
             )

@@ -34,7 +34,8 @@ def cmd_harvest(args: argparse.Namespace) -> int:
     store = open_store()
     ensure_schema(store)
     try:
-        with Progress("harvesting", from_zero=True) as progress:
+        every = store.settings.progress_seconds
+        with Progress("harvesting", every=every, from_zero=True) as progress:
             summary = harvest_paths(
                 store, paths, provenance=args.provenance, on_progress=progress.update, **owners
             )

@@ -13,9 +13,7 @@ from workers.cli.common import Interrupted
 if TYPE_CHECKING:
     from store import Store
 
-# Seconds between two plain progress lines (no terminal).
-PLAIN_EVERY_SECONDS = 5.0
-# Seconds between two looks at an import's jobs while following it.
+# Seconds between two looks at an import's jobs while following it (``follow_import``).
 POLL_SECONDS = 0.5
 
 
@@ -44,8 +42,9 @@ class Progress:
     """``update(done, total)`` shows how far a run is; use as a context manager.
 
     On a terminal the rich bar redraws in place. Otherwise a line such as
-    ``import 3ef6ebb8: 1200/5000 (24%), 41.2/s, ETA 1m32s`` goes to stderr at most every
-    ``every`` seconds, and once more at the end, so a log shows the run move and finish.
+    ``import 3ef6ebb8: 1200/5000 (24%), 41.2/s, ETA 1m32s`` goes to stderr at the first
+    update, then at most every ``every`` seconds (``GLEANER_PROGRESS_SECONDS``), and once
+    more at the end, so a log shows the run move and finish.
     The rate counts only what was done while this object watched.
     """
 
@@ -53,14 +52,14 @@ class Progress:
         self,
         label: str,
         *,
-        every: float | None = None,
+        every: float,
         stream: TextIO | None = None,
         from_zero: bool = False,
     ) -> None:
         """``from_zero``: the run starts now with nothing done (an in-process harvest);
         otherwise the rate counts from the first update (an import already under way)."""
         self.label = label
-        self.every = PLAIN_EVERY_SECONDS if every is None else every
+        self.every = every
         self.stream = stream if stream is not None else sys.stderr
         self._bar: Any = None
         self._task: Any = None
@@ -140,19 +139,20 @@ def import_state(store: Store, import_id: str) -> tuple[dict[str, Any], dict[str
     return state, totals
 
 
-def follow_import(store: Store, import_id: str) -> None:
-    """Show an import's progress until every job is done or failed. Ctrl-C stops following
-    (ImportStillRunning), never the import."""
+def follow_import(store: Store, import_id: str, *, poll_seconds: float = POLL_SECONDS) -> None:
+    """Show an import's progress, looking every ``poll_seconds``, until every job is done or
+    failed. Ctrl-C stops following (ImportStillRunning), never the import."""
     from store import job_reports
 
+    every = store.settings.progress_seconds
     try:
-        with Progress(f"import {import_id[:8]}") as progress:
+        with Progress(f"import {import_id[:8]}", every=every) as progress:
             while True:
                 with store.transaction() as session:
                     state = job_reports.import_progress(session, import_id)
                 progress.update(int(state["finished"]), int(state["total"]))
                 if state["finished"] >= state["total"]:
                     return
-                time.sleep(POLL_SECONDS)
+                time.sleep(poll_seconds)
     except KeyboardInterrupt:
         raise ImportStillRunning(import_id) from None
