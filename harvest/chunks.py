@@ -2,8 +2,9 @@
 a budget of cl100k tokens (one model request each), counted without ever tokenizing more than
 a bounded piece of text at once.
 
-The tokenizer is tiktoken's cl100k_base from the file litellm bundles, never downloaded;
-without it, counts fall back to an estimate from UTF-8 bytes.
+The tokenizer is tiktoken's cl100k_base from the file litellm bundles (:func:`cl100k`), never
+downloaded; without it, counts fall back to an estimate from UTF-8 bytes. Every public
+function takes another ``encoding`` (any :class:`Encoding`): the seam tests use.
 """
 
 from __future__ import annotations
@@ -14,18 +15,23 @@ import importlib.util
 import itertools
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import tiktoken
+from typing import Protocol
 
 _CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 
 
+class Encoding(Protocol):
+    """What chunking asks of a tokenizer (tiktoken's ``Encoding`` is one)."""
+
+    def encode(self, text: str, *, disallowed_special: Collection[str]) -> list[int]: ...
+
+    def decode_with_offsets(self, tokens: list[int]) -> tuple[str, list[int]]: ...
+
+
 @functools.cache
-def _encoding() -> tiktoken.Encoding | None:
+def cl100k() -> Encoding | None:
     """cl100k_base if its file is on disk, else None (and counts fall back to an estimate).
 
     tiktoken downloads a missing file with no timeout, which could hang an offline worker,
@@ -86,17 +92,26 @@ def _pieces(text: str) -> Iterator[str]:
     yield text[start:]
 
 
-def count_tokens(text: str) -> int:
-    """cl100k_base tokens in ``text``, counted a bounded piece at a time (``_pieces``), so
-    memory stays flat whatever the text; without the tokenizer, UTF-8 bytes / 3 (an overcount
-    for English, about right for CJK — erring toward smaller chunks)."""
-    encoding = _encoding()
+def _tokenizer(encoding: Encoding | None) -> Encoding | None:
+    """The encoding a caller passed, else cl100k (None when its file is missing: estimate)."""
+    return cl100k() if encoding is None else encoding
+
+
+def count_tokens(text: str, encoding: Encoding | None = None) -> int:
+    """cl100k_base (or ``encoding``) tokens in ``text``, counted a bounded piece at a time
+    (``_pieces``), so memory stays flat whatever the text; without the tokenizer, UTF-8
+    bytes / 3 (an overcount for English, about right for CJK — erring toward smaller
+    chunks)."""
+    return _count(text, _tokenizer(encoding))
+
+
+def _count(text: str, encoding: Encoding | None) -> int:
     if encoding is None:
         return math.ceil(len(text.encode("utf-8", "surrogatepass")) / 3)
     return sum(len(encoding.encode(piece, disallowed_special=())) for piece in _pieces(text))
 
 
-def _token_starts(encoding: tiktoken.Encoding, piece: str) -> list[int]:
+def _token_starts(encoding: Encoding, piece: str) -> list[int]:
     """Where in ``piece`` each of its tokens starts; a piece that does not round-trip (lone
     surrogates) counts each character as its UTF-8 bytes, an overcount that never overflows."""
     tokens = encoding.encode(piece, disallowed_special=())
@@ -112,14 +127,13 @@ def _token_starts(encoding: tiktoken.Encoding, piece: str) -> list[int]:
     return starts
 
 
-def _slice_text(text: str, budget: int) -> list[tuple[str, int]]:
+def _slice_text(text: str, budget: int, encoding: Encoding | None) -> list[tuple[str, int]]:
     """Cut one over-long block into pieces of at most ``budget`` tokens, at token bounds;
-    each piece with its tokens.
+    each piece with its tokens (``encoding`` None: estimated).
 
     Tokenized a bounded piece at a time (``_pieces``), so a block of any length, an unbroken
     word included, is cut without holding more than one piece's tokens.
     """
-    encoding = _encoding()
     cuts, sizes = [0], []
     used = 0
     if encoding is not None:
@@ -150,25 +164,25 @@ def _slice_text(text: str, budget: int) -> list[tuple[str, int]]:
     ]
 
 
-def _packed(blocks: list[str], budget: int) -> Iterator[tuple[str, int]]:
+def _packed(blocks: list[str], budget: int, encoding: Encoding | None) -> Iterator[tuple[str, int]]:
     """The chunks of :func:`pack_chunks`, each with its tokens as packing counted them (each
-    block once, plus one per joining newline)."""
+    block once, plus one per joining newline); ``encoding`` None: estimated."""
     # A token is at least one UTF-8 byte, so text of at most ``budget`` bytes fits: the
     # usual short transcript is one chunk without being tokenized for packing.
     if sum(len(b.encode("utf-8", "surrogatepass")) + 1 for b in blocks) <= budget:
         if blocks:
             text = "\n".join(blocks)
-            yield text, count_tokens(text)
+            yield text, _count(text, encoding)
         return
     current: list[str] = []
     used = 0
     for block in blocks:
-        cost = count_tokens(block) + 1  # +1 for the joining newline
+        cost = _count(block, encoding) + 1  # +1 for the joining newline
         if cost > budget:
             if current:
                 yield "\n".join(current), used
                 current, used = [], 0
-            yield from _slice_text(block, budget)
+            yield from _slice_text(block, budget, encoding)
             continue
         if current and used + cost > budget:
             yield "\n".join(current), used
@@ -179,16 +193,17 @@ def _packed(blocks: list[str], budget: int) -> Iterator[tuple[str, int]]:
         yield "\n".join(current), used
 
 
-def pack_chunks(blocks: Iterable[str], budget: int) -> list[str]:
-    """Join blocks with newlines into chunks of at most ``budget`` tokens, in order.
+def pack_chunks(blocks: Iterable[str], budget: int, encoding: Encoding | None = None) -> list[str]:
+    """Join blocks with newlines into chunks of at most ``budget`` tokens (cl100k, or
+    ``encoding``), in order.
 
     A block over the budget on its own (a long line, an unbroken word) is cut at token
     boundaries; nothing tokenizes more than PIECE_CHARS characters at once.
     """
-    return [text for text, _ in _packed(list(blocks), budget)]
+    return [text for text, _ in _packed(list(blocks), budget, _tokenizer(encoding))]
 
 
-def chunk_sizes(blocks: Iterable[str], budget: int) -> list[int]:
+def chunk_sizes(blocks: Iterable[str], budget: int, encoding: Encoding | None = None) -> list[int]:
     """The tokens of each chunk :func:`pack_chunks` makes of ``blocks`` (one model request
     each), tokenizing every block once: what estimates count."""
-    return [tokens for _, tokens in _packed(list(blocks), budget)]
+    return [tokens for _, tokens in _packed(list(blocks), budget, _tokenizer(encoding))]

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from harvest.answer import ParsedNotes, parse_answer
 from harvest.candidate import NoteCandidate
-from harvest.chunks import count_tokens, pack_chunks
+from harvest.chunks import Encoding, count_tokens, pack_chunks
 from harvest.errors import ContextWindowExceeded, TruncatedAnswer, UnparseableAnswer
 from harvest.formats import call_with_fallback
 from harvest.litellm_client import litellm_call, litellm_format, load_litellm
@@ -160,10 +160,13 @@ def extract(
     llm: HarvestLLM | None = None,
     known_keys: Sequence[tuple[str, str]] = (),
     usage: Usage | None = None,
+    *,
+    encoding: Encoding | None = None,
 ) -> ModelResult:
     """Ask the harvest model for the notes of one (already redacted) transcript.
 
     ``usage``, when given, counts every call and token as it happens, failed ones included.
+    ``encoding`` counts the tokens chunks are cut by (default cl100k, see ``harvest.chunks``).
 
     The transcript is checked against ``options.max_transcript_bytes`` and
     ``max_transcript_messages`` before anything is tokenized, then rendered and cut into
@@ -194,7 +197,7 @@ def extract(
     meter = _Meter(llm or resolve_llm(options), options, usage)
     blocks = [render_message(m) for m in transcript.messages if m.content.strip()]
     budget = options.context_tokens
-    pending = deque(pack_chunks(blocks, budget))
+    pending = deque(pack_chunks(blocks, budget, encoding))
     _check_calls(len(pending), budget, options.max_calls)
     collected: list[NoteCandidate] = []
     dropped = done = halvings = requests = 0
@@ -206,13 +209,13 @@ def extract(
             parsed = _ask_chunk(meter, chunk, part, options, known_keys)
         except ContextWindowExceeded:
             halvings += 1
-            budget = min(budget, count_tokens(chunk)) // 2
+            budget = min(budget, count_tokens(chunk, encoding)) // 2
             if halvings > MAX_HALVINGS or budget < MIN_CONTEXT_TOKENS:
                 raise
             log.warning("context window exceeded; re-chunking at %d tokens", budget)
             # The rest is re-cut too: chunks of the old size would overflow the same way.
             lines = [line for piece in (chunk, *pending) for line in piece.split("\n")]
-            pending = deque(pack_chunks(lines, budget))
+            pending = deque(pack_chunks(lines, budget, encoding))
             _check_calls(requests + len(pending), budget, options.max_calls)
             continue
         done += 1

@@ -258,7 +258,7 @@ from celery.signals import worker_init
 import workers.runtime  # connects the worker's signal handlers
 import harvest.chunks as chunks
 worker_init.send(sender=None)
-loaded = chunks._encoding.cache_info().currsize  # the tokenizer's cache: 1 once loaded
+loaded = chunks.cl100k.cache_info().currsize  # the tokenizer's cache: 1 once loaded
 print(json.dumps({"tokenizer": loaded, "litellm": int("litellm" in sys.modules)}))
 """
 

@@ -21,10 +21,9 @@ from typing import Any
 
 import pytest
 
-import harvest.chunks as chunks_module
 import harvest.readers.files as files_module
 from harvest.batch import Summary, harvest_paths, read_all
-from harvest.chunks import PIECE_CHARS, _encoding, chunk_sizes, count_tokens, pack_chunks
+from harvest.chunks import PIECE_CHARS, chunk_sizes, cl100k, count_tokens, pack_chunks
 from harvest.errors import ContextWindowExceeded, TranscriptFormatError
 from harvest.imports import estimate
 from harvest.llm import LLMAnswer, Messages
@@ -330,7 +329,7 @@ class SpyEncoding:
     """cl100k, recording the longest text it was handed at once."""
 
     def __init__(self) -> None:
-        real = _encoding()
+        real = cl100k()
         assert real is not None, "these tests need the cl100k file litellm bundles"
         self.real = real
         self.longest = 0
@@ -344,10 +343,8 @@ class SpyEncoding:
 
 
 @pytest.fixture
-def spy(monkeypatch: pytest.MonkeyPatch) -> SpyEncoding:
-    encoding = SpyEncoding()
-    monkeypatch.setattr(chunks_module, "_encoding", lambda: encoding)
-    return encoding
+def spy() -> SpyEncoding:
+    return SpyEncoding()
 
 
 @pytest.mark.slow
@@ -355,19 +352,19 @@ def test_a_long_unbroken_word_is_counted_and_chunked_in_bounded_pieces(spy: SpyE
     word = "".join(random.Random(7).choices(string.ascii_letters, k=1_000_000))
     block = f"User: {word}"
 
-    tokens = count_tokens(block)
-    assert spy.longest <= PIECE_CHARS
+    tokens = count_tokens(block, spy)
+    assert 0 < spy.longest <= PIECE_CHARS
     exact = len(spy.real.encode(block, disallowed_special=()))
     assert abs(tokens - exact) <= exact // 500  # a hard cut may shift a token, no more
 
-    chunks = pack_chunks(["User: hello", block, "Assistant: ok"], 6_000)
+    chunks = pack_chunks(["User: hello", block, "Assistant: ok"], 6_000, spy)
     assert spy.longest <= PIECE_CHARS
     assert chunks[0] == "User: hello" and chunks[-1] == "Assistant: ok"
     assert "".join(chunks[1:-1]) == block
     assert len(chunks) - 2 == -(-tokens // 6_000)
     # Counted on its own a slice's hard cuts fall elsewhere: a token or two either way.
-    assert all(count_tokens(c) <= 6_000 + 12 for c in chunks)
-    assert sum(chunk_sizes([block], 6_000)) == tokens
+    assert all(count_tokens(c, spy) <= 6_000 + 12 for c in chunks)
+    assert sum(chunk_sizes([block], 6_000, spy)) == tokens
 
 
 def test_counts_are_exact_where_the_text_has_spaces(spy: SpyEncoding) -> None:
@@ -378,8 +375,8 @@ def test_counts_are_exact_where_the_text_has_spaces(spy: SpyEncoding) -> None:
         + rng.choice(separators)
         for _ in range(30_000)
     )
-    assert count_tokens(text) == len(spy.real.encode(text, disallowed_special=()))
-    assert spy.longest <= PIECE_CHARS
+    assert count_tokens(text, spy) == len(spy.real.encode(text, disallowed_special=()))
+    assert 0 < spy.longest <= PIECE_CHARS
 
 
 @pytest.mark.slow
@@ -387,8 +384,8 @@ def test_counting_a_5_mb_word_keeps_memory_flat() -> None:
     # Before: ~46 bytes per character (231 MiB here for 5 MB; a 64 MB word took 3 GiB).
     probe = (
         "import resource\n"
-        "from harvest.chunks import _encoding, count_tokens, pack_chunks\n"
-        "assert _encoding() is not None\n"
+        "from harvest.chunks import cl100k, count_tokens, pack_chunks\n"
+        "assert cl100k() is not None\n"
         "count_tokens('warm up')\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "word = 'a' * 5_000_000\n"
@@ -481,20 +478,30 @@ def test_rechunking_past_the_call_limit_is_refused() -> None:
     assert result.chunks >= 2 and roomy.calls == result.calls <= 20
 
 
-def test_extract_checks_bytes_and_messages_before_tokenizing(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def no_tokenizer() -> None:
+class NoTokenizer:
+    """An encoding that fails the test when anything is tokenized."""
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]:
         raise AssertionError("tokenized before the size was checked")
 
-    monkeypatch.setattr(chunks_module, "_encoding", no_tokenizer)
-    llm = CountingLLM()
+    def decode_with_offsets(self, tokens: list[int]) -> tuple[str, list[int]]:
+        raise AssertionError("tokenized before the size was checked")
+
+
+def test_extract_checks_bytes_and_messages_before_tokenizing() -> None:
+    llm, refuse = CountingLLM(), NoTokenizer()
     big = long_transcript(messages=4, words=400)
+    with pytest.raises(AssertionError, match="tokenized"):  # the seam is the one used
+        extract(big, model_options(), llm, encoding=refuse)
     with pytest.raises(TranscriptFormatError, match="GLEANER_MAX_TRANSCRIPT_BYTES") as caught:
-        extract(big, model_options(max_transcript_bytes=1_000), llm)
+        extract(big, model_options(max_transcript_bytes=1_000), llm, encoding=refuse)
     assert caught.value.reason == "too_large"
     with pytest.raises(TranscriptFormatError, match="GLEANER_MAX_TRANSCRIPT_MESSAGES"):
-        extract(long_transcript(messages=30, words=2), model_options(max_transcript_messages=20))
+        extract(
+            long_transcript(messages=30, words=2),
+            model_options(max_transcript_messages=20),
+            encoding=refuse,
+        )
     assert llm.calls == 0
 
 
