@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
@@ -41,6 +41,24 @@ from store.terms import FactText, disagreement, similarity_terms
 # Dedupe -----------------------------------------------------------------------------------
 
 log = logging.getLogger(__name__)
+
+# The named points of a run, in order: ``dedupe(on_step=...)`` is called with each as it is
+# reached, so a test can stop a run there and change the store under it.
+#
+# The run holds its lock (PostgreSQL's advisory lock, SQLite's write transaction) and has
+# read its watermark.
+LOCKED = "locked"
+# A scope's live notes are read and not yet paired (once a scope).
+SCOPE_READ = "scope_read"
+# The details of notes with a near-duplicate are read; their pairs are not yet checked
+# against the notes as they are now, nor written.
+DETAILS_READ = "details_read"
+STEPS = (LOCKED, SCOPE_READ, DETAILS_READ)
+Step = Callable[[str], None]
+
+
+def _no_step(step: str) -> None:
+    """The default ``on_step``: nothing."""
 
 
 class DuplicatePair(Frozen):
@@ -299,12 +317,20 @@ class _Settler:
     """
 
     def __init__(
-        self, session: Session, *, dry_run: bool, apart: bool, batch: int, id_chunk: int
+        self,
+        session: Session,
+        *,
+        dry_run: bool,
+        apart: bool,
+        batch: int,
+        id_chunk: int,
+        on_step: Step,
     ) -> None:
         self.session = session
         self.dry_run = dry_run
         self.batch = batch
         self.id_chunk = id_chunk
+        self.on_step = on_step
         self.superseded = self.skipped = 0
         self.reported: list[DuplicatePair] = []
         self._plan: list[_Pair] = []
@@ -345,6 +371,7 @@ class _Settler:
             return  # queued behind a failed write: the run is over
         try:
             self._plan.extend(_plan_pairs(self.session, batch, self.id_chunk))
+            self.on_step(DETAILS_READ)
             if last or len(self._plan) >= self.batch:  # many scopes' pairs per statement
                 self._write()
         except BaseException:
@@ -378,6 +405,7 @@ def dedupe(
     dry_run: bool = False,
     supersede_batch: int = SUPERSEDE_BATCH,
     id_chunk: int = ID_CHUNK,
+    on_step: Step = _no_step,
 ) -> DedupeResult:
     """Supersede near-duplicates among live notes changed since the last run, scope by scope.
 
@@ -389,7 +417,8 @@ def dedupe(
     later changes; pairs of two unchanged notes are never rescanned.
 
     ``supersede_batch`` planned pairs are written per set of statements (and held until
-    then); the notes' details are read ``id_chunk`` ids per statement.
+    then); the notes' details are read ``id_chunk`` ids per statement. ``on_step`` is called
+    with each named point of the run (``STEPS``) as it is reached, on the thread reaching it.
     """
     started = time.perf_counter()
     if session.get_bind().dialect.name == "postgresql":
@@ -399,6 +428,7 @@ def dedupe(
         if not acquired:
             return DedupeResult(dry_run=dry_run, locked=True, seconds=elapsed(started))
     since = watermark(session, DEDUPE)
+    on_step(LOCKED)
     top = int(session.execute(select(func.max(Memory.updated_seq))).scalar_one() or 0)
     scopes = session.execute(
         select(Memory.scope_kind, Memory.scope_id)
@@ -414,13 +444,19 @@ def dedupe(
     # session until ``close``: nothing else here touches it in between.
     source: Session | Engine = session.get_bind().engine if apart else session
     settler = _Settler(
-        session, dry_run=dry_run, apart=apart, batch=supersede_batch, id_chunk=id_chunk
+        session,
+        dry_run=dry_run,
+        apart=apart,
+        batch=supersede_batch,
+        id_chunk=id_chunk,
+        on_step=on_step,
     )
     # closing(): on an error the reading thread stops and its connection goes back at once,
     # not whenever the traceback holding this frame is let go.
     with closing(_scans(source, in_scopes)) as scans:
         try:
             for scope, scan in scans:
+                on_step(SCOPE_READ)
                 fresh = [seq > since for seq in scan.seqs]
                 found = similar_groups(scan.terms, fresh, settings.duplicate_threshold)
                 scanned += len(scan.ids)

@@ -10,7 +10,7 @@ from itertools import combinations
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, insert, select, text
+from sqlalchemy import func, insert, select, text
 
 from store import Scope, Store, dedupe, supersede
 from store.dedupe import DedupeResult
@@ -270,10 +270,11 @@ def test_every_scope_is_read_and_deduplicated_on_its_own(store: Store) -> None:
     assert result.superseded == 3
 
 
-def tuned_dedupe(store: Store, **tuning: int) -> DedupeResult:
-    """``store.dedupe()`` with dedupe's batch sizes (``supersede_batch``, ``id_chunk``) set."""
+def tuned_dedupe(store: Store, **options: Any) -> DedupeResult:
+    """``store.dedupe()`` with dedupe's keyword options set (``supersede_batch``,
+    ``id_chunk``, ``on_step``)."""
     with store.transaction() as session:
-        return dedupe.dedupe(session, store.settings, **tuning)
+        return dedupe.dedupe(session, store.settings, **options)
 
 
 def fail_on_call(
@@ -592,14 +593,24 @@ def seed_duplicates(store: Store, count: int) -> None:
     )
 
 
-def pause_on(store: Store, marker: str, reached: threading.Event, go: threading.Event) -> None:
-    """Make ``store`` stop right after it runs a statement holding ``marker`` until ``go``."""
+def run_paused(
+    store: Store, step: str, reached: threading.Event, go: threading.Event
+) -> tuple[threading.Thread, dict[str, DedupeResult]]:
+    """A dedupe run of ``store`` on a thread of its own, stopped the first time it reaches
+    the named ``step`` (``dedupe.STEPS``) until ``go``; its result lands in the dict."""
+    assert step in dedupe.STEPS
 
-    @event.listens_for(store.engine, "after_cursor_execute")
-    def _pause(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if marker in statement and not reached.is_set():
+    def on_step(at: str) -> None:
+        if at == step and not reached.is_set():
             reached.set()
             go.wait(timeout=30)
+
+    outcome: dict[str, DedupeResult] = {}
+    worker = threading.Thread(
+        target=lambda: outcome.setdefault("run", tuned_dedupe(store, on_step=on_step))
+    )
+    worker.start()
+    return worker, outcome
 
 
 @pytest.mark.postgres
@@ -610,10 +621,7 @@ def test_overlapping_runs_on_postgresql_one_works_one_is_locked(make_store, pg_u
     assert len(plan) == 40
     first, second = make_store("postgresql"), make_store("postgresql")
     holding, release = threading.Event(), threading.Event()
-    pause_on(first, "pg_try_advisory_xact_lock", holding, release)
-    outcome: dict[str, DedupeResult] = {}
-    worker = threading.Thread(target=lambda: outcome.setdefault("first", first.dedupe()))
-    worker.start()
+    worker, outcome = run_paused(first, dedupe.LOCKED, holding, release)
     try:
         assert holding.wait(timeout=30)
         outcome["second"] = second.dedupe()  # while the first holds the lock
@@ -623,10 +631,10 @@ def test_overlapping_runs_on_postgresql_one_works_one_is_locked(make_store, pg_u
 
     assert outcome["second"].locked is True
     assert (outcome["second"].superseded, outcome["second"].notes_scanned) == (0, 0)
-    assert outcome["first"].locked is False
-    assert outcome["first"].superseded == 40
+    assert outcome["run"].locked is False
+    assert outcome["run"].superseded == 40
     assert supersedes(store) == plan  # the same end state as a single run
-    assert state(store, "dedupe").watermark == outcome["first"].watermark  # type: ignore[union-attr]
+    assert state(store, "dedupe").watermark == outcome["run"].watermark  # type: ignore[union-attr]
     after = store.dedupe()
     assert (after.locked, after.superseded) == (False, 0)
 
@@ -637,10 +645,7 @@ def test_overlapping_runs_on_sqlite_wait_and_find_nothing(make_store) -> None:
     plan = {(p.keeper, p.loser) for p in store.dedupe(dry_run=True).pairs}
     first, second = make_store("sqlite"), make_store("sqlite")
     inside, go = threading.Event(), threading.Event()
-    pause_on(first, "housekeeping_state", inside, go)
-    outcome: dict[str, DedupeResult] = {}
-    worker = threading.Thread(target=lambda: outcome.setdefault("first", first.dedupe()))
-    worker.start()
+    worker, outcome = run_paused(first, dedupe.LOCKED, inside, go)
     assert inside.wait(timeout=30)
     waiter = threading.Thread(target=lambda: outcome.setdefault("second", second.dedupe()))
     waiter.start()  # blocks on BEGIN IMMEDIATE while the first run holds the write lock
@@ -650,9 +655,9 @@ def test_overlapping_runs_on_sqlite_wait_and_find_nothing(make_store) -> None:
     worker.join(timeout=30)
     waiter.join(timeout=30)
 
-    assert outcome["first"].superseded == 10
+    assert outcome["run"].superseded == 10
     assert outcome["second"].superseded == 0
-    assert outcome["second"].since_seq == outcome["first"].watermark
+    assert outcome["second"].since_seq == outcome["run"].watermark
     assert supersedes(store) == plan
 
 
@@ -668,10 +673,7 @@ def test_a_note_changed_mid_run_is_skipped_and_looked_at_again(
     other = put(store, "a completely different way to ship the billing service")
     runner = make_store("postgresql")
     loaded, go = threading.Event(), threading.Event()
-    pause_on(runner, "memories.confidence", loaded, go)  # right after a scope is loaded
-    outcome: dict[str, DedupeResult] = {}
-    worker = threading.Thread(target=lambda: outcome.setdefault("run", runner.dedupe()))
-    worker.start()
+    worker, outcome = run_paused(runner, dedupe.DETAILS_READ, loaded, go)
     try:
         assert loaded.wait(timeout=30)
         if interference == "superseded":  # someone else supersedes the planned loser
@@ -703,10 +705,7 @@ def test_a_note_deleted_between_the_scan_and_its_details_is_left_out(
     put(store, NEAR)
     runner = make_store("postgresql")
     loaded, go = threading.Event(), threading.Event()
-    pause_on(runner, "memories.topics", loaded, go)  # right after the scope's terms are read
-    outcome: dict[str, DedupeResult] = {}
-    worker = threading.Thread(target=lambda: outcome.setdefault("run", runner.dedupe()))
-    worker.start()
+    worker, outcome = run_paused(runner, dedupe.SCOPE_READ, loaded, go)
     try:
         assert loaded.wait(timeout=30)
         with store.transaction() as session:  # as forget_owner would, mid-run
