@@ -46,10 +46,4 @@ def run_extraction(
         )
         return Extraction(found, "offline", Counts())
     result = extract(transcript, ModelOptions.from_settings(settings), llm, known_keys, usage)
-    cost = Counts(
-        items_dropped=result.dropped,
-        model_calls=result.calls,
-        prompt_tokens=result.prompt_tokens,
-        completion_tokens=result.completion_tokens,
-    )
-    return Extraction(result.notes, result.model or str(settings.harvest_model), cost)
+    return Extraction(result.notes, result.model or str(settings.harvest_model), result.cost)

@@ -183,13 +183,8 @@ def extract_notes(
     try:
         return run_extraction(plan.transcript, settings, llm, ready.known_keys, usage)
     except HarvestError as exc:
-        spent = Counts(
-            model_calls=usage.calls,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-        )
         model = str(settings.harvest_model or "offline")
-        return plan.outcome("failed", spent, model=model, error=f"{exc.reason}: {exc}")
+        return plan.outcome("failed", usage.counts, model=model, error=f"{exc.reason}: {exc}")
 
 
 class RecordedElsewhere(Exception):

@@ -16,7 +16,7 @@ import logging
 import re
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict
@@ -29,6 +29,7 @@ from harvest.formats import call_with_fallback
 from harvest.litellm_client import litellm_call, litellm_format, load_litellm
 from harvest.llm import HarvestLLM, LLMAnswer, Messages
 from harvest.options import MIN_CONTEXT_TOKENS, ModelOptions
+from harvest.outcome import Counts
 from harvest.prompt import build_messages, reask_messages, render_message
 from harvest.transcript import Limits, Transcript, check_size, too_large
 
@@ -102,31 +103,32 @@ def warm_up(model: str) -> None:
 
 
 class ModelResult(BaseModel):
-    """The merged notes of one transcript and what it cost.
+    """The merged notes of one transcript and what finding them cost.
 
-    ``calls`` counts every attempt made (retried and unparseable ones included); the token
-    counts sum the usage of every answer received.
+    ``cost``: the invalid items dropped, every attempt made (retried and unparseable ones
+    included) as ``model_calls``, and the tokens of every answer received.
     """
 
     model_config = ConfigDict(frozen=True)
 
     notes: list[NoteCandidate]
-    dropped: int = 0
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    cost: Counts = Counts()
     model: str = ""
     chunks: int = 0
 
 
 @dataclass
 class Usage:
-    """Model calls and tokens spent so far; filled in as calls are made, so a caller still
-    knows the cost of a transcript whose harvest failed."""
+    """Model calls and tokens spent so far (``counts``); filled in as calls are made, so a
+    caller still knows the cost of a transcript whose harvest failed."""
 
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    counts: Counts = field(default_factory=Counts)
+
+    def add(self, cost: Counts) -> None:
+        self.counts = self.counts + cost
+
+
+_ONE_CALL = Counts(model_calls=1)
 
 
 class _Meter:
@@ -140,13 +142,16 @@ class _Meter:
         self.counters = [self.spent] if usage is None else [self.spent, usage]
         self.model = ""
 
+    def _count(self, cost: Counts) -> None:
+        for counter in self.counters:
+            counter.add(cost)
+
     def _attempt(self, messages: Messages, *, options: ModelOptions) -> LLMAnswer:
-        for counter in self.counters:
-            counter.calls += 1  # counted before the call: a failed attempt costs too
+        self._count(_ONE_CALL)  # counted before the call: a failed attempt costs too
         answer = self.llm(messages, options=options)
-        for counter in self.counters:
-            counter.prompt_tokens += answer.prompt_tokens
-            counter.completion_tokens += answer.completion_tokens
+        self._count(
+            Counts(prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens)
+        )
         self.model = answer.model or self.model
         return answer
 
@@ -223,10 +228,7 @@ def extract(
         dropped += parsed.dropped
     return ModelResult(
         notes=merge_notes(collected, options.max_facts),
-        dropped=dropped,
-        calls=meter.spent.calls,
-        prompt_tokens=meter.spent.prompt_tokens,
-        completion_tokens=meter.spent.completion_tokens,
+        cost=meter.spent.counts + Counts(items_dropped=dropped),
         model=meter.model or options.model,
         chunks=done,
     )

@@ -462,7 +462,7 @@ def test_a_transcript_needing_more_calls_is_refused_before_the_first_call() -> N
     result = extract(transcript, model_options(context_tokens=200, max_calls=50), CountingLLM())
     again = CountingLLM()
     exact = extract(transcript, model_options(context_tokens=200, max_calls=result.chunks), again)
-    assert again.calls == exact.calls == exact.chunks == result.chunks
+    assert again.calls == exact.cost.model_calls == exact.chunks == result.chunks
 
 
 def test_rechunking_past_the_call_limit_is_refused() -> None:
@@ -475,7 +475,7 @@ def test_rechunking_past_the_call_limit_is_refused() -> None:
     # With room for the smaller chunks, the same transcript is harvested.
     roomy = CountingLLM(context_chars=3_000)
     result = extract(transcript, model_options(context_tokens=4_000, max_calls=20), roomy)
-    assert result.chunks >= 2 and roomy.calls == result.calls <= 20
+    assert result.chunks >= 2 and roomy.calls == result.cost.model_calls <= 20
 
 
 class NoTokenizer:

@@ -196,8 +196,8 @@ def test_normal_answer(server: LLMServer, options: OptionsFactory) -> None:
     result = extract(SHORT, options())
     assert [n.title for n in result.notes] == ["Uses tabs"]
     assert result.notes[0].topic_key == "preference/indent"
-    assert (result.calls, result.chunks, result.dropped) == (1, 1, 0)
-    assert (result.prompt_tokens, result.completion_tokens) == (100, 20)
+    assert (result.cost.model_calls, result.chunks, result.cost.items_dropped) == (1, 1, 0)
+    assert (result.cost.prompt_tokens, result.cost.completion_tokens) == (100, 20)
     assert result.model == "test-model"
     body = server.requests[0].body
     assert body["temperature"] == 0
@@ -239,7 +239,7 @@ def test_model_without_json_mode_gets_no_response_format() -> None:
 
 def test_empty_transcript_makes_no_call(server: LLMServer, options: OptionsFactory) -> None:
     result = extract(transcript("   ", ""), options())
-    assert (result.notes, result.calls, server.calls) == ([], 0, 0)
+    assert (result.notes, result.cost.model_calls, server.calls) == ([], 0, 0)
 
 
 # --- transient failures and the retry layer ----------------------------------------------
@@ -252,7 +252,7 @@ def test_slow_answer_times_out_and_is_retried(
     result = extract(SHORT, options(timeout_seconds=0.5))
     # The slow answer (no notes) was abandoned at the timeout, not waited for.
     assert [n.title for n in result.notes] == ["Uses tabs"]
-    assert result.calls == 2 and server.calls == 2
+    assert result.cost.model_calls == 2 and server.calls == 2
     (retry,) = retries()
     assert "Timeout" in retry.getMessage()
     first, second = server.request_times
@@ -273,12 +273,12 @@ def test_429_waits_at_least_retry_after(
 ) -> None:
     server.script(rate_limited(retry_after=1), answer([note("Uses tabs")]))
     result = extract(SHORT, options())
-    assert result.calls == 2 and server.calls == 2
+    assert result.cost.model_calls == 2 and server.calls == 2
     (retry,) = retries()
     assert retry.retry_in == 1.0  # the server's Retry-After, above the backoff (<= 0.02 s)
     first, second = server.request_times
     assert second - first >= 1.0
-    assert result.prompt_tokens == 100  # the 429 had no usage to count
+    assert result.cost.prompt_tokens == 100  # the 429 had no usage to count
 
 
 def test_429_with_retry_after_past_the_window_gives_up_at_once(
@@ -295,7 +295,7 @@ def test_5xx_then_success(server: LLMServer, options: OptionsFactory) -> None:
     server.script(server_error(500), unavailable(), server_error(502), answer([note("Tabs")]))
     result = extract(SHORT, options())
     assert [n.title for n in result.notes] == ["Tabs"]
-    assert result.calls == 4 and server.calls == 4
+    assert result.cost.model_calls == 4 and server.calls == 4
 
 
 def test_persistent_500_fails_after_exactly_max_attempts(
@@ -381,8 +381,8 @@ def test_truncated_then_good_answer_counts_both_calls(
     server.script(truncated(), answer([note("Uses tabs")]))
     result = extract(SHORT, options())
     assert [n.title for n in result.notes] == ["Uses tabs"]
-    assert result.calls == 2
-    assert (result.prompt_tokens, result.completion_tokens) == (200, 40)
+    assert result.cost.model_calls == 2
+    assert (result.cost.prompt_tokens, result.cost.completion_tokens) == (200, 40)
 
 
 def test_wrong_top_level_shape_is_unparseable(server: LLMServer, options: OptionsFactory) -> None:
@@ -396,7 +396,7 @@ def test_prose_wrapped_json_is_parsed(server: LLMServer, options: OptionsFactory
     server.script(prose_wrapped([note("Uses tabs"), note("Likes tea", type="profile")]))
     result = extract(SHORT, options())
     assert [n.title for n in result.notes] == ["Uses tabs", "Likes tea"]
-    assert result.calls == 1
+    assert result.cost.model_calls == 1
 
 
 def test_fenced_json_is_parsed(server: LLMServer, options: OptionsFactory) -> None:
@@ -418,8 +418,8 @@ def test_invalid_items_are_dropped_and_counted(server: LLMServer, options: Optio
     server.script(Behaviour(content=json.dumps({"notes": items})))
     result = extract(SHORT, options())
     assert [n.title for n in result.notes] == ["Valid one"]
-    assert result.dropped == 6
-    assert result.calls == 1  # some valid JSON: no second call
+    assert result.cost.items_dropped == 6
+    assert result.cost.model_calls == 1  # some valid JSON: no second call
 
 
 def test_more_than_max_facts_keeps_the_most_confident(
@@ -429,7 +429,7 @@ def test_more_than_max_facts_keeps_the_most_confident(
     server.script(answer([note(f"Fact {c}", confidence=c) for c in confidences]))
     result = extract(SHORT, options(max_facts=3))
     assert [n.confidence for n in result.notes] == [0.95, 0.9, 0.8]
-    assert result.dropped == 0
+    assert result.cost.items_dropped == 0
 
 
 # --- chunking ----------------------------------------------------------------------------
@@ -454,7 +454,7 @@ def test_long_transcript_is_chunked_and_merged(server: LLMServer, options: Optio
     assert count_tokens(render_transcript(long.messages)) > 3 * budget
     result = extract(long, options(context_tokens=budget, max_facts=3))
 
-    assert result.calls == server.calls == result.chunks >= 4
+    assert result.cost.model_calls == server.calls == result.chunks >= 4
     sent = [sent_transcript(r.body) for r in server.requests]
     assert all(count_tokens(text) <= budget for text in sent)
     # Every message went out exactly once, in order, and each chunk knows its place.
@@ -466,7 +466,7 @@ def test_long_transcript_is_chunked_and_merged(server: LLMServer, options: Optio
     assert titles.count("Shared fact") == 1 and "shared   FACT!" not in titles
     confidences = [n.confidence for n in result.notes]
     assert confidences == sorted(confidences, reverse=True)
-    assert result.prompt_tokens == 100 * result.calls
+    assert result.cost.prompt_tokens == 100 * result.cost.model_calls
 
 
 def test_context_window_error_rechunks_smaller(server: LLMServer, options: OptionsFactory) -> None:
@@ -486,7 +486,7 @@ def test_context_window_error_rechunks_smaller(server: LLMServer, options: Optio
     accepted = [s for s in sizes if s <= limit]
     assert len(accepted) == result.chunks >= 2
     assert len(sizes) - len(accepted) <= MAX_HALVINGS
-    assert result.calls == len(sizes)
+    assert result.cost.model_calls == len(sizes)
     firsts = {n.title for n in result.notes if n.title.startswith("Fact from")}
     assert len(firsts) == result.chunks  # every accepted chunk contributed
 

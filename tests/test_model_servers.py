@@ -127,7 +127,7 @@ def test_llama_cpp_server_gets_the_inline_schema_after_its_500(server: LLMServer
     assert [n.title for n in result.notes] == ["Uses tabs"]
     # The 500 is not retried as transient: one refused request, then the next format.
     assert formats(server) == ["json_schema", "json_object_schema"]
-    assert result.calls == 2
+    assert result.cost.model_calls == 2
     sent = server.requests[1].body["response_format"]
     assert sent == {"type": "json_object", "schema": response_schema(types=TYPES, max_facts=5)}
 
@@ -210,7 +210,7 @@ def test_a_500_naming_the_schema_is_a_refusal_even_from_a_known_model(
     )
     server.script(refusal, answer([TABS]))
     result = extract(SHORT, options(server, model="openai/gpt-4o"))
-    assert result.calls == 2 and formats(server) == ["json_schema", "json_object_schema"]
+    assert result.cost.model_calls == 2 and formats(server) == ["json_schema", "json_object_schema"]
 
 
 def test_the_settings_reach_the_request(server: LLMServer) -> None:
@@ -266,7 +266,7 @@ def test_a_model_copying_the_example_stores_nothing(server: LLMServer) -> None:
     server.default = copies_example()
     result = extract(SHORT, options(server))
     assert server.requests[0].body["messages"][0]["content"].endswith(EXAMPLE_ANSWER)
-    assert (result.notes, result.dropped, result.calls) == ([], 1, 1)
+    assert (result.notes, result.cost.items_dropped, result.cost.model_calls) == ([], 1, 1)
 
 
 def test_wordless_and_placeholder_notes_are_dropped_and_counted() -> None:
@@ -306,7 +306,7 @@ def test_a_cut_off_answer_is_asked_again_shorter_and_never_parsed(server: LLMSer
     assert "at most 2 notes" in retry and "one sentence" in retry
     assert "at most 2 notes" in second["messages"][0]["content"]  # the system message too
     assert [n.title for n in result.notes] == ["Fact number 0", "Fact number 1"]
-    assert result.calls == 2
+    assert result.cost.model_calls == 2
 
 
 def test_cut_off_twice_fails_the_transcript_and_stores_nothing(make_store, server) -> None:
@@ -327,7 +327,7 @@ def test_the_reask_shows_the_model_its_answer_and_what_was_wrong(server: LLMServ
     bad = '{"notes": [{"type": "preference", "title": "Uses tabs" "body": "x"}]}'
     server.script(text_answer(bad), answer([TABS]))
     result = extract(SHORT, options(server))
-    assert [n.title for n in result.notes] == ["Uses tabs"] and result.calls == 2
+    assert [n.title for n in result.notes] == ["Uses tabs"] and result.cost.model_calls == 2
     first, second = (r.body["messages"] for r in server.requests)
     assert second[: len(first)] == first
     assert second[len(first)] == {"role": "assistant", "content": bad}
@@ -394,7 +394,7 @@ def test_the_rules_reach_a_model_whose_template_drops_the_system_message(
     drops = DropsSystem(answer([TABS]))
     server.default = drops
     result = extract(SHORT, options(server))
-    assert [n.title for n in result.notes] == ["Uses tabs"] and result.calls == 1
+    assert [n.title for n in result.notes] == ["Uses tabs"] and result.cost.model_calls == 1
     assert drops.dropped == 1
     [seen] = drops.seen
     assert [m["role"] for m in seen] == ["user"]
