@@ -1,12 +1,14 @@
 """What harvesting did: the counts (notes and model usage) and one transcript's outcome.
 
-``Counts`` is the one structure the counters live in: an extraction's cost, the notes a
-write produced, a transcript's outcome (``HarvestOutcome`` extends it), the ledger row's
-numbers and a run's totals (``harvest.batch.Summary``) all reuse it.
+``Counts`` is the one structure the counters live in: a model call's and an extraction's
+cost, the notes a write produced, a transcript's outcome (``HarvestOutcome`` extends it), the
+ledger row's numbers, a run's totals (``harvest.batch.Summary``) and an import's
+(``ImportTotals``) all reuse it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -54,3 +56,21 @@ class HarvestOutcome(Counts):
     def as_dict(self) -> dict[str, Any]:
         """The outcome as JSON-ready data: a job's stored result, a summary's report."""
         return self.model_dump(mode="json")
+
+
+class ImportTotals(Counts):
+    """What a queued import's finished jobs did: the notes and dropped items of its done
+    jobs' outcomes, how many of those were ``skipped`` (harvested before), and the model
+    calls and tokens of every run of its done and failed jobs (failed runs cost too)."""
+
+    skipped: int = 0
+
+    @classmethod
+    def of(cls, results: Iterable[Mapping[str, Any]], usage: Mapping[str, int]) -> ImportTotals:
+        """Sum the done jobs' stored outcomes (``HarvestOutcome.as_dict``; a key one lacks
+        counts 0) under the jobs' recorded ``usage`` (``model_calls`` and tokens)."""
+        summed, skipped = Counts(), 0
+        for result in results:
+            summed += Counts.model_validate(result)
+            skipped += result.get("status") == "skipped"
+        return cls(**{**summed.counts(), **usage}, skipped=skipped)

@@ -1,8 +1,9 @@
 """Reports over the job records: counts by state and queue, running jobs with their
-heartbeat, failures, an import's progress and totals, and what jobs cost."""
+heartbeat, failures, an import's progress, its done jobs' results and what its jobs cost."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -166,19 +167,16 @@ def cost_by_state(session: Session) -> dict[str, dict[str, int]]:
     }
 
 
-def import_totals(session: Session, import_id: str) -> dict[str, int]:
-    """Sums over the finished jobs of an import: notes and transcripts skipped (done jobs),
-    model usage (every run of done and failed jobs)."""
-    keys = ("notes_written", "notes_updated", "notes_skipped")
-    totals = dict.fromkeys((*keys, "skipped"), 0)
+def done_results(session: Session, import_id: str) -> Iterator[dict[str, Any]]:
+    """The stored result (the harvest's outcome) of each done job of an import."""
     results = session.execute(
         select(Job.result).where(Job.import_id == import_id, Job.state == DONE)
     ).scalars()
-    for result in results:
-        found = result or {}
-        for key in keys:
-            totals[key] += int(found.get(key, 0))
-        totals["skipped"] += found.get("status") == "skipped"
+    return (result or {} for result in results)
+
+
+def import_usage(session: Session, import_id: str) -> dict[str, int]:
+    """Model calls and tokens every run of an import's done and failed jobs cost."""
     calls, prompt, completion = session.execute(
         select(
             func.coalesce(func.sum(Job.model_calls), 0),
@@ -186,5 +184,8 @@ def import_totals(session: Session, import_id: str) -> dict[str, int]:
             func.coalesce(func.sum(Job.completion_tokens), 0),
         ).where(Job.import_id == import_id, Job.state.in_((DONE, FAILED)))
     ).one()
-    totals.update(model_calls=calls, prompt_tokens=prompt, completion_tokens=completion)
-    return {key: int(value) for key, value in totals.items()}
+    return {
+        "model_calls": int(calls),
+        "prompt_tokens": int(prompt),
+        "completion_tokens": int(completion),
+    }

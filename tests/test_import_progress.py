@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from harvest.outcome import HarvestOutcome, ImportTotals
 from store import Store
 from tests.cli_harness import EXAMPLES, Cli, cli, redis_url_for
 from tests.samples import write_chatgpt_export, write_natives
@@ -58,6 +59,19 @@ def test_in_process_harvest_shows_progress_on_stderr_without_a_terminal(
     assert ran.code == 0, ran.err
     found = [LINE.match(line) for line in ran.err.splitlines()]
     assert [(int(m["done"]), m["total"]) for m in found if m] == [(n, "5") for n in shown]
+
+
+def test_import_totals_sum_the_done_outcomes_under_the_recorded_usage() -> None:
+    outcomes = [
+        HarvestOutcome(status="harvested", notes_written=2, items_dropped=1, model_calls=1),
+        HarvestOutcome(status="harvested", notes_updated=1, notes_skipped=3, model_calls=1),
+        HarvestOutcome(status="skipped"),
+    ]
+    results = [o.as_dict() for o in outcomes] + [{}]  # a result with no counts counts 0
+    usage = {"model_calls": 5, "prompt_tokens": 50, "completion_tokens": 7}  # failed runs too
+    assert ImportTotals.of(results, usage) == ImportTotals(
+        notes_written=2, notes_updated=1, notes_skipped=3, items_dropped=1, skipped=1, **usage
+    )
 
 
 def test_the_text_summary_names_unreadable_files(cli: Cli, tmp_path: Path) -> None:

@@ -129,14 +129,21 @@ class Progress:
 
 
 def import_state(store: Store, import_id: str) -> tuple[dict[str, Any], dict[str, int]]:
-    """An import's job counts (``store.jobs.import_progress``) and what its finished jobs
-    wrote and cost (``import_totals``); ({}, {}) when there is no such import."""
+    """An import's job counts (``store.job_reports.import_progress``) and what its finished
+    jobs wrote and cost (``harvest.outcome.ImportTotals``); ({}, {}) when there is no such
+    import."""
+    from harvest.outcome import ImportTotals
     from store import job_reports
 
     with store.transaction() as session:
         state = job_reports.import_progress(session, import_id)
-        totals = job_reports.import_totals(session, import_id) if state else {}
-    return state, totals
+        if not state:
+            return {}, {}
+        totals = ImportTotals.of(
+            job_reports.done_results(session, import_id),
+            job_reports.import_usage(session, import_id),
+        )
+    return state, totals.model_dump()
 
 
 def follow_import(store: Store, import_id: str, *, poll_seconds: float = POLL_SECONDS) -> None:
