@@ -7,14 +7,13 @@ shrink) is declared here.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from harvest.formats import ResponseFormat
 from store import ConfigError, Settings
-from store.settings import DEFAULT_OBSERVATION_TYPES
+from store.settings import DEFAULT_OBSERVATION_TYPES, setting_field
 
 # Each option that mirrors a setting, and the setting it mirrors (its GLEANER_* variable is
 # the upper-cased name).
@@ -36,11 +35,6 @@ SETTING_OF = {
     "temperature": "harvest_temperature",
     "response_format": "harvest_response_format",
 }
-
-
-def _setting(name: str) -> Any:
-    """The field of ``Settings`` called ``name`` (default, bounds, description), for reuse."""
-    return copy.copy(Settings.model_fields[name])
 
 
 def _lower_bound(name: str) -> Any:
@@ -68,23 +62,23 @@ class ModelOptions(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     model: str = Field(min_length=1, description="litellm model string")
-    llm: str = _setting("harvest_llm")
-    api_base: str | None = _setting("harvest_api_base")
-    api_key: SecretStr | None = _setting("harvest_api_key")
-    max_facts: int = _setting("harvest_max_facts")
+    llm: str = setting_field("harvest_llm")
+    api_base: str | None = setting_field("harvest_api_base")
+    api_key: SecretStr | None = setting_field("harvest_api_key")
+    max_facts: int = setting_field("harvest_max_facts")
     types: tuple[str, ...] = Field(default=DEFAULT_OBSERVATION_TYPES, min_length=1)
-    timeout_seconds: float = _setting("harvest_timeout_seconds")
-    max_attempts: int = _setting("harvest_max_attempts")
-    max_retry_seconds: float = _setting("harvest_max_retry_seconds")
+    timeout_seconds: float = setting_field("harvest_timeout_seconds")
+    max_attempts: int = setting_field("harvest_max_attempts")
+    max_retry_seconds: float = setting_field("harvest_max_retry_seconds")
     backoff_seconds: float = Field(default=1.0, gt=0, description="first backoff window")
     backoff_max_seconds: float = Field(default=10.0, gt=0, description="largest backoff window")
-    context_tokens: int = _setting("harvest_context_tokens")
-    max_calls: int = _setting("harvest_max_calls")
-    max_transcript_bytes: int = _setting("max_transcript_bytes")
-    max_transcript_messages: int = _setting("max_transcript_messages")
-    max_answer_tokens: int = _setting("harvest_max_answer_tokens")
-    temperature: float = _setting("harvest_temperature")
-    response_format: Literal["auto", ResponseFormat] = _setting("harvest_response_format")
+    context_tokens: int = setting_field("harvest_context_tokens")
+    max_calls: int = setting_field("harvest_max_calls")
+    max_transcript_bytes: int = setting_field("max_transcript_bytes")
+    max_transcript_messages: int = setting_field("max_transcript_messages")
+    max_answer_tokens: int = setting_field("harvest_max_answer_tokens")
+    temperature: float = setting_field("harvest_temperature")
+    response_format: Literal["auto", ResponseFormat] = setting_field("harvest_response_format")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ModelOptions:

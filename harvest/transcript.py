@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from harvest.errors import TranscriptFormatError
-from store.settings import Settings
+from store.settings import setting_field
+
+if TYPE_CHECKING:
+    from store.settings import Settings
 
 Role = Literal["user", "assistant", "system", "tool"]
 
@@ -55,11 +57,6 @@ class Transcript(BaseModel):
 # --- size limits -------------------------------------------------------------------------
 
 
-def _setting(name: str) -> Any:
-    """The ``Settings`` field ``name`` (default, bounds, description): a limit is declared once."""
-    return copy.copy(Settings.model_fields[name])
-
-
 class Limits(BaseModel):
     """How much one transcript, and one file of them, may hold; built by :meth:`from_settings`.
 
@@ -72,10 +69,10 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    transcript_bytes: int = _setting("max_transcript_bytes")
-    transcript_messages: int = _setting("max_transcript_messages")
-    file_bytes: int = _setting("max_file_bytes")
-    zip_entries: int = _setting("max_zip_entries")
+    transcript_bytes: int = setting_field("max_transcript_bytes")
+    transcript_messages: int = setting_field("max_transcript_messages")
+    file_bytes: int = setting_field("max_file_bytes")
+    zip_entries: int = setting_field("max_zip_entries")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -244,6 +245,12 @@ class Settings(BaseSettings):
         if not value.startswith(("sqlite", "postgresql")):
             raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
         return value
+
+
+def setting_field(name: str) -> Any:
+    """A copy of the ``Settings`` field ``name`` (default, bounds, description) for a model
+    that mirrors a setting (harvest's ModelOptions and Limits), so each is declared once."""
+    return copy.copy(Settings.model_fields[name])
 
 
 def load_settings(**overrides: object) -> Settings:
