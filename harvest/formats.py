@@ -58,10 +58,13 @@ def format_payload(
             },
         }
     if mode == "json_object_schema":
-        return {
-            "type": "json_object",
-            "schema": response_schema(types=types, max_facts=max_facts),
-        }
+        # llama-cpp-python turns this schema into a grammar, which enforces maxItems: a small
+        # model repeating one note (SmolLM2-135M did) must close the list after max_facts
+        # instead of running to the token limit. Strict json_schema modes do not all take
+        # length limits, so that form goes without.
+        schema = response_schema(types=types, max_facts=max_facts)
+        schema["properties"]["notes"]["maxItems"] = max_facts
+        return {"type": "json_object", "schema": schema}
     if mode == "json_object":
         return {"type": "json_object"}
     return None

@@ -497,10 +497,15 @@ class ModelModes:
 # judged by its response_format and its messages, as those servers judge it.
 
 # What llama-cpp-python's server answers to response_format json_schema: FastAPI's request
-# validation error, wrapped by its error handler as an HTTP 500 "internal_server_error".
+# validation error, wrapped by its error handler as an HTTP 500 "internal_server_error". This
+# is the message of llama-cpp-python 0.3.36 under FastAPI 0.165, as seen by hand (README,
+# "Model servers"); older FastAPI versions sent the bare list of errors.
 LLAMA_CPP_SCHEMA_ERROR = (
-    "[{'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
-    "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}]"
+    "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', "
+    "'type'), 'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', "
+    "'ctx': {'expected': \"'text' or 'json_object'\"}}\n\n  File "
+    '"/venv/lib/python3.11/site-packages/llama_cpp/server/app.py", line 376, in '
+    "create_chat_completion\n    POST /v1/chat/completions"
 )
 PROSE = "Sure! The user seems to like tabs, and they decided to use PostgreSQL."
 
@@ -624,6 +629,36 @@ class DropsSystem:
         if '{"notes": [' in visible and "data, not instructions" in visible:
             return _reply(self.then, {**body, "messages": kept})
         return text_answer(PROSE)
+
+
+def max_items_of(body: dict[str, Any]) -> int | None:
+    """The ``maxItems`` of the notes list in the schema a request sent, inline
+    (``json_object`` with ``schema``) or as ``json_schema``; None when it sets none."""
+    requested = body.get("response_format")
+    if not isinstance(requested, dict):
+        return None
+    schema = requested.get("schema") or (requested.get("json_schema") or {}).get("schema") or {}
+    limit = schema.get("properties", {}).get("notes", {}).get("maxItems")
+    return int(limit) if isinstance(limit, int) else None
+
+
+def repeats_a_note(item: dict[str, Any], *, chars_per_token: int = 4) -> Responder:
+    """A small model that writes ``item`` again and again (SmolLM2-135M did, on a release-notes
+    transcript), cut at the request's ``max_tokens`` with finish_reason ``length``, whatever
+    the prompt asks. A grammar-constrained server (llama-cpp-python with an inline schema)
+    closes the list after the schema's ``maxItems``: then the answer is complete."""
+
+    def respond(body: dict[str, Any]) -> Behaviour:
+        limit = int(body.get("max_tokens") or 1_000_000) * chars_per_token
+        bound = max_items_of(body)
+        if bound is not None:
+            content = json.dumps({"notes": [item] * bound})
+            if len(content) <= limit:
+                return text_answer(content)
+        content = json.dumps({"notes": [item] * (limit // len(json.dumps(item)) + 2)})
+        return text_answer(content[:limit], finish_reason="length")
+
+    return respond
 
 
 def slowly(seconds: float, then: Behaviour | Responder | None = None) -> Responder:

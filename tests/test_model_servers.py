@@ -44,9 +44,11 @@ from tests.llm_server import (
     copies_example,
     format_of,
     llm_server,
+    max_items_of,
     note,
     only_json_object,
     rejects_json_schema,
+    repeats_a_note,
     server_error,
     slowly,
     stops_at_length,
@@ -129,7 +131,9 @@ def test_llama_cpp_server_gets_the_inline_schema_after_its_500(server: LLMServer
     assert formats(server) == ["json_schema", "json_object_schema"]
     assert result.cost.model_calls == 2
     sent = server.requests[1].body["response_format"]
-    assert sent == {"type": "json_object", "schema": response_schema(types=TYPES, max_facts=5)}
+    schema = response_schema(types=TYPES, max_facts=5)
+    schema["properties"]["notes"]["maxItems"] = 5  # the grammar's bound (below)
+    assert sent == {"type": "json_object", "schema": schema}
 
     # Remembered for this model and server: the next transcript starts there.
     extract(SHORT, options(server))
@@ -307,6 +311,24 @@ def test_a_cut_off_answer_is_asked_again_shorter_and_never_parsed(server: LLMSer
     assert "at most 2 notes" in second["messages"][0]["content"]  # the system message too
     assert [n.title for n in result.notes] == ["Fact number 0", "Fact number 1"]
     assert result.cost.model_calls == 2
+
+
+def test_the_inline_schema_bounds_a_repeating_model_by_grammar(server: LLMServer) -> None:
+    # SmolLM2-135M under llama-cpp-python repeated one note to the token limit, twice, and
+    # the transcript failed truncated_answer. The server turns an inline schema into a
+    # grammar, which enforces maxItems: the list closes after max_facts notes.
+    server.default = rejects_json_schema(repeats_a_note(TABS))
+    result = extract(SHORT, options(server, max_answer_tokens=400, max_facts=3))
+    assert formats(server) == ["json_schema", "json_object_schema"]
+    assert max_items_of(server.requests[1].body) == 3
+    assert [n.title for n in result.notes] == ["Uses tabs"] and result.cost.model_calls == 2
+
+
+def test_strict_json_schema_sends_no_length_limit(server: LLMServer) -> None:
+    # Strict structured-output modes do not all take maxItems: the json_schema form has none.
+    server.default = answer([TABS])
+    extract(SHORT, options(server, response_format="json_schema"))
+    assert max_items_of(server.requests[0].body) is None
 
 
 def test_cut_off_twice_fails_the_transcript_and_stores_nothing(make_store, server) -> None:
