@@ -14,11 +14,13 @@ Everything else is internal and may change without notice: the one writer (``wri
 ``write_lookup``, ``term_index``, ``drafts``), dialect SQL (``sql``), advisory locks
 (``locks``, reached through ``Store.transcript_lock``), superseding (``supersede``), dedupe
 and its join (``dedupe``, ``overlap``, ``housekeeping``), ``mem``, ``tending``, ``api``
-(``Store`` is exported here), ``models`` and ``migrations``. ``tests/test_layout.py`` holds
-every package to this and to the direction ``workers -> harvest -> store``.
+(``Store`` is exported here), ``models``, ``tables`` (the Core tables the read commands
+use) and ``migrations``. ``tests/test_layout.py`` holds every package to this and to the
+direction ``workers -> harvest -> store``.
 """
 
-from store.api import Store
+from typing import TYPE_CHECKING
+
 from store.errors import (
     ConfigError,
     InvalidInput,
@@ -28,19 +30,59 @@ from store.errors import (
     StoreError,
     format_error,
 )
-from store.schemas import (
-    LinkResult,
-    Note,
-    NoteVersion,
-    NoteWithLinks,
-    SaveResult,
-    Scope,
-    SearchHit,
-    Similar,
-    WriteResult,
-)
-from store.settings import Settings, load_settings
 from store.text import normalize_topics, slugify, snippet, strip_private, topics
+
+# The rest is imported from its module when first asked for (PEP 562): importing one module
+# of the store (`gleaner search` imports ``store.search``) does not pay for them all, and
+# ``Store`` alone costs the ORM.
+_LAZY = {
+    "Store": "store.api",
+    **dict.fromkeys(
+        (
+            "LinkResult",
+            "Note",
+            "NoteVersion",
+            "NoteWithLinks",
+            "SaveResult",
+            "Scope",
+            "SearchHit",
+            "Similar",
+            "WriteResult",
+        ),
+        "store.schemas",
+    ),
+    "Settings": "store.settings",
+    "load_settings": "store.settings",
+}
+
+if TYPE_CHECKING:
+    from store.api import Store
+    from store.schemas import (
+        LinkResult,
+        Note,
+        NoteVersion,
+        NoteWithLinks,
+        SaveResult,
+        Scope,
+        SearchHit,
+        Similar,
+        WriteResult,
+    )
+    from store.settings import Settings, load_settings
+else:
+
+    def __getattr__(name: str) -> object:
+        # Any other name is an AttributeError, so `from store import notes` goes on to
+        # import the submodule as usual. (Hidden from mypy, which reads the imports above.)
+        home = _LAZY.get(name)
+        if home is None:
+            raise AttributeError(f"module 'store' has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(home), name)
+        globals()[name] = value
+        return value
+
 
 __all__ = [
     "ConfigError",

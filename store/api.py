@@ -7,9 +7,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
 
 from store.db import make_engine, migrate
 from store.errors import NotFound, StorageFailure, StoreError
@@ -27,13 +26,17 @@ from store.schemas import (
 from store.settings import Settings, load_settings
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
     from store import job_status, keys
     from store.decay import DecayResult
     from store.dedupe import DedupeResult
     from store.locks import TranscriptLock
 
 # Each method imports the module it calls when first called, so a command pays at start-up
-# only for what it uses (`gleaner search` never loads the write path, links or keys).
+# only for what it uses (`gleaner search` never loads the write path, links or keys). The
+# reads of the memories table alone (search, list_notes, index_text, fingerprint) run on a
+# Core connection: the read commands never import the ORM (tests/test_startup_imports.py).
 
 T = TypeVar("T")
 
@@ -49,7 +52,7 @@ class Store:
         self.settings = settings or load_settings()
         self.database_url = database_url or self.settings.database_url
         self.engine: Engine = make_engine(self.database_url, pool_size=self.settings.db_pool_size)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._sessionmaker: sessionmaker[Session] | None = None
 
     @property
     def dialect(self) -> str:
@@ -67,8 +70,18 @@ class Store:
     @contextmanager
     def transaction(self) -> Iterator[Session]:
         """A session inside one transaction: committed on success, rolled back on any error."""
-        with self._failures(), self._sessions() as session, session.begin():
+        if self._sessionmaker is None:
+            from sqlalchemy.orm import sessionmaker  # the ORM: only for what needs it
+
+            self._sessionmaker = sessionmaker(self.engine, expire_on_commit=False)
+        with self._failures(), self._sessionmaker() as session, session.begin():
             yield session
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A Core connection inside one transaction (as ``transaction``, without the ORM)."""
+        with self._failures(), self.engine.begin() as connection:
+            yield connection
 
     def transcript_lock(self, scope: Scope, digest: str) -> TranscriptLock:
         """This process's advisory lock on one transcript (its redacted hash) in ``scope``,
@@ -90,6 +103,10 @@ class Store:
     def _run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         with self.transaction() as session:
             return fn(session, *args, **kwargs)
+
+    def _read(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        with self.connection() as connection:
+            return fn(connection, *args, **kwargs)
 
     def write(
         self,
@@ -143,7 +160,7 @@ class Store:
         """The scope's notes, most recently changed first (see ``store.tending``)."""
         from store import tending
 
-        return self._run(tending.list_notes, scope, status=status, pinned=pinned, limit=limit)
+        return self._read(tending.list_notes, scope, status=status, pinned=pinned, limit=limit)
 
     def pin(self, scope: Scope | tuple[str, str], slug: str) -> NoteChange:
         """Pin a live note by a person's choice: its body goes into the index text."""
@@ -177,19 +194,19 @@ class Store:
         """Ranked lexical search over the scope's live notes."""
         from store import search
 
-        return self._run(search.search, self.settings, scope, query, limit)
+        return self._read(search.search, self.settings, scope, query, limit)
 
     def fingerprint(self, scope: Scope | tuple[str, str]) -> tuple[int, int]:
         """``(live note count, max updated_seq)`` of the scope."""
-        from store import notes
+        from store import index
 
-        return self._run(notes.fingerprint, scope)
+        return self._read(index.fingerprint, scope)
 
     def index_text(self, scope: Scope | tuple[str, str]) -> str:
         """The compact memory index for a system prompt (see ``store.index``)."""
         from store import index
 
-        return self._run(
+        return self._read(
             index.index_text,
             scope,
             token_budget=self.settings.index_token_budget,

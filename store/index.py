@@ -1,16 +1,15 @@
-"""The compact memory index a system prompt gets, and how to recognise it again."""
+"""The compact memory index a system prompt gets, its fingerprint, and how to recognise it
+again. Core reads of the memories table (no ORM): `gleaner index` imports this module."""
 
 from __future__ import annotations
 
 import html
 import re
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, func, select
 
-from store.models import LIVE, Memory
-from store.notes import fingerprint
 from store.schemas import Scope
+from store.tables import LIVE, MEMORIES
 
 INDEX_OPEN = "<gleaner-memory-index"
 INDEX_CLOSE = "</gleaner-memory-index>"
@@ -34,8 +33,20 @@ def _cut_bytes(text: str, limit: int) -> str:
     return encoded[:limit].decode("utf-8", "ignore").rstrip() + " …"
 
 
+def fingerprint(conn: Connection, scope: Scope | tuple[str, str]) -> tuple[int, int]:
+    """``(live note count, max updated_seq)`` of the scope: cheap proof index_text is current."""
+    scope = Scope.of(scope)
+    m = MEMORIES.c
+    in_scope = (m.scope_kind == scope.kind, m.scope_id == scope.id)
+    count = conn.execute(
+        select(func.count()).select_from(MEMORIES).where(*in_scope, m.status == LIVE)
+    ).scalar_one()
+    top = conn.execute(select(func.max(m.updated_seq)).where(*in_scope)).scalar_one()
+    return int(count), int(top or 0)
+
+
 def index_text(
-    session: Session, scope: Scope | tuple[str, str], *, token_budget: int, pinned_body_bytes: int
+    conn: Connection, scope: Scope | tuple[str, str], *, token_budget: int, pinned_body_bytes: int
 ) -> str:
     """Pinned notes with their bodies (each cut to ``pinned_body_bytes``), then other titles.
 
@@ -43,16 +54,17 @@ def index_text(
     the scope has no live note. The text is wrapped in a ``<gleaner-memory-index>`` block.
     """
     scope = Scope.of(scope)
-    count, seq = fingerprint(session, scope)
+    count, seq = fingerprint(conn, scope)
     if count == 0:
         return ""
     head = f'{INDEX_OPEN} scope="{html.escape(str(scope))}" notes="{count}" seq="{seq}">\n'
     used = estimate_tokens(head) + estimate_tokens(INDEX_CLOSE)
     lines: list[str] = []
-    rows = session.execute(
-        select(Memory.pinned, Memory.slug, Memory.title, Memory.body)
-        .where(Memory.scope_kind == scope.kind, Memory.scope_id == scope.id, Memory.status == LIVE)
-        .order_by(Memory.pinned.desc(), Memory.updated_seq.desc())
+    m = MEMORIES.c
+    rows = conn.execute(
+        select(m.pinned, m.slug, m.title, m.body)
+        .where(m.scope_kind == scope.kind, m.scope_id == scope.id, m.status == LIVE)
+        .order_by(m.pinned.desc(), m.updated_seq.desc())
     )
     for pinned, slug, title, body in rows:
         if pinned:

@@ -1,12 +1,15 @@
 """Typed SQLAlchemy models of the store's tables.
 
+``Memory`` is mapped onto ``store.tables.MEMORIES``, the Core table the read commands use
+without the ORM; every other table is declared here, in the same ``METADATA``.
+
 The search index (PostgreSQL's generated ``search_vector`` column, SQLite's ``memories_fts``
 table and its triggers) is dialect-specific and lives only in the migrations.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -24,20 +27,13 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql import FromClause
 
-# SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid FTS5 keys on).
-BigId = BigInteger().with_variant(Integer(), "sqlite")
-
-LIVE = "live"
-SUPERSEDED = "superseded"
-ARCHIVED = "archived"
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
+from store.tables import ARCHIVED, LIVE, MEMORIES, METADATA, SUPERSEDED, BigId, utcnow
 
 
 class Base(DeclarativeBase):
+    metadata = METADATA
     type_annotation_map: ClassVar[dict[Any, Any]] = {
         dict[str, Any]: JSON,
         datetime: DateTime(timezone=True),
@@ -45,65 +41,60 @@ class Base(DeclarativeBase):
 
 
 class Memory(Base):
-    """One durable note (the ``memories`` table of the first seed)."""
+    """One durable note (the ``memories`` table of the first seed): its columns, defaults and
+    plain indexes are ``store.tables.MEMORIES`` (its partial ones follow the class); these
+    annotations type the mapped attributes."""
 
-    __tablename__ = "memories"
-    __table_args__ = (
-        UniqueConstraint("scope_kind", "scope_id", "slug", name="uq_memories_scope_slug"),
-        # mem_save: same topic_key + same user upserts in place.
-        Index(
-            "uq_memories_scope_topic_key",
-            "scope_kind",
-            "scope_id",
-            "topic_key",
-            unique=True,
-            sqlite_where=text("topic_key IS NOT NULL"),
-            postgresql_where=text("topic_key IS NOT NULL"),
-        ),
-        # mem_save: identical content in one session is saved once.
-        Index(
-            "uq_memories_session_hash",
-            "scope_kind",
-            "scope_id",
-            "session_id",
-            "content_hash",
-            unique=True,
-            sqlite_where=text("session_id IS NOT NULL AND topic_key IS NULL"),
-            postgresql_where=text("session_id IS NOT NULL AND topic_key IS NULL"),
-        ),
-        Index("ix_memories_scope_seq", "scope_kind", "scope_id", "updated_seq"),
-        Index("ix_memories_updated_seq", "updated_seq"),
-    )
+    # Typed as DeclarativeBase types it, as every other model's is.
+    __table__: ClassVar[FromClause] = MEMORIES
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    scope_kind: Mapped[str] = mapped_column(String(16))
-    scope_id: Mapped[str] = mapped_column(String(255))
-    slug: Mapped[str] = mapped_column(String(120))
-    title: Mapped[str] = mapped_column(Text)
-    body: Mapped[str] = mapped_column(Text)
-    type: Mapped[str | None] = mapped_column(String(32))
-    topics: Mapped[str] = mapped_column(Text, default="", server_default="")
-    topic_key: Mapped[str | None] = mapped_column(String(255))
-    session_id: Mapped[str | None] = mapped_column(String(64))
-    provenance: Mapped[str] = mapped_column(String(16))
-    source: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    confidence: Mapped[float | None] = mapped_column(Float)
-    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
-    status: Mapped[str] = mapped_column(String(16), default=LIVE, server_default=LIVE)
-    superseded_by_id: Mapped[int | None] = mapped_column(
-        BigId, ForeignKey("memories.id", ondelete="SET NULL")
-    )
-    conversation_id: Mapped[str | None] = mapped_column(String(255))
-    content_hash: Mapped[str] = mapped_column(String(64))
-    # When the conversation of origin happened, apart from when the note was written.
-    occurred_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_seq: Mapped[int] = mapped_column(BigInteger)
-    # Recency-decayed weight kept current by housekeeping (1.0 when fresh).
-    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default=text("1.0"))
-    # Size of the note's similarity term set (rows in memory_terms): Jaccard in SQL.
-    term_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    id: Mapped[int]
+    scope_kind: Mapped[str]
+    scope_id: Mapped[str]
+    slug: Mapped[str]
+    title: Mapped[str]
+    body: Mapped[str]
+    type: Mapped[str | None]
+    topics: Mapped[str]
+    topic_key: Mapped[str | None]
+    session_id: Mapped[str | None]
+    provenance: Mapped[str]
+    source: Mapped[dict[str, Any] | None]
+    confidence: Mapped[float | None]
+    pinned: Mapped[bool]
+    status: Mapped[str]
+    superseded_by_id: Mapped[int | None]
+    conversation_id: Mapped[str | None]
+    content_hash: Mapped[str]
+    occurred_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    updated_seq: Mapped[int]
+    weight: Mapped[float]
+    term_count: Mapped[int]
+
+
+# mem_save: same topic_key + same user upserts in place.
+Index(
+    "uq_memories_scope_topic_key",
+    MEMORIES.c.scope_kind,
+    MEMORIES.c.scope_id,
+    MEMORIES.c.topic_key,
+    unique=True,
+    sqlite_where=text("topic_key IS NOT NULL"),
+    postgresql_where=text("topic_key IS NOT NULL"),
+)
+# mem_save: identical content in one session is saved once.
+Index(
+    "uq_memories_session_hash",
+    MEMORIES.c.scope_kind,
+    MEMORIES.c.scope_id,
+    MEMORIES.c.session_id,
+    MEMORIES.c.content_hash,
+    unique=True,
+    sqlite_where=text("session_id IS NOT NULL AND topic_key IS NULL"),
+    postgresql_where=text("session_id IS NOT NULL AND topic_key IS NULL"),
+)
 
 
 class MemoryTerm(Base):
@@ -340,3 +331,31 @@ class ApiKey(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     owner: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# What other modules import from here (the statuses, utcnow and BigId live in store.tables).
+__all__ = [
+    "ARCHIVED",
+    "DONE",
+    "FAILED",
+    "JOB_STATES",
+    "LIVE",
+    "PENDING",
+    "RUNNING",
+    "SUPERSEDED",
+    "ApiKey",
+    "Base",
+    "BigId",
+    "ForgottenOwner",
+    "ForgottenTranscript",
+    "HarvestLedger",
+    "HousekeepingState",
+    "ImportBatch",
+    "Job",
+    "Link",
+    "MemSession",
+    "Memory",
+    "MemoryTerm",
+    "MemoryVersion",
+    "utcnow",
+]

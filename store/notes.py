@@ -1,4 +1,4 @@
-"""Writing and reading notes: ``write`` (one), ``write_batch`` (many), ``get``, ``fingerprint``.
+"""Writing and reading notes: ``write`` (one), ``write_batch`` (many), ``get``.
 
 Both writes validate with ``store.drafts`` and go through the one writer, ``store.writer``:
 a single write is a batch of one. Functions here take the caller's session and never commit:
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from store.drafts import Draft, check_pin, resolve_provenance, validate_attrs
 from store.errors import InvalidInput
-from store.models import LIVE, Memory
+from store.models import Memory
 from store.schemas import Note, Scope, WriteResult
 from store.settings import Settings
 from store.similar import similar_notes
@@ -106,17 +106,6 @@ def get(session: Session, scope: Scope | tuple[str, str], slug: str) -> Note | N
         )
     ).scalar_one_or_none()
     return None if row is None else Note.from_row(row)
-
-
-def fingerprint(session: Session, scope: Scope | tuple[str, str]) -> tuple[int, int]:
-    """``(live note count, max updated_seq)`` of the scope: cheap proof index_text is current."""
-    scope = Scope.of(scope)
-    in_scope = (Memory.scope_kind == scope.kind, Memory.scope_id == scope.id)
-    count = session.execute(
-        select(func.count()).select_from(Memory).where(*in_scope, Memory.status == LIVE)
-    ).scalar_one()
-    top = session.execute(select(func.max(Memory.updated_seq)).where(*in_scope)).scalar_one()
-    return int(count), int(top or 0)
 
 
 @dataclass(frozen=True)

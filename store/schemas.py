@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, cast
 
 from pydantic import (
     AfterValidator,
@@ -16,8 +16,10 @@ from pydantic import (
 )
 
 from store.errors import InvalidInput
-from store.models import Memory
 from store.text import check_principal
+
+if TYPE_CHECKING:
+    from store.models import Memory  # the ORM: not loaded by the read commands
 
 RELS: tuple[str, ...] = ("related", "derived_from", "supersedes")
 ScopeKind = Literal["owner", "global"]

@@ -21,19 +21,21 @@ by the formula is returned. A scope with fewer matches is ranked in full.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import stopwords
-from sqlalchemy import BigInteger, Float, Row, TextClause, column, select, text
+from sqlalchemy import BigInteger, Connection, Float, Row, TextClause, column, select, text
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput
-from store.models import LIVE, Memory
 from store.schemas import Note, Scope, ScoreParts, SearchHit
-from store.settings import Settings
 from store.sql import recency_sql
+from store.tables import LIVE, MEMORIES
 from store.text import check_text, snippet, words
+
+if TYPE_CHECKING:
+    from store.models import Memory
+    from store.settings import Settings
 
 MAX_LIMIT = 100
 MAX_QUERY_WORDS = 32
@@ -131,9 +133,9 @@ def _fts5_query(tokens: list[str]) -> str:
 
 
 def _like_query(
-    session: Session, settings: Settings, scope: Scope, needles: list[str], limit: int
+    dialect: str, settings: Settings, scope: Scope, needles: list[str], limit: int
 ) -> tuple[TextClause, dict[str, Any]]:
-    recency = recency_sql(session.get_bind().dialect.name)
+    recency = recency_sql(dialect)
     params = search_params(settings, scope, limit)
     hits = []
     for i, needle in enumerate(needles):
@@ -163,8 +165,9 @@ def _like_query(
     return text(sql), params
 
 
-def _ranked(session: Session, sql: TextClause, params: dict[str, Any]) -> list[Row[Any]]:
-    """The notes the ranking query picks, loaded with their scores in the same round trip."""
+def _ranked(conn: Connection, sql: TextClause, params: dict[str, Any]) -> list[Row[Any]]:
+    """The notes the ranking query picks, read with their scores in the same round trip:
+    each row is a ``memories`` row (Core, no ORM) plus ``lexical``, ``recency``, ``score``."""
     ranked = sql.columns(
         column("id", BigInteger),
         column("lexical", Float),
@@ -172,9 +175,9 @@ def _ranked(session: Session, sql: TextClause, params: dict[str, Any]) -> list[R
         column("score", Float),
     ).subquery("ranked")
     return list(
-        session.execute(
-            select(Memory, ranked.c.lexical, ranked.c.recency, ranked.c.score)
-            .join(ranked, Memory.id == ranked.c.id)
+        conn.execute(
+            select(MEMORIES, ranked.c.lexical, ranked.c.recency, ranked.c.score)
+            .join(ranked, MEMORIES.c.id == ranked.c.id)
             .order_by(ranked.c.score.desc(), ranked.c.id.desc()),
             params,
         ).all()
@@ -182,13 +185,15 @@ def _ranked(session: Session, sql: TextClause, params: dict[str, Any]) -> list[R
 
 
 def search(
-    session: Session,
+    conn: Connection,
     settings: Settings,
     scope: Scope | tuple[str, str],
     query: str,
     limit: int = 10,
 ) -> list[SearchHit]:
-    """Ranked live notes of the scope matching ``query`` (see the module doc for the score)."""
+    """Ranked live notes of the scope matching ``query`` (see the module doc for the score).
+
+    Reads through Core on ``conn`` (a session's is ``session.connection()``)."""
     scope = Scope.of(scope)
     query = check_text(query, "query", max_bytes=4_000)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
@@ -196,7 +201,7 @@ def search(
     tokens = content_words(query)
     if not tokens:
         return []  # only stop words or punctuation: nothing to look for
-    dialect = session.get_bind().dialect.name
+    dialect = conn.dialect.name
     rows: list[Row[Any]] | None = None
     backend = "like"
     if settings.search != "like":
@@ -205,16 +210,16 @@ def search(
             params["q"] = " ".join(tokens)
             # The driver prepares a statement run often, and PostgreSQL may then settle on one
             # generic plan; the best plan here depends on how common the words are.
-            session.execute(_PG_CUSTOM_PLAN)
-            rows, backend = _ranked(session, _PG_FTS, params), "postgres-fts"
+            conn.execute(_PG_CUSTOM_PLAN)
+            rows, backend = _ranked(conn, _PG_FTS, params), "postgres-fts"
             # No hit may mean only stop words: nothing for full text to match on.
-            if not rows and session.execute(_PG_EMPTY, params).scalar_one():
+            if not rows and conn.execute(_PG_EMPTY, params).scalar_one():
                 rows, backend = None, "like"
         else:
             params["q"] = _fts5_query(tokens)
             try:
-                with session.begin_nested():
-                    rows = _ranked(session, _SQLITE_FTS, params)
+                with conn.begin_nested():
+                    rows = _ranked(conn, _SQLITE_FTS, params)
                 backend = "sqlite-fts5"
             except OperationalError as exc:
                 # Only FTS5 refusing the query sends it to LIKE: a missing table or a locked
@@ -223,23 +228,24 @@ def search(
                     raise
                 rows, backend = None, "like"
     if rows is None:
-        sql, params = _like_query(session, settings, scope, tokens, limit)
-        rows = _ranked(session, sql, params)
+        sql, params = _like_query(dialect, settings, scope, tokens, limit)
+        rows = _ranked(conn, sql, params)
     weight, bonus = settings.recency_weight, settings.pinned_bonus
     return [
         SearchHit(
-            memory=Note.from_row(memory),
-            score=round(float(score), 6),
-            lexical=round(float(lexical), 6),
-            recency=round(float(recency), 6),
-            snippet=snippet(memory.body, tokens),
+            # A memories row has every attribute from_row reads, by the same names.
+            memory=Note.from_row(cast("Memory", row)),
+            score=round(float(row.score), 6),
+            lexical=round(float(row.lexical), 6),
+            recency=round(float(row.recency), 6),
+            snippet=snippet(row.body, tokens),
             backend=backend,
             # The score's three terms, from values already fetched: no work for the database.
             parts=ScoreParts(
-                lexical=round((1 - weight) * float(lexical), 6),
-                recency=round(weight * float(recency), 6),
-                pinned=bonus if memory.pinned else 0.0,
+                lexical=round((1 - weight) * float(row.lexical), 6),
+                recency=round(weight * float(row.recency), 6),
+                pinned=bonus if row.pinned else 0.0,
             ),
         )
-        for memory, lexical, recency, score in (tuple(row) for row in rows)
+        for row in rows
     ]

@@ -18,14 +18,17 @@ import hashlib
 import math
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import DateTime, Float, cast, extract, func, literal, select, text
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from store.models import Memory
+from store.tables import MEMORIES
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+# Core only (no ORM, no PostgreSQL dialect at import): `gleaner search` imports this module.
 
 ID_CHUNK = 500
 FLOAT_SLACK = 1e-9
@@ -63,6 +66,8 @@ def dialect_name(session: Session) -> str:
 
 def dialect_insert(session: Session, table: Any) -> Any:
     """The dialect's INSERT for ``table`` (PostgreSQL or SQLite: both have ON CONFLICT)."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
     return (postgresql.insert if dialect_name(session) == "postgresql" else sqlite.insert)(table)
 
 
@@ -83,12 +88,12 @@ def recency_sql(dialect: str, column: str = "updated_at", now: str | None = None
 def decayed_weight(dialect: str, now: datetime, half_life_days: float) -> ColumnElement[Any]:
     """``recency_sql`` as an expression over ``memories.updated_at``, as of ``now``."""
     if dialect == "postgresql":
-        seconds = extract("epoch", literal(now, DateTime(timezone=True)) - Memory.updated_at)
+        seconds = extract("epoch", literal(now, DateTime(timezone=True)) - MEMORIES.c.updated_at)
         days = func.greatest(cast(seconds, Float), 0.0) / 86400.0
         return func.power(literal(0.5, Float), func.least(days / half_life_days, MAX_HALF_LIVES))
     # The text form SQLAlchemy stores SQLite datetimes in (naive UTC), for julianday().
     stamp = now.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
-    days = func.max(func.julianday(stamp) - func.julianday(Memory.updated_at), 0.0)
+    days = func.max(func.julianday(stamp) - func.julianday(MEMORIES.c.updated_at), 0.0)
     return func.exp(LN_HALF * func.min(days / half_life_days, MAX_HALF_LIVES))
 
 
@@ -101,7 +106,7 @@ def next_seq(session: Session) -> int:
     if session.get_bind().dialect.name == "postgresql":
         return int(session.execute(select(func.nextval("memories_updated_seq_seq"))).scalar_one())
     # SQLite transactions are BEGIN IMMEDIATE: no other writer runs between read and write.
-    current = session.execute(select(func.max(Memory.updated_seq))).scalar_one()
+    current = session.execute(select(func.max(MEMORIES.c.updated_seq))).scalar_one()
     return int(current or 0) + 1
 
 
@@ -110,7 +115,7 @@ def seq_expression(session: Session) -> Any:
     if session.get_bind().dialect.name == "postgresql":
         return func.nextval("memories_updated_seq_seq")
     # SQLite transactions are BEGIN IMMEDIATE: no other writer runs between read and write.
-    return select(func.coalesce(func.max(Memory.updated_seq), 0) + 1).scalar_subquery()
+    return select(func.coalesce(func.max(MEMORIES.c.updated_seq), 0) + 1).scalar_subquery()
 
 
 def next_seqs(session: Session, count: int) -> list[int]:

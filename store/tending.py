@@ -6,24 +6,33 @@ the person asking is the opt-in that ``write`` asks of untrusted text. Archiving
 write to the same slug or topic key brings the note back with the new text (as for notes
 housekeeping archived). Each change takes a new ``updated_seq`` so the scope's fingerprint
 moves and a cached index text is rebuilt; ``updated_at`` (recency) stays as it was.
+
+Listing reads through Core (``gleaner notes list`` never imports the ORM); a change loads the
+note's row through the ORM, which it imports then.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, cast
+
+from sqlalchemy import Connection, select
 
 from store.errors import InvalidInput, NotFound
-from store.models import ARCHIVED, LIVE, SUPERSEDED, Memory
 from store.schemas import Note, NoteChange, Scope
 from store.sql import next_seq
+from store.tables import ARCHIVED, LIVE, MEMORIES, SUPERSEDED
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from store.models import Memory
 
 STATUSES = (LIVE, ARCHIVED, SUPERSEDED)
 MAX_LIST = 1000
 
 
 def list_notes(
-    session: Session,
+    conn: Connection,
     scope: Scope | tuple[str, str],
     *,
     status: str | None = LIVE,
@@ -40,16 +49,20 @@ def list_notes(
         )
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
         raise InvalidInput(f"limit must be 1..{MAX_LIST}, got {limit!r}", reason="bad_limit")
-    query = select(Memory).where(Memory.scope_kind == scope.kind, Memory.scope_id == scope.id)
+    m = MEMORIES.c
+    query = select(MEMORIES).where(m.scope_kind == scope.kind, m.scope_id == scope.id)
     if status is not None:
-        query = query.where(Memory.status == status)
+        query = query.where(m.status == status)
     if pinned is not None:
-        query = query.where(Memory.pinned.is_(pinned))
-    rows = session.execute(query.order_by(Memory.updated_seq.desc()).limit(limit)).scalars()
-    return [Note.from_row(row) for row in rows]
+        query = query.where(m.pinned.is_(pinned))
+    rows = conn.execute(query.order_by(m.updated_seq.desc()).limit(limit))
+    # A memories row has every attribute from_row reads, by the same names.
+    return [Note.from_row(cast("Memory", row)) for row in rows]
 
 
 def _locked(session: Session, scope: Scope, slug: str) -> Memory:
+    from store.models import Memory
+
     # FOR UPDATE: a concurrent writer of the same note waits, so neither change is lost.
     row = session.execute(
         select(Memory)

@@ -25,6 +25,7 @@ STORE_INTERNAL = frozenset(
         "overlap",
         "sql",
         "supersede",
+        "tables",
         "tending",
         "term_index",
         "write_lookup",
