@@ -190,7 +190,8 @@ def map_litellm_error(exc: BaseException) -> ModelError:
     unless its status code says otherwise: retrying the unknown is how a job loops.
     """
     errors = load_litellm().exceptions
-    message = str(exc) or type(exc).__name__
+    # One line: a server's message may span lines (llama-cpp-python's validation error).
+    message = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, errors.ContextWindowExceededError):
         return ContextWindowExceeded(message)
     transient = (

@@ -155,19 +155,25 @@ def openai_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
 
 
 def _error_text(data: bytes) -> str:
-    """The server's error message: ``error.message`` of a JSON body, else the body."""
+    """The server's error message on one line: ``error.message`` of a JSON body, else the
+    body (llama-cpp-python's spans lines: a validation error, then its own source line)."""
     text = data.decode("utf-8", "replace")
     try:
         parsed = json.loads(text)
     except ValueError:
-        return text[:MAX_ERROR_CHARS]
+        return one_line(text)
     error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, dict):
         parts = [str(error.get(key)) for key in ("message", "type", "code") if error.get(key)]
-        return " ".join(parts)[:MAX_ERROR_CHARS]
+        return one_line(" ".join(parts))
     if isinstance(error, str):
-        return error[:MAX_ERROR_CHARS]
-    return text[:MAX_ERROR_CHARS]
+        return one_line(error)
+    return one_line(text)
+
+
+def one_line(text: str) -> str:
+    """``text`` with its whitespace runs made single spaces, cut at MAX_ERROR_CHARS."""
+    return " ".join(text.split())[:MAX_ERROR_CHARS]
 
 
 def _error(status: int, text: str, headers: Mapping[str, str], mode: str) -> ModelError:

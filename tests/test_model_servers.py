@@ -181,6 +181,16 @@ def test_an_explicit_format_is_never_fallen_back_from(server: LLMServer, setting
     assert "json_object" in message.rsplit("(", 1)[-1]  # the weaker formats are named
 
 
+def test_a_refusal_is_one_line(server: LLMServer) -> None:
+    # llama-cpp-python's 500 spans lines (the validation error, then its own source line);
+    # the failure a CLI, a log line or the ledger shows is one line.
+    server.default = rejects_json_schema(answer([TABS]))
+    with pytest.raises(ResponseFormatRejected) as caught:
+        extract(SHORT, options(server, response_format="json_schema"))
+    message = str(caught.value)
+    assert "\n" not in message and "Input should be 'text' or 'json_object'" in message
+
+
 @pytest.mark.parametrize(
     ("setting", "sent"),
     [
