@@ -1,34 +1,48 @@
 """Reports over the job records: counts by state and queue, running jobs with their
-heartbeat, failures, an import's progress, its done jobs' results and what its jobs cost."""
+heartbeat, failures, an import's progress, its done jobs' results, what its jobs cost, and
+the harvest ledger's totals.
+
+Core reads of ``store.tables`` (no ORM: ``gleaner status`` imports this module); each takes a
+Core connection or a session.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import (
-    func,
-    select,
+from sqlalchemy import Connection, func, select
+
+from store.tables import (
+    DONE,
+    FAILED,
+    HARVEST_LEDGER,
+    IMPORTS,
+    JOB_STATES,
+    JOBS,
+    PENDING,
+    RUNNING,
+    utcnow,
 )
-from sqlalchemy.orm import Session
 
-from store.models import DONE, FAILED, JOB_STATES, PENDING, RUNNING, ImportBatch, Job, utcnow
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 
-def counts(session: Session, import_id: str | None = None) -> dict[str, int]:
+def counts(conn: Connection | Session, import_id: str | None = None) -> dict[str, int]:
     """Jobs by state (every state present, zero when none)."""
-    stmt = select(Job.state, func.count()).group_by(Job.state)
+    stmt = select(JOBS.c.state, func.count()).group_by(JOBS.c.state)
     if import_id is not None:
-        stmt = stmt.where(Job.import_id == import_id)
-    found = {str(state): int(n) for state, n in session.execute(stmt).all()}
+        stmt = stmt.where(JOBS.c.import_id == import_id)
+    found = {str(state): int(n) for state, n in conn.execute(stmt).all()}
     return {state: found.get(state, 0) for state in JOB_STATES}
 
 
-def counts_by_queue(session: Session) -> dict[str, dict[str, int]]:
+def counts_by_queue(conn: Connection | Session) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
-    for queue, state, n in session.execute(
-        select(Job.queue, Job.state, func.count()).group_by(Job.queue, Job.state)
+    for queue, state, n in conn.execute(
+        select(JOBS.c.queue, JOBS.c.state, func.count()).group_by(JOBS.c.queue, JOBS.c.state)
     ).all():
         out.setdefault(str(queue), dict.fromkeys(JOB_STATES, 0))[str(state)] = int(n)
     return out
@@ -39,19 +53,21 @@ def _aware(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=utcnow().tzinfo)
 
 
-def oldest_pending(session: Session) -> datetime | None:
-    value = session.execute(select(func.min(Job.enqueued_at)).where(Job.state == PENDING)).scalar()
+def oldest_pending(conn: Connection | Session) -> datetime | None:
+    value = conn.execute(
+        select(func.min(JOBS.c.enqueued_at)).where(JOBS.c.state == PENDING)
+    ).scalar()
     return None if value is None else _aware(value)
 
 
-def running(session: Session, lease: timedelta, limit: int = 20) -> list[dict[str, Any]]:
+def running(conn: Connection | Session, lease: timedelta, limit: int = 20) -> list[dict[str, Any]]:
     """The longest-running jobs: id, queue, seconds since the claim, seconds since the last
     heartbeat, and whether the lease ran out (the sweep will recover it). No owner, no text."""
     now = utcnow()
-    rows = session.execute(
-        select(Job.id, Job.queue, Job.started_at, Job.heartbeat_at)
-        .where(Job.state == RUNNING)
-        .order_by(Job.started_at)
+    rows = conn.execute(
+        select(JOBS.c.id, JOBS.c.queue, JOBS.c.started_at, JOBS.c.heartbeat_at)
+        .where(JOBS.c.state == RUNNING)
+        .order_by(JOBS.c.started_at)
         .limit(limit)
     ).all()
     out = []
@@ -71,24 +87,24 @@ def running(session: Session, lease: timedelta, limit: int = 20) -> list[dict[st
     return out
 
 
-def failures(session: Session, limit: int = 20) -> list[dict[str, Any]]:
+def failures(conn: Connection | Session, limit: int = 20) -> list[dict[str, Any]]:
     """The most recent failed jobs: id, queue, owner, conversation, attempts, error, and what
     their runs cost the model."""
-    rows = session.execute(
+    rows = conn.execute(
         select(
-            Job.id,
-            Job.queue,
-            Job.owner,
-            Job.conversation_id,
-            Job.attempts,
-            Job.last_error,
-            Job.finished_at,
-            Job.model_calls,
-            Job.prompt_tokens,
-            Job.completion_tokens,
+            JOBS.c.id,
+            JOBS.c.queue,
+            JOBS.c.owner,
+            JOBS.c.conversation_id,
+            JOBS.c.attempts,
+            JOBS.c.last_error,
+            JOBS.c.finished_at,
+            JOBS.c.model_calls,
+            JOBS.c.prompt_tokens,
+            JOBS.c.completion_tokens,
         )
-        .where(Job.state == FAILED)
-        .order_by(Job.finished_at.desc())
+        .where(JOBS.c.state == FAILED)
+        .order_by(JOBS.c.finished_at.desc())
         .limit(limit)
     ).all()
     return [
@@ -112,29 +128,26 @@ def failures(session: Session, limit: int = 20) -> list[dict[str, Any]]:
 MIN_IMPORT_PREFIX = 4
 
 
-def find_import(session: Session, id_or_prefix: str) -> list[str]:
+def find_import(conn: Connection | Session, id_or_prefix: str) -> list[str]:
     """The imports whose id is ``id_or_prefix`` or (at least MIN_IMPORT_PREFIX characters)
     starts with it: one id when it names one import, several when the prefix is ambiguous
     (at most two are read), none when nothing matches."""
-    if session.get(ImportBatch, id_or_prefix) is not None:
+    if conn.execute(select(IMPORTS.c.id).where(IMPORTS.c.id == id_or_prefix)).first() is not None:
         return [id_or_prefix]
     prefix = id_or_prefix.lower()
     if len(prefix) < MIN_IMPORT_PREFIX or not all(c in "0123456789abcdef" for c in prefix):
         return []
-    rows = session.execute(
-        select(ImportBatch.id)
-        .where(ImportBatch.id.like(f"{prefix}%"))
-        .order_by(ImportBatch.id)
-        .limit(2)
+    rows = conn.execute(
+        select(IMPORTS.c.id).where(IMPORTS.c.id.like(f"{prefix}%")).order_by(IMPORTS.c.id).limit(2)
     ).scalars()
     return [str(found) for found in rows]
 
 
-def import_progress(session: Session, import_id: str) -> dict[str, Any]:
-    batch = session.get(ImportBatch, import_id)
+def import_progress(conn: Connection | Session, import_id: str) -> dict[str, Any]:
+    batch = conn.execute(select(IMPORTS).where(IMPORTS.c.id == import_id)).first()
     if batch is None:
         return {}
-    by_state = counts(session, import_id)
+    by_state = counts(conn, import_id)
     finished = by_state[DONE] + by_state[FAILED]
     return {
         "import_id": import_id,
@@ -147,15 +160,15 @@ def import_progress(session: Session, import_id: str) -> dict[str, Any]:
     }
 
 
-def cost_by_state(session: Session) -> dict[str, dict[str, int]]:
+def cost_by_state(conn: Connection | Session) -> dict[str, dict[str, int]]:
     """Model calls and tokens every run of the jobs cost, by job state (failed runs too)."""
-    rows = session.execute(
+    rows = conn.execute(
         select(
-            Job.state,
-            func.sum(Job.model_calls),
-            func.sum(Job.prompt_tokens),
-            func.sum(Job.completion_tokens),
-        ).group_by(Job.state)
+            JOBS.c.state,
+            func.sum(JOBS.c.model_calls),
+            func.sum(JOBS.c.prompt_tokens),
+            func.sum(JOBS.c.completion_tokens),
+        ).group_by(JOBS.c.state)
     )
     return {
         str(state): {
@@ -167,25 +180,44 @@ def cost_by_state(session: Session) -> dict[str, dict[str, int]]:
     }
 
 
-def done_results(session: Session, import_id: str) -> Iterator[dict[str, Any]]:
+def done_results(conn: Connection | Session, import_id: str) -> Iterator[dict[str, Any]]:
     """The stored result (the harvest's outcome) of each done job of an import."""
-    results = session.execute(
-        select(Job.result).where(Job.import_id == import_id, Job.state == DONE)
+    results = conn.execute(
+        select(JOBS.c.result).where(JOBS.c.import_id == import_id, JOBS.c.state == DONE)
     ).scalars()
     return (result or {} for result in results)
 
 
-def import_usage(session: Session, import_id: str) -> dict[str, int]:
+def import_usage(conn: Connection | Session, import_id: str) -> dict[str, int]:
     """Model calls and tokens every run of an import's done and failed jobs cost."""
-    calls, prompt, completion = session.execute(
+    calls, prompt, completion = conn.execute(
         select(
-            func.coalesce(func.sum(Job.model_calls), 0),
-            func.coalesce(func.sum(Job.prompt_tokens), 0),
-            func.coalesce(func.sum(Job.completion_tokens), 0),
-        ).where(Job.import_id == import_id, Job.state.in_((DONE, FAILED)))
+            func.coalesce(func.sum(JOBS.c.model_calls), 0),
+            func.coalesce(func.sum(JOBS.c.prompt_tokens), 0),
+            func.coalesce(func.sum(JOBS.c.completion_tokens), 0),
+        ).where(JOBS.c.import_id == import_id, JOBS.c.state.in_((DONE, FAILED)))
     ).one()
     return {
         "model_calls": int(calls),
         "prompt_tokens": int(prompt),
         "completion_tokens": int(completion),
+    }
+
+
+def harvested(conn: Connection | Session) -> dict[str, int]:
+    """Harvest totals over the whole ledger (for status displays)."""
+    ledger = HARVEST_LEDGER.c
+    row = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(ledger.model_calls), 0),
+            func.coalesce(func.sum(ledger.prompt_tokens), 0),
+            func.coalesce(func.sum(ledger.completion_tokens), 0),
+        )
+    ).one()
+    return {
+        "transcripts": int(row[0]),
+        "model_calls": int(row[1]),
+        "prompt_tokens": int(row[2]),
+        "completion_tokens": int(row[3]),
     }

@@ -1,7 +1,8 @@
 """Typed SQLAlchemy models of the store's tables.
 
-``Memory`` is mapped onto ``store.tables.MEMORIES``, the Core table the read commands use
-without the ORM; every other table is declared here, in the same ``METADATA``.
+``Memory``, ``Job``, ``ImportBatch`` and ``HarvestLedger`` are mapped onto the Core tables of
+``store.tables``, which the read commands use without the ORM; every other table is declared
+here, in the same ``METADATA``.
 
 The search index (PostgreSQL's generated ``search_vector`` column, SQLite's ``memories_fts``
 table and its triggers) is dialect-specific and lives only in the migrations.
@@ -29,7 +30,23 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql import FromClause
 
-from store.tables import ARCHIVED, LIVE, MEMORIES, METADATA, SUPERSEDED, BigId, utcnow
+from store.tables import (
+    ARCHIVED,
+    DONE,
+    FAILED,
+    HARVEST_LEDGER,
+    IMPORTS,
+    JOB_STATES,
+    JOBS,
+    LIVE,
+    MEMORIES,
+    METADATA,
+    PENDING,
+    RUNNING,
+    SUPERSEDED,
+    BigId,
+    utcnow,
+)
 
 
 class Base(DeclarativeBase):
@@ -187,55 +204,44 @@ class HarvestLedger(Base):
     """One harvested transcript per (scope, redacted-transcript hash, harvester version).
 
     Written in the same transaction as the notes it produced, so a transcript that arrives
-    again (redelivered, retried, re-imported) is recognised and costs no model call.
+    again (redelivered, retried, re-imported) is recognised and costs no model call. The
+    table is ``store.tables.HARVEST_LEDGER``.
     """
 
-    __tablename__ = "harvest_ledger"
-    __table_args__ = (
-        UniqueConstraint(
-            "scope_kind",
-            "scope_id",
-            "transcript_hash",
-            "harvester_version",
-            name="uq_harvest_ledger_transcript",
-        ),
-    )
+    __table__: ClassVar[FromClause] = HARVEST_LEDGER
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    scope_kind: Mapped[str] = mapped_column(String(16))
-    scope_id: Mapped[str] = mapped_column(String(255))
-    transcript_hash: Mapped[str] = mapped_column(String(64))
-    harvester_version: Mapped[str] = mapped_column(String(255))
-    conversation_id: Mapped[str | None] = mapped_column(String(255))
-    provenance: Mapped[str] = mapped_column(String(16))
-    occurred_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    notes_written: Mapped[int] = mapped_column(Integer, default=0)
-    notes_updated: Mapped[int] = mapped_column(Integer, default=0)
-    notes_skipped: Mapped[int] = mapped_column(Integer, default=0)
-    items_dropped: Mapped[int] = mapped_column(Integer, default=0)
-    model: Mapped[str] = mapped_column(String(255))
-    model_calls: Mapped[int] = mapped_column(Integer, default=0)
-    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-
-
-PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
-JOB_STATES = (PENDING, RUNNING, DONE, FAILED)
+    id: Mapped[int]
+    scope_kind: Mapped[str]
+    scope_id: Mapped[str]
+    transcript_hash: Mapped[str]
+    harvester_version: Mapped[str]
+    conversation_id: Mapped[str | None]
+    provenance: Mapped[str]
+    occurred_at: Mapped[datetime | None]
+    notes_written: Mapped[int]
+    notes_updated: Mapped[int]
+    notes_skipped: Mapped[int]
+    items_dropped: Mapped[int]
+    model: Mapped[str]
+    model_calls: Mapped[int]
+    prompt_tokens: Mapped[int]
+    completion_tokens: Mapped[int]
+    created_at: Mapped[datetime]
 
 
 class ImportBatch(Base):
-    """One bulk import (an export file fanned out into one job per conversation)."""
+    """One bulk import (an export file fanned out into one job per conversation); the table
+    is ``store.tables.IMPORTS``."""
 
-    __tablename__ = "imports"
+    __table__: ClassVar[FromClause] = IMPORTS
 
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    source: Mapped[str] = mapped_column(Text)
-    owner: Mapped[str] = mapped_column(String(255))
-    provenance: Mapped[str] = mapped_column(String(16))
-    total: Mapped[int] = mapped_column(Integer, default=0)
-    unreadable: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    id: Mapped[str]
+    source: Mapped[str]
+    owner: Mapped[str]
+    provenance: Mapped[str]
+    total: Mapped[int]
+    unreadable: Mapped[int]
+    created_at: Mapped[datetime]
 
 
 class Job(Base):
@@ -245,43 +251,34 @@ class Job(Base):
     A ``running`` job is leased: ``lease_token`` names the delivery (Celery task id) that
     claimed it, ``claimed_by`` the process (``host:pid``), and ``heartbeat_at`` is renewed
     while it runs. ``crashes`` counts the times its worker was lost mid-run; ``enqueued_at``
-    is when a message for it was last sent.
+    is when a message for it was last sent. The table is ``store.tables.JOBS``.
     """
 
-    __tablename__ = "jobs"
-    __table_args__ = (
-        Index("ix_jobs_state_enqueued", "state", "enqueued_at"),
-        Index("ix_jobs_import_state", "import_id", "state"),
-    )
+    __table__: ClassVar[FromClause] = JOBS
 
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    queue: Mapped[str] = mapped_column(String(32))
-    state: Mapped[str] = mapped_column(String(16), default=PENDING)
-    owner: Mapped[str] = mapped_column(String(255))
-    provenance: Mapped[str] = mapped_column(String(16))
-    conversation_id: Mapped[str] = mapped_column(String(255))
-    transcript: Mapped[dict[str, Any]] = mapped_column(JSON)
-    import_id: Mapped[str | None] = mapped_column(
-        String(32), ForeignKey("imports.id", ondelete="CASCADE")
-    )
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    crashes: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
-    last_error: Mapped[str | None] = mapped_column(Text)
-    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    enqueued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    lease_token: Mapped[str | None] = mapped_column(String(64))
-    claimed_by: Mapped[str | None] = mapped_column(String(255))
-    # sha256 of the redacted transcript (harvest's transcript hash): what a forget of the
-    # owner tombstones even when the job never ran.
-    transcript_hash: Mapped[str | None] = mapped_column(String(64))
-    # What every run of the job cost the model, failed runs included (summed over runs).
-    model_calls: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
-    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
-    completion_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    id: Mapped[str]
+    queue: Mapped[str]
+    state: Mapped[str]
+    owner: Mapped[str]
+    provenance: Mapped[str]
+    conversation_id: Mapped[str]
+    transcript: Mapped[dict[str, Any]]
+    import_id: Mapped[str | None]
+    attempts: Mapped[int]
+    crashes: Mapped[int]
+    last_error: Mapped[str | None]
+    result: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime]
+    enqueued_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    lease_token: Mapped[str | None]
+    claimed_by: Mapped[str | None]
+    transcript_hash: Mapped[str | None]
+    model_calls: Mapped[int]
+    prompt_tokens: Mapped[int]
+    completion_tokens: Mapped[int]
 
 
 class HousekeepingState(Base):
@@ -333,7 +330,8 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-# What other modules import from here (the statuses, utcnow and BigId live in store.tables).
+# What other modules import from here (the statuses, job states, utcnow and BigId live in
+# store.tables).
 __all__ = [
     "ARCHIVED",
     "DONE",

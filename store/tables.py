@@ -1,9 +1,11 @@
-"""The ``memories`` table in SQLAlchemy Core, apart from the ORM.
+"""The tables the read commands read, in SQLAlchemy Core, apart from the ORM.
 
-The read commands (``gleaner search``, ``index``, ``notes list``) read this table only, so
-they read it through Core and never import ``sqlalchemy.orm`` or the declarative models,
-which cost more at start-up than the rest of such a command. ``store.models`` maps ``Memory``
-onto this same table (and every model onto ``METADATA``) and adds its two partial indexes.
+``gleaner search``, ``index`` and ``notes list`` read ``memories``; ``gleaner status`` reads
+``jobs`` and ``harvest_ledger`` (and ``status --import`` ``imports``). They read through Core
+and never import ``sqlalchemy.orm`` or the declarative models, which cost more at start-up
+than the rest of such a command. ``store.models`` maps ``Memory``, ``Job``, ``ImportBatch``
+and ``HarvestLedger`` onto these same tables (and every model onto ``METADATA``), and adds
+the two partial indexes of ``memories``.
 """
 
 from __future__ import annotations
@@ -79,4 +81,84 @@ MEMORIES = Table(
     # load the PostgreSQL dialect, which a read on SQLite has no use for.
     Index("ix_memories_scope_seq", "scope_kind", "scope_id", "updated_seq"),
     Index("ix_memories_updated_seq", "updated_seq"),
+)
+
+# One harvested transcript per (scope, redacted-transcript hash, harvester version).
+HARVEST_LEDGER = Table(
+    "harvest_ledger",
+    METADATA,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("scope_kind", String(16), nullable=False),
+    Column("scope_id", String(255), nullable=False),
+    Column("transcript_hash", String(64), nullable=False),
+    Column("harvester_version", String(255), nullable=False),
+    Column("conversation_id", String(255)),
+    Column("provenance", String(16), nullable=False),
+    Column("occurred_at", DateTime(timezone=True)),
+    Column("notes_written", Integer, nullable=False, default=0),
+    Column("notes_updated", Integer, nullable=False, default=0),
+    Column("notes_skipped", Integer, nullable=False, default=0),
+    Column("items_dropped", Integer, nullable=False, default=0),
+    Column("model", String(255), nullable=False),
+    Column("model_calls", Integer, nullable=False, default=0),
+    Column("prompt_tokens", Integer, nullable=False, default=0),
+    Column("completion_tokens", Integer, nullable=False, default=0),
+    Column("created_at", DateTime(timezone=True), nullable=False, default=utcnow),
+    UniqueConstraint(
+        "scope_kind",
+        "scope_id",
+        "transcript_hash",
+        "harvester_version",
+        name="uq_harvest_ledger_transcript",
+    ),
+)
+
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+JOB_STATES = (PENDING, RUNNING, DONE, FAILED)
+
+# One bulk import (an export file fanned out into one job per conversation).
+IMPORTS = Table(
+    "imports",
+    METADATA,
+    Column("id", String(32), primary_key=True),
+    Column("source", Text, nullable=False),
+    Column("owner", String(255), nullable=False),
+    Column("provenance", String(16), nullable=False),
+    Column("total", Integer, nullable=False, default=0),
+    Column("unreadable", Integer, nullable=False, default=0),
+    Column("created_at", DateTime(timezone=True), nullable=False, default=utcnow),
+)
+
+# One transcript to harvest (see store.models.Job for what each column records).
+JOBS = Table(
+    "jobs",
+    METADATA,
+    Column("id", String(32), primary_key=True),
+    Column("queue", String(32), nullable=False),
+    Column("state", String(16), nullable=False, default=PENDING),
+    Column("owner", String(255), nullable=False),
+    Column("provenance", String(16), nullable=False),
+    Column("conversation_id", String(255), nullable=False),
+    Column("transcript", JSON, nullable=False),
+    Column("import_id", String(32), ForeignKey("imports.id", ondelete="CASCADE")),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("crashes", Integer, nullable=False, default=0, server_default=text("0")),
+    Column("last_error", Text),
+    Column("result", JSON),
+    Column("created_at", DateTime(timezone=True), nullable=False, default=utcnow),
+    Column("enqueued_at", DateTime(timezone=True), nullable=False, default=utcnow),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("heartbeat_at", DateTime(timezone=True)),
+    Column("lease_token", String(64)),
+    Column("claimed_by", String(255)),
+    # sha256 of the redacted transcript (harvest's transcript hash): what a forget of the
+    # owner tombstones even when the job never ran.
+    Column("transcript_hash", String(64)),
+    # What every run of the job cost the model, failed runs included (summed over runs).
+    Column("model_calls", Integer, nullable=False, default=0, server_default=text("0")),
+    Column("prompt_tokens", Integer, nullable=False, default=0, server_default=text("0")),
+    Column("completion_tokens", Integer, nullable=False, default=0, server_default=text("0")),
+    Index("ix_jobs_state_enqueued", "state", "enqueued_at"),
+    Index("ix_jobs_import_state", "import_id", "state"),
 )

@@ -52,6 +52,8 @@ READ_COMMANDS = {
     ),
     "index": (["index", "--owner", "alice"], "<gleaner-memory-index"),
     "notes list": (["notes", "list", "--owner", "alice", "--status", "all"], "prefers-tabs"),
+    "status": (["status"], "harvested transcripts 0"),
+    "status --json": (["status", "--json"], '"harvested"'),
 }
 
 

@@ -78,7 +78,7 @@ def _requeue(store: Any, args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime, timedelta
 
-    from store import job_reports, ledger
+    from store import job_reports
 
     if args.import_id:
         return _import_status(args)
@@ -94,14 +94,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             return EXIT_FAILED
     store = open_store()
     lease = timedelta(seconds=settings.job_lease_seconds)
-    with store.transaction() as session:
-        by_queue = job_reports.counts_by_queue(session)
-        totals = job_reports.counts(session)
-        oldest = job_reports.oldest_pending(session)
-        running = job_reports.running(session, lease, limit=args.limit)
-        failures = job_reports.failures(session, limit=args.limit)
-        harvested = ledger.totals(session)
-        cost = job_reports.cost_by_state(session)
+    with store.connection() as conn:  # Core: status loads no ORM
+        by_queue = job_reports.counts_by_queue(conn)
+        totals = job_reports.counts(conn)
+        oldest = job_reports.oldest_pending(conn)
+        running = job_reports.running(conn, lease, limit=args.limit)
+        failures = job_reports.failures(conn, limit=args.limit)
+        harvested = job_reports.harvested(conn)
+        cost = job_reports.cost_by_state(conn)
     depths: dict[str, int | None] = {}
     if settings.broker_url:
         depths = _queue_depths(settings.broker_url)
