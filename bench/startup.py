@@ -1,8 +1,10 @@
-"""Scenario 9, start-up and memory: commands that never call the model stay light, and worker
-children stay bounded by recycling."""
+"""Scenario 9, start-up and memory: the read commands start light (no ORM, migrations,
+PostgreSQL dialect, harvester, model client or broker on SQLite), and worker children stay
+bounded by recycling."""
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -12,12 +14,22 @@ from pathlib import Path
 
 from bench.core import Context, Row
 from bench.data import drop_pg
+from tests.test_startup_imports import NEVER_LOADED
 
 NAME = "startup"
 EXAMPLES = Path(__file__).parent.parent / "examples"
+# The read commands issue 13 holds to <= 0.5 s, each on the notes of README's main job.
+READ_COMMANDS = {
+    "search": ["search", "postgres", "--owner", "alice"],
+    "status": ["status"],
+    "index": ["index", "--owner", "alice"],
+    "notes list": ["notes", "list", "--owner", "alice"],
+}
+TARGET_SECONDS = 0.5
 PROBE = (
-    "import sys; from workers.cli import main; code = main(sys.argv[1:]); "
-    "print('LOADED', 'litellm' in sys.modules, 'celery' in sys.modules)"
+    "import json, sys; from workers.cli import main; never = json.loads(sys.argv[1]); "
+    "code = main(sys.argv[2:]); print(json.dumps(sorted(m for m in sys.modules "
+    "if any(m == n or m.startswith(n + '.') for n in never))))"
 )
 
 
@@ -35,7 +47,9 @@ def _env(**extra: str) -> dict[str, str]:
     return {**base, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **extra}
 
 
-def search_startup(ctx: Context) -> None:
+def read_startup(ctx: Context) -> None:
+    """Each read command's wall time against a bare interpreter's, and what it imported of
+    what it does not use (tests/test_startup_imports.py holds the same list to none)."""
     db = ctx.workdir / "startup.db"
     env = _env(GLEANER_DATABASE_URL=f"sqlite:///{db}")
     gleaner = [sys.executable, "-m", "workers.cli"]
@@ -48,38 +62,41 @@ def search_startup(ctx: Context) -> None:
     )
     runs = 3 if ctx.quick else 7
     bare = _wall([sys.executable, "-c", "pass"], env, runs)
-    search = _wall([*gleaner, "search", "postgres", "--owner", "alice"], env, runs)
-    ctx.add(
-        Row(
-            NAME,
-            "`gleaner search` on SQLite, wall (median)",
-            search,
-            "s",
-            ceiling=bare,
-            target="<= 0.5 s",
-            met=search <= 0.5,
-            note=f"ceiling = bare `python -c pass` ({bare * 1000:.0f} ms)",
+    for command, argv in READ_COMMANDS.items():
+        wall = _wall([*gleaner, *argv], env, runs)
+        ctx.add(
+            Row(
+                NAME,
+                f"`gleaner {command}` on SQLite, wall (median)",
+                wall,
+                "s",
+                ceiling=bare,
+                target=f"<= {TARGET_SECONDS} s",
+                met=wall <= TARGET_SECONDS,
+                note=f"ceiling = bare `python -c pass` ({bare * 1000:.0f} ms)",
+            )
         )
-    )
-    probe = subprocess.run(
-        [sys.executable, "-c", PROBE, "search", "postgres", "--owner", "alice"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    loaded = probe.stdout.strip().splitlines()[-1].split()
-    ctx.add(
-        Row(
-            NAME,
-            "`gleaner search` imports litellm / celery",
-            float(loaded[1] == "True"),
-            "bool",
-            target="0",
-            met=loaded[1] == "False" and loaded[2] == "False",
-            note=f"litellm imported: {loaded[1]}, celery imported: {loaded[2]}",
+    for command, argv in READ_COMMANDS.items():
+        probe = subprocess.run(
+            [sys.executable, "-c", PROBE, json.dumps(NEVER_LOADED), *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         )
-    )
+        loaded = json.loads(probe.stdout.strip().splitlines()[-1])
+        ctx.add(
+            Row(
+                NAME,
+                f"`gleaner {command}` imports unused modules",
+                float(len(loaded)),
+                "modules",
+                target="0",
+                met=not loaded,
+                note=f"of {', '.join(NEVER_LOADED)}: "
+                + (", ".join(loaded) if loaded else "none imported"),
+            )
+        )
 
 
 def _rss_kb(pid: int) -> int:
@@ -174,5 +191,5 @@ def worker_memory(ctx: Context) -> None:
 
 
 def run(ctx: Context) -> None:
-    search_startup(ctx)
+    read_startup(ctx)
     worker_memory(ctx)
