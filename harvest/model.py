@@ -155,8 +155,13 @@ class _Meter:
         self.model = answer.model or self.model
         return answer
 
-    def ask(self, messages: Messages) -> LLMAnswer:
-        return call_with_fallback(self._attempt, messages, self.options)
+    def ask(self, messages: Messages, *, max_facts: int | None = None) -> LLMAnswer:
+        """One answer (with retries and format fallback); ``max_facts`` lowers the notes the
+        request's schema allows (the shorter re-ask), where the format carries a bound."""
+        options = self.options
+        if max_facts is not None and max_facts != options.max_facts:
+            options = options.model_copy(update={"max_facts": max_facts})
+        return call_with_fallback(self._attempt, messages, options)
 
 
 def extract(
@@ -279,7 +284,7 @@ def _ask_chunk(
             known_keys=known_keys,
             cut_off=True,
         )
-        return _final(meter.ask(shorter), options, fewer)
+        return _final(meter.ask(shorter, max_facts=fewer), options, fewer)
     try:
         return parse_answer(answer.text, options.types)
     except UnparseableAnswer as exc:

@@ -334,6 +334,14 @@ def test_the_inline_schema_bounds_a_repeating_model_by_grammar(server: LLMServer
     assert [n.title for n in result.notes] == ["Uses tabs"] and result.cost.model_calls == 2
 
 
+def test_the_shorter_reask_bounds_the_inline_schema_at_the_fewer_notes(server: LLMServer) -> None:
+    # The re-ask after a cut-off asks for half the notes: its grammar must not allow more.
+    server.default = stops_at_length()
+    extract(SHORT, options(server, max_answer_tokens=200, response_format="json_object_schema"))
+    first, second = (r.body for r in server.requests)
+    assert (max_items_of(first), max_items_of(second)) == (5, 2)
+
+
 def test_strict_json_schema_sends_no_length_limit(server: LLMServer) -> None:
     # Strict structured-output modes do not all take maxItems: the json_schema form has none.
     server.default = answer([TABS])
