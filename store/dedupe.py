@@ -35,7 +35,7 @@ from store.models import LIVE, Memory
 from store.overlap import Candidates, similar_groups
 from store.schemas import Frozen, Scope
 from store.settings import Settings
-from store.sql import ID_CHUNK
+from store.sql import ID_CHUNK, one_of
 from store.terms import FactText, disagreement, similarity_terms
 
 # Dedupe -----------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ _DETAILS = select(
     Memory.title,
     Memory.body,
     Memory.topics,
-).where(Memory.id.in_(bindparam("ids", expanding=True)))
+).where(one_of(Memory.id, "ids"))
 
 
 @dataclass(frozen=True)

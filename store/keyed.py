@@ -13,12 +13,12 @@ from sqlalchemy.orm import Session
 from store.models import LIVE, Memory, MemoryTerm
 from store.schemas import Scope
 from store.similar import TERM_CHUNK
-from store.sql import ID_CHUNK
+from store.sql import ID_CHUNK, one_of
 
 _KEY_HOLDERS = select(Memory.topic_key, Memory.pinned, Memory.provenance).where(
     Memory.scope_kind == bindparam("kind"),
     Memory.scope_id == bindparam("sid"),
-    Memory.topic_key.in_(bindparam("keys", expanding=True)),
+    one_of(Memory.topic_key, "keys"),
 )
 
 
@@ -51,8 +51,7 @@ _KEYED = (
     select(Memory.topic_key, Memory.title, func.count(MemoryTerm.term).label("shared"))
     .outerjoin(
         MemoryTerm,
-        (MemoryTerm.memory_id == Memory.id)
-        & MemoryTerm.term.in_(bindparam("terms", expanding=True)),
+        (MemoryTerm.memory_id == Memory.id) & one_of(MemoryTerm.term, "terms"),
     )
     .where(
         Memory.scope_kind == bindparam("kind"),

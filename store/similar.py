@@ -25,7 +25,7 @@ from sqlalchemy.sql.elements import ColumnElement, TextClause
 from store.models import LIVE, Memory, MemoryTerm
 from store.overlap import min_shared
 from store.schemas import Scope, Similar
-from store.sql import FLOAT_SLACK, ID_CHUNK
+from store.sql import FLOAT_SLACK, ID_CHUNK, dialect_name, one_of
 from store.terms import FactText, disagreement, similarity_terms
 
 SIMILAR_LIMIT = 5
@@ -112,9 +112,9 @@ _CANDIDATE_TERMS = (
     )
     .join(MemoryTerm, MemoryTerm.memory_id == Memory.id)
     .where(
-        Memory.id.in_(bindparam("ids", expanding=True)),
+        one_of(Memory.id, "ids"),
         Memory.status == LIVE,
-        MemoryTerm.term.in_(bindparam("terms", expanding=True)),
+        one_of(MemoryTerm.term, "terms"),
     )
 )
 
@@ -128,8 +128,27 @@ def _term_chunks(scope: Scope, terms: Sequence[str]) -> Iterator[tuple[list[str]
         yield chunk, params
 
 
+# PostgreSQL takes the terms as one array: one statement text whatever their number, so it
+# is prepared once (the per-term forms above are new SQL for every count of terms). The
+# correlated subquery keeps each term its own index lookup.
+_FREQUENCIES_PG = text(
+    "SELECT t.term, (SELECT count(*) FROM (SELECT 1 FROM memory_terms WHERE scope_kind = :kind"
+    " AND scope_id = :sid AND term = t.term LIMIT :cap) AS c)"
+    " FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
+)
+_POSTINGS_PG = text(
+    "SELECT m.term, m.memory_id FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
+    " CROSS JOIN LATERAL (SELECT term, memory_id FROM memory_terms WHERE scope_kind = :kind"
+    " AND scope_id = :sid AND term = t.term) AS m"
+)
+
+
 def _frequencies(session: Session, scope: Scope, terms: Sequence[str], cap: int) -> dict[str, int]:
     found: dict[str, int] = {}
+    if dialect_name(session) == "postgresql":
+        params = {"kind": scope.kind, "sid": scope.id, "cap": cap, "terms": list(terms)}
+        found.update((str(t), int(n)) for t, n in session.execute(_FREQUENCIES_PG, params))
+        return found
     for chunk, params in _term_chunks(scope, terms):
         row = session.execute(_frequency_statement(len(chunk), cap), params).one()
         found.update({term: int(n) for term, n in zip(chunk, row, strict=True)})
@@ -138,6 +157,11 @@ def _frequencies(session: Session, scope: Scope, terms: Sequence[str], cap: int)
 
 def _postings(session: Session, scope: Scope, terms: Sequence[str]) -> dict[str, set[int]]:
     found: dict[str, set[int]] = {term: set() for term in terms}
+    if dialect_name(session) == "postgresql":
+        params = {"kind": scope.kind, "sid": scope.id, "terms": list(terms)}
+        for term, memory_id in session.execute(_POSTINGS_PG, params):
+            found[str(term)].add(int(memory_id))
+        return found
     for chunk, params in _term_chunks(scope, terms):
         for term, memory_id in session.execute(_postings_statement(len(chunk)), params):
             found[str(term)].add(int(memory_id))
@@ -181,7 +205,7 @@ def _similar_statement() -> Any:
     fetched.
     """
     conditions: list[ColumnElement[bool]] = [
-        MemoryTerm.term.in_(bindparam("terms", expanding=True)),
+        one_of(MemoryTerm.term, "terms"),
         MemoryTerm.scope_kind == bindparam("kind"),
         MemoryTerm.scope_id == bindparam("sid"),
     ]
@@ -344,7 +368,7 @@ def similar_notes(
 
 
 _FACT_TEXTS = select(Memory.id, Memory.title, Memory.body, Memory.topics).where(
-    Memory.id.in_(bindparam("ids", expanding=True))
+    one_of(Memory.id, "ids")
 )
 
 

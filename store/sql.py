@@ -7,6 +7,7 @@
 - ``scope_key`` / ``xact_locks``: advisory-lock keys for a scope, and taking them.
 - ``next_seq`` / ``next_seqs`` / ``seq_expression``: the store-wide ``updated_seq``.
 - ``dialect_insert``: the dialect's INSERT (with ``on_conflict_*``) for a table.
+- ``one_of``: ``column IN (a list parameter)``, one array on PostgreSQL.
 - ``recency_sql`` / ``decayed_weight``: the recency factor ``0.5 ** (age_days /
   half_life_days)``, as SQL text (search) and as an expression (decay). Both count a future
   time as now and cap the age at MAX_HALF_LIVES half-lives.
@@ -20,13 +21,29 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import DateTime, Float, cast, extract, func, literal, select, text
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Float,
+    any_,
+    bindparam,
+    cast,
+    extract,
+    func,
+    literal,
+    select,
+    text,
+)
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from store.tables import MEMORIES
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+    from sqlalchemy.sql._typing import _HasClauseElement
+    from sqlalchemy.sql.compiler import SQLCompiler
 
 # Core only (no ORM, no PostgreSQL dialect at import): `gleaner search` imports this module.
 
@@ -60,15 +77,55 @@ def xact_locks(session: Session, keys: Sequence[int]) -> None:
         )
 
 
-def dialect_name(session: Session) -> str:
-    return session.get_bind().dialect.name
+def dialect_name(session: Session | str) -> str:
+    """The dialect of ``session``'s database (a name passes through)."""
+    return session if isinstance(session, str) else session.get_bind().dialect.name
 
 
-def dialect_insert(session: Session, table: Any) -> Any:
-    """The dialect's INSERT for ``table`` (PostgreSQL or SQLite: both have ON CONFLICT)."""
+def dialect_insert(session: Session | str, table: Any) -> Any:
+    """The dialect's INSERT for ``table`` (PostgreSQL or SQLite: both have ON CONFLICT), for a
+    session or a dialect name."""
     from sqlalchemy.dialects import postgresql, sqlite
 
     return (postgresql.insert if dialect_name(session) == "postgresql" else sqlite.insert)(table)
+
+
+class one_of(ColumnElement[bool]):  # noqa: N801 - reads as an SQL operator, like in_
+    """``column IN (:name)``, the list bound at execution as ``{name: [...]}``.
+
+    On PostgreSQL it is ``column = ANY(:name)``, one array parameter: the statement's text is
+    the same whatever the list's length, so psycopg prepares it once and the server plans it
+    once, where an expanding ``IN`` list is new SQL for every length. Elsewhere (SQLite) it is
+    the expanding ``IN`` list. An empty list matches nothing on both.
+    """
+
+    inherit_cache = True
+    type = Boolean()
+    _traverse_internals = [  # noqa: RUF012 - SQLAlchemy reads this class attribute
+        ("column", InternalTraversal.dp_clauseelement),
+        ("name", InternalTraversal.dp_string),
+    ]
+
+    def __init__(self, column: _HasClauseElement[Any] | ColumnElement[Any], name: str) -> None:
+        # A mapped attribute (Memory.slug) hands over its column through the SQL protocol.
+        self.column: ColumnElement[Any] = (
+            column if isinstance(column, ColumnElement) else column.__clause_element__()  # type: ignore[assignment]
+        )
+        self.name = name
+
+
+@compiles(one_of)
+def _one_of_list(element: one_of, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.column.in_(bindparam(element.name, expanding=True)), **kw)
+
+
+@compiles(one_of, "postgresql")
+def _one_of_array(element: one_of, compiler: SQLCompiler, **kw: Any) -> str:
+    from sqlalchemy.dialects.postgresql import ARRAY
+
+    # The element type without its length: a cast to varchar(n) would cut longer values.
+    array = bindparam(element.name, type_=ARRAY(type(element.column.type)()))
+    return compiler.process(element.column == any_(array), **kw)
 
 
 def recency_sql(dialect: str, column: str = "updated_at", now: str | None = None) -> str:
@@ -110,9 +167,9 @@ def next_seq(session: Session) -> int:
     return int(current or 0) + 1
 
 
-def seq_expression(session: Session) -> Any:
+def seq_expression(session: Session | str) -> Any:
     """SQL for the next ``updated_seq``, inlined into an INSERT: no round trip of its own."""
-    if session.get_bind().dialect.name == "postgresql":
+    if dialect_name(session) == "postgresql":
         return func.nextval("memories_updated_seq_seq")
     # SQLite transactions are BEGIN IMMEDIATE: no other writer runs between read and write.
     return select(func.coalesce(func.max(MEMORIES.c.updated_seq), 0) + 1).scalar_subquery()

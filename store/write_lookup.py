@@ -16,7 +16,7 @@ from store import history
 from store.drafts import base_slug_of
 from store.models import Memory
 from store.schemas import Scope
-from store.sql import ID_CHUNK
+from store.sql import ID_CHUNK, one_of
 
 if TYPE_CHECKING:
     from store.writer import Item
@@ -37,14 +37,12 @@ _IN_SCOPE = (Memory.scope_kind == bindparam("kind"), Memory.scope_id == bindpara
 # are locked, so a concurrent upsert of the same key waits for this transaction.
 _BY_SLUGS, _BY_TOPIC_KEYS = (
     select(*history.VERSIONED, Memory.status, column.label("wanted_value"))
-    .where(*_IN_SCOPE, column.in_(bindparam("wanted", expanding=True)))
+    .where(*_IN_SCOPE, one_of(column, "wanted"))
     .order_by(Memory.id)
     .with_for_update()
     for column in (Memory.slug, Memory.topic_key)
 )
-_TAKEN_SLUGS = select(Memory.slug).where(
-    *_IN_SCOPE, Memory.slug.in_(bindparam("wanted", expanding=True))
-)
+_TAKEN_SLUGS = select(Memory.slug).where(*_IN_SCOPE, one_of(Memory.slug, "wanted"))
 _SESSION_TWIN = (
     select(Memory.id, Memory.slug)
     .where(

@@ -16,6 +16,7 @@ taken.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -323,16 +324,8 @@ def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> lis
             for op in chunk
         ]
         # executemany with RETURNING: one compiled statement, sent as multi-row INSERTs.
-        stmt = dialect_insert(session, Memory.__table__)
-        if "updated_seq" not in values[0]:
-            stmt = stmt.values(updated_seq=seq_expression(session))
-        stmt = stmt.on_conflict_do_nothing()
-        returned = {
-            row.slug: row
-            for row in session.execute(
-                stmt.returning(*(_MEMORIES.c if rows else (Memory.id, Memory.slug))), values
-            )
-        }
+        stmt = _insert_statement(dialect_name(session), "updated_seq" in values[0], rows)
+        returned = {row.slug: row for row in session.execute(stmt, values)}
         for op in chunk:
             if op.slug in returned:
                 op.row_id = int(returned[op.slug].id)
@@ -358,6 +351,17 @@ def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> lis
 
 
 _MEMORIES = cast(Table, Memory.__table__)
+
+
+@functools.cache
+def _insert_statement(dialect: str, seq_given: bool, rows: bool) -> Any:
+    """The batch INSERT of new notes (skipping a slug taken meanwhile), built once per
+    shape: a statement built per call costs its construction and cache key every time."""
+    stmt = dialect_insert(dialect, _MEMORIES)
+    if not seq_given:
+        stmt = stmt.values(updated_seq=seq_expression(dialect))
+    returning = _MEMORIES.c if rows else (_MEMORIES.c.id, _MEMORIES.c.slug)
+    return stmt.on_conflict_do_nothing().returning(*returning)
 
 
 def _detached(row: Any) -> Memory:
