@@ -365,6 +365,46 @@ def client_cpu_ms(api_base: str, calls: int = 200, client: str = "litellm") -> f
     return float(json.loads(out.stdout.strip().splitlines()[-1])["cpu_ms"])
 
 
+JOB_PROBE = """
+import json, sys, time
+from bench.pipeline_support import cpu_by_role, transcript
+from harvest.queue import record_jobs, run_job
+from harvest.transcript import Transcript
+from store import Store
+from store.settings import Settings
+
+url, api_base, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+settings = Settings(database_url=url, harvest_model=sys.argv[4], harvest_api_base=api_base,
+                    harvest_api_key="bench")
+store = Store(url, settings=settings)
+items = [Transcript.model_validate(transcript(10**6 + i)) for i in range(count + 20)]
+ids = record_jobs(store, items, owner=None, provenance="compaction", queue="probe")
+for job_id in ids[:20]:  # warm: connections, prepared statements, compiled SQL
+    run_job(store, job_id)
+before, started = cpu_by_role(), time.process_time()
+for job_id in ids[20:]:
+    run_job(store, job_id)
+spent = time.process_time() - started
+database = cpu_by_role().get("PostgreSQL", 0.0) - before.get("PostgreSQL", 0.0)
+print(json.dumps({"worker_ms": 1000 * spent / count, "database_ms": 1000 * database / count}))
+"""
+
+
+def job_cpu_ms(database_url: str, api_base: str, count: int) -> tuple[float, float]:
+    """CPU milliseconds per job of ``harvest.queue.run_job`` run in one fresh process (the
+    work of a pool child, without the broker), and of PostgreSQL serving it."""
+    out = subprocess.run(
+        [sys.executable, "-c", JOB_PROBE, database_url, api_base, str(count), MODEL],
+        cwd=ROOT,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(found["worker_ms"]), float(found["database_ms"])
+
+
 def raw_http_cpu_ms(api_base: str, calls: int = 200) -> float:
     """CPU milliseconds per raw keep-alive POST of the same request (``http_seconds``' body),
     in this process."""
