@@ -5,10 +5,12 @@ errors and settings, the text helpers).
 
 The pipeline's seam, for ``harvest``, ``workers``, ``gleaner`` and ``bench`` (functions that
 take the caller's session, so a harvest writes notes, ledger and job outcome in one
-transaction): ``notes`` (write, write_batch), ``similar`` and ``keyed`` (near-duplicates,
-topic keys), ``ledger``, ``forget``, ``jobs``, ``job_leases``, ``job_reports``,
-``job_status``, ``keys``, ``links``, ``history``, ``index``, ``search``, ``decay``, ``terms``,
-``text``, ``schemas``, ``errors``, ``settings`` and ``db`` (migrations and revisions).
+transaction; the reads of ``search`` and ``index`` take a Core connection, a session's being
+``session.connection()``, and ``job_reports`` either): ``notes`` (write, write_batch),
+``similar`` and ``keyed`` (near-duplicates, topic keys), ``ledger``, ``forget``, ``jobs``,
+``job_leases``, ``job_reports``, ``job_status``, ``keys``, ``links``, ``history``, ``index``,
+``search``, ``decay``, ``terms``, ``text``, ``schemas``, ``errors``, ``settings`` and ``db``
+(migrations and revisions).
 
 Everything else is internal and may change without notice: the one writer (``writer``,
 ``write_lookup``, ``term_index``, ``drafts``), dialect SQL (``sql``), advisory locks
