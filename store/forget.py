@@ -67,12 +67,15 @@ def _count(session: Session, statement: Executable) -> int:
     return int(cast("CursorResult[Any]", session.execute(statement)).rowcount)
 
 
+_SHARED_LOCK = text("SELECT pg_advisory_xact_lock_shared(:k)")  # built once: a job takes it
+
+
 def hold_off(session: Session, scope: Scope) -> None:
     """Keep a forget of the owner from committing until this transaction ends (PostgreSQL:
     the forget lock, shared). A harvest takes it before it writes, then writes its ledger row
     only if the owner's forget count is still the planned one (``store.ledger.record``)."""
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": lock_key(scope)})
+        session.execute(_SHARED_LOCK, {"k": lock_key(scope)})
 
 
 def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -> dict[str, int]:

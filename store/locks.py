@@ -24,7 +24,7 @@ import time
 import weakref
 from types import TracebackType
 
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, TextClause, create_engine, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
@@ -36,6 +36,9 @@ from store.sql import scope_key
 # connection); contention is rare, so the poll starts short and backs off.
 FIRST_POLL_SECONDS = 0.05
 MAX_POLL_SECONDS = 1.0
+# Built once: a statement object made per call costs its cache key again every time.
+_TRY_LOCK = text("SELECT pg_try_advisory_lock(:key)")
+_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
 
 
 class ProcessLocks:
@@ -49,14 +52,14 @@ class ProcessLocks:
         self._changed = threading.Condition()
         self.enabled = engine.dialect.name == "postgresql"
 
-    def _run(self, statement: str, key: int) -> bool:
+    def _run(self, statement: TextClause, key: int) -> bool:
         try:
             if self._connection is None or self._connection.closed:
                 # Outside the store's pool: a caller may hold the last pooled connection
                 # while it waits here, and the pool is sized for the transactions alone.
                 own = create_engine(self._engine.url, poolclass=NullPool)
                 self._connection = own.connect().execution_options(isolation_level="AUTOCOMMIT")
-            return bool(self._connection.execute(text(statement), {"key": key}).scalar())
+            return bool(self._connection.execute(statement, {"key": key}).scalar())
         except DBAPIError as exc:
             # The session (and every lock on it) is gone; the next call reconnects.
             broken, self._connection = self._connection, None
@@ -70,7 +73,7 @@ class ProcessLocks:
         if not self.enabled:
             return True
         with self._changed:
-            if key in self._held or not self._run("SELECT pg_try_advisory_lock(:key)", key):
+            if key in self._held or not self._run(_TRY_LOCK, key):
                 return False
             self._held.add(key)
             return True
@@ -92,7 +95,7 @@ class ProcessLocks:
         with self._changed:
             try:
                 if key in self._held:
-                    self._run("SELECT pg_advisory_unlock(:key)", key)
+                    self._run(_UNLOCK, key)
             finally:
                 self._held.discard(key)
                 self._changed.notify_all()
