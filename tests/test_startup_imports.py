@@ -5,15 +5,18 @@ model or the broker need. Start-up is most of such a command's time (README, "Be
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
+from importlib import import_module
 
 import pytest
 
 from store import Scope, Store
 from tests.conftest import test_settings
+from workers.cli import COMMAND_GROUPS, build_parser
 
 # Loaded by a read command on SQLite, none of these would be used: the ORM and the models
 # (reads go through Core, store.tables), the write path, migrations, the PostgreSQL dialect
@@ -134,3 +137,27 @@ def test_every_public_name_of_the_store_is_there() -> None:
     assert (Store, Note, Settings, load_settings) == (Home, NoteHome, SettingsHome, load_home)
     with pytest.raises(AttributeError):
         store.no_such_name  # noqa: B018
+
+
+def test_a_command_builds_only_its_groups_parser() -> None:
+    """COMMAND_GROUPS names what each group registers, so a command line naming a command
+    builds that group's parser alone, which parses it as the full parser does."""
+    listed = []
+    for group, names in COMMAND_GROUPS.items():
+        sub = argparse.ArgumentParser().add_subparsers()
+        import_module(f"workers.cli.{group}").register(sub)
+        assert tuple(sub.choices) == names, group
+        listed.extend(names)
+    assert len(listed) == len(set(listed))
+    commands = (["search", "x", "--owner", "a"], ["status", "--json"], ["db", "upgrade"])
+    for argv in commands:
+        alone, full = build_parser(argv[0]).parse_args(argv), build_parser().parse_args(argv)
+        assert vars(alone) == vars(full)
+    code = (
+        "import sys\nfrom workers.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nfinally:\n    print(sorted(sys.modules))"
+    )
+    argv = [sys.executable, "-c", code, "search", "--help"]
+    ran = subprocess.run(argv, check=False, capture_output=True, text=True)
+    assert ran.returncode == 0 and "usage: gleaner search" in ran.stdout
+    assert "workers.cli.read" in ran.stdout and "workers.cli.operate" not in ran.stdout

@@ -1,6 +1,7 @@
 """The ``gleaner`` command line: one module per group of commands, each with a ``register``.
 
-Imports are deferred into each command so ``gleaner search`` never pays for Celery or litellm.
+Imports are deferred into each command so ``gleaner search`` never pays for Celery or litellm,
+and a command line that names a command builds (and imports) only its group's parser.
 Every failure ends as one line on stderr (the problem, then the next step) and an exit status
 chosen by the error's type or ``reason``: see ``EXIT_STATUS_HELP`` (``gleaner --help``).
 """
@@ -11,8 +12,8 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib import import_module
 
-from workers.cli import hook, imports, intake, notes, operate, read, run, serve
 from workers.cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -26,13 +27,27 @@ from workers.cli.common import (
 
 __all__ = ["build_parser", "main"]
 
-# Order here is the order of `gleaner --help`.
-COMMAND_GROUPS = (read, notes, intake, hook, imports, run, operate, serve)
+# Each group of commands (a module of workers.cli with a ``register``) and the commands it
+# adds, in the order of `gleaner --help` (tests/test_startup_imports.py holds this to what each
+# adds).
+COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
+    "read": ("db", "search", "index", "show"),
+    "notes": ("notes",),
+    "intake": ("harvest", "enqueue"),
+    "hook": ("hook",),
+    "imports": ("import",),
+    "run": ("worker", "beat", "health"),
+    "operate": ("housekeep", "status", "retry", "forget"),
+    "serve": ("serve", "mcp", "keys"),
+}
 # Harvest reasons that mean the command line lacks something (exit 2), not a failed input.
 USAGE_REASONS = frozenset({"no_owner", "bad_owner", "bad_provenance", "bad_config"})
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; of ``command``'s group only when it names a command (its
+    help, usage and errors are the same: only the other groups are left out)."""
+    groups = [group for group, names in COMMAND_GROUPS.items() if command in names]
     parser = argparse.ArgumentParser(
         prog="gleaner",
         description=(
@@ -44,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in COMMAND_GROUPS:
-        group.register(sub)
+    for group in groups or COMMAND_GROUPS:
+        import_module(f"workers.cli.{group}").register(sub)
     return parser
 
 
@@ -65,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv else None)
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "celery_passthrough", False):  # only `worker` passes on
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
