@@ -174,6 +174,12 @@ class Settings(BaseSettings):
     worker_max_tasks_per_child: int = Field(
         default=500, gt=0, description="Tasks before a worker child is replaced (bounds leaks)."
     )
+    worker_stall_seconds: int = Field(
+        default=120,
+        ge=0,
+        description="A worker with a free slot that takes no message while some wait on its "
+        "queues for this long exits (code 70) to be restarted; 0 turns the check off.",
+    )
     requeue_after_seconds: int = Field(
         default=900,
         gt=0,

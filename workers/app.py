@@ -76,4 +76,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
     import workers.tasks  # noqa: F401
 
     app.conf.beat_schedule = beat_schedule.schedule(settings)
+    from workers.watchdog import Watchdog
+
+    app.steps["worker"].add(Watchdog)  # a worker that stops taking messages exits
     return app

@@ -60,7 +60,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         argv += ["-n", default_node_name(ordered)]
     # Celery's options come last, so one given twice (-c, -P) takes Celery's value.
     app.worker_main([*argv, *passthrough])
-    return EXIT_OK
+    # Celery's worker_main drops the worker's exit code: the watchdog's is kept for it.
+    from workers import watchdog
+
+    return watchdog.exit_code or EXIT_OK
 
 
 def cmd_beat(args: argparse.Namespace) -> int:
