@@ -25,6 +25,8 @@ READY_TIMEOUT = 60.0
 class Worker:
     proc: subprocess.Popen[bytes]
     log: Path
+    # What started it (None for beat): replace_stalled starts the same worker again.
+    started_as: tuple[str, int, str, dict[str, str]] | None = None
 
     @property
     def pid(self) -> int:
@@ -108,11 +110,24 @@ class Cluster:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stop() can kill the children too
         )
-        worker = Worker(proc, log)
+        worker = Worker(proc, log, (queues, concurrency, pool, env))
         self.workers.append(worker)
         if wait:
             wait_ready(worker)
         return worker
+
+    def replace_stalled(self) -> int:
+        """Start again each worker that exited stalled (code 70, workers/watchdog.py), as a
+        supervisor (compose's ``restart:``) would; returns how many were replaced."""
+        from workers.watchdog import EX_SOFTWARE
+
+        stalled = [w for w in self.workers if w.started_as and w.proc.poll() == EX_SOFTWARE]
+        for worker in stalled:
+            assert worker.started_as is not None
+            queues, concurrency, pool, env = worker.started_as
+            worker.started_as = None  # replaced once
+            self.start_worker(queues, concurrency, pool=pool, wait=False, **env)
+        return len(stalled)
 
     def start_beat(self, *, wait: bool = True, **env: str) -> Worker:
         """`gleaner beat` for this cluster (stopped with the workers); its log names each send."""

@@ -50,6 +50,7 @@ SUITE_SETTINGS = {
     "GLEANER_TASK_TIME_LIMIT": "35",
     "GLEANER_BROKER_VISIBILITY_TIMEOUT": "60",
     "GLEANER_DB_POOL_SIZE": "2",
+    "GLEANER_WORKER_STALL_SECONDS": "10",
     "GLEANER_HARVEST_MODEL": "openai/test-model",
     "GLEANER_HARVEST_API_KEY": "reliability",
 }
@@ -222,6 +223,9 @@ class Scenario:
         """Wait until every recorded job is done or failed."""
 
         def settled() -> bool:
+            replaced = self.cluster.replace_stalled()  # the supervisor's part
+            if replaced:
+                self.step(f"{replaced} stalled worker(s) exited (code 70) and were restarted")
             try:
                 found = self.states()
             except Exception:
