@@ -105,21 +105,3 @@ def record(session: Session, scope: Scope, entry: LedgerEntry, *, generation: in
         "generation": generation,
     }
     return session.execute(stmt, row).scalar_one_or_none() is not None
-
-
-def totals(session: Session) -> dict[str, int]:
-    """Harvest totals over the whole ledger (for status displays)."""
-    row = session.execute(
-        select(
-            func.count(),
-            func.coalesce(func.sum(HarvestLedger.model_calls), 0),
-            func.coalesce(func.sum(HarvestLedger.prompt_tokens), 0),
-            func.coalesce(func.sum(HarvestLedger.completion_tokens), 0),
-        )
-    ).one()
-    return {
-        "transcripts": int(row[0]),
-        "model_calls": int(row[1]),
-        "prompt_tokens": int(row[2]),
-        "completion_tokens": int(row[3]),
-    }
