@@ -54,8 +54,10 @@ print(json.dumps({"seconds": seconds, "rss_before_kb": before, "rss_peak_kb": pe
 def run_child(url: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, url], capture_output=True, text=True, env=env, check=True
+        [sys.executable, "-c", CHILD, url], capture_output=True, text=True, env=env, check=False
     )
+    if out.returncode != 0:  # say why: a bare CalledProcessError hides the child's traceback
+        raise RuntimeError(f"dedupe child failed ({out.returncode}): {out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
