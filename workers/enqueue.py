@@ -101,15 +101,18 @@ class Waiting:
 
 
 def waiting_messages(
-    broker_url: str, queues: Sequence[str], scan_limit: int = SCAN_LIMIT
+    broker_url: str, queues: Sequence[str], scan_limit: int = SCAN_LIMIT, timeout: float = 10.0
 ) -> dict[str, Waiting] | None:
     """The messages waiting on each Redis queue (not those a worker has taken); None when the
-    broker is not Redis. Raises ``redis.RedisError`` when Redis cannot be reached."""
+    broker is not Redis. Raises ``redis.RedisError`` when Redis cannot be reached (a connect
+    waits at most half of ``timeout``, a reply ``timeout``)."""
     if not broker_url.startswith(("redis://", "rediss://", "unix://")):
         return None
     import redis
 
-    client = redis.Redis.from_url(broker_url, socket_timeout=10, socket_connect_timeout=5)
+    client = redis.Redis.from_url(
+        broker_url, socket_timeout=timeout, socket_connect_timeout=timeout / 2
+    )
     try:
         out = {}
         for queue in queues:

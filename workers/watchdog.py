@@ -27,6 +27,7 @@ from celery.utils.log import get_logger
 log = get_logger(__name__)  # under Celery's logger: the worker's log shows it
 
 EX_SOFTWARE = 70
+CHECK_TIMEOUT = 1.0  # a hung Redis holds the event loop 1.5 s at most (connect: half)
 # Set when the watchdog ended the worker: `gleaner worker` exits with it (Celery's
 # worker_main does not hand the worker's exit code back).
 exit_code: int | None = None
@@ -100,7 +101,10 @@ class Watchdog(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is unty
         from workers.enqueue import waiting_messages
 
         try:
-            found = waiting_messages(worker.app.conf.broker_url, self.queues, scan_limit=0)
+            # Short timeouts: this runs on the event loop, which waits while it does.
+            found = waiting_messages(
+                worker.app.conf.broker_url, self.queues, scan_limit=0, timeout=CHECK_TIMEOUT
+            )
         except Exception:  # noqa: BLE001 - broker down: the consumer's reconnect handles it
             self.stall.since = None
             return
