@@ -183,7 +183,8 @@ def extract_notes(
     try:
         return run_extraction(plan.transcript, settings, llm, ready.known_keys, usage)
     except HarvestError as exc:
-        model = str(settings.harvest_model or "offline")
+        # Named as a harvested transcript's is: by the server's answer, once there was one.
+        model = usage.model or str(settings.harvest_model or "offline")
         return plan.outcome("failed", usage.counts, model=model, error=f"{exc.reason}: {exc}")
 
 

@@ -123,6 +123,7 @@ class Usage:
     caller still knows the cost of a transcript whose harvest failed."""
 
     counts: Counts = field(default_factory=Counts)
+    model: str = ""  # the model the server said answered, once one has
 
     def add(self, cost: Counts) -> None:
         self.counts = self.counts + cost
@@ -153,6 +154,8 @@ class _Meter:
             Counts(prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens)
         )
         self.model = answer.model or self.model
+        for counter in self.counters:
+            counter.model = self.model
         return answer
 
     def ask(self, messages: Messages, *, max_facts: int | None = None) -> LLMAnswer:

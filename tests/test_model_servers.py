@@ -355,6 +355,7 @@ def test_cut_off_twice_fails_the_transcript_and_stores_nothing(make_store, serve
     report = harvest_transcript(store, SHORT)
     assert report.status == "failed"
     assert (report.error or "").startswith("truncated_answer:")
+    assert report.model == "test-model"  # the server's name for it, as a harvested one shows
     assert server.calls == 2
     assert rows(store, Memory) == [] and rows(store, HarvestLedger) == []
     assert store.search(Scope.owner("alice"), "Fact") == []
