@@ -31,7 +31,7 @@ from store.models import (
     utcnow,
 )
 from store.schemas import Scope
-from store.sql import advisory_key, dialect_insert
+from store.sql import advisory_key, dialect_insert, dialect_name
 
 # Tables whose dead rows a PostgreSQL forget vacuums right after its commit.
 VACUUMED = (
@@ -74,7 +74,7 @@ def hold_off(session: Session, scope: Scope) -> None:
     """Keep a forget of the owner from committing until this transaction ends (PostgreSQL:
     the forget lock, shared). A harvest takes it before it writes, then writes its ledger row
     only if the owner's forget count is still the planned one (``store.ledger.record``)."""
-    if session.get_bind().dialect.name == "postgresql":
+    if dialect_name(session) == "postgresql":
         session.execute(_SHARED_LOCK, {"k": lock_key(scope)})
 
 

@@ -160,7 +160,7 @@ def decayed_weight(dialect: str, now: datetime, half_life_days: float) -> Column
 
 def next_seq(session: Session) -> int:
     """The next value of the store-wide, monotonic ``updated_seq``."""
-    if session.get_bind().dialect.name == "postgresql":
+    if dialect_name(session) == "postgresql":
         return int(session.execute(select(func.nextval("memories_updated_seq_seq"))).scalar_one())
     # SQLite transactions are BEGIN IMMEDIATE: no other writer runs between read and write.
     current = session.execute(select(func.max(MEMORIES.c.updated_seq))).scalar_one()
@@ -179,7 +179,7 @@ def next_seqs(session: Session, count: int) -> list[int]:
     """``count`` new ``updated_seq`` values, ascending, in one statement."""
     if count <= 0:
         return []
-    if session.get_bind().dialect.name == "postgresql":
+    if dialect_name(session) == "postgresql":
         values = session.execute(
             text("SELECT nextval('memories_updated_seq_seq') FROM generate_series(1, :n)"),
             {"n": count},

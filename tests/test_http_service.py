@@ -4,7 +4,6 @@ right status, and changes nothing."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from gleaner import Gleaner
 from tests.conftest import test_settings
 from tests.samples import native
 from tests.service_harness import Service, start_http
-from tests.workers_harness import REDIS_URL
+from tests.workers_harness import REDIS_URL, redis_db_for
 
 LIMITS = {"GLEANER_MAX_FILE_BYTES": "60000", "GLEANER_MAX_TRANSCRIPT_BYTES": "4000"}
 SECRET = "sk-live-9a8b7c6d5e4f"
@@ -239,7 +238,7 @@ def test_with_a_broker_the_job_is_queued(
 ) -> None:
     if "sqlite" in api.database_url:
         pytest.skip("the queued path is the same on both databases: run once")
-    redis_db = 4 + int(hashlib.sha256(worker_id.encode()).hexdigest(), 16) % 6
+    redis_db = redis_db_for(worker_id, 4)
     broker = f"{REDIS_URL}/{redis_db}"
     service = start_http(api.database_url, tmp_path, GLEANER_BROKER_URL=broker)
     try:

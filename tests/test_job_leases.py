@@ -8,7 +8,6 @@ sweep re-sends only the jobs whose message is gone.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -31,7 +30,7 @@ from store.models import HarvestLedger, Job, Memory, utcnow
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.samples import native
-from tests.workers_harness import Cluster, cluster_on, migrated_pg_database, wait_for
+from tests.workers_harness import Cluster, cluster_on, migrated_pg_database, redis_db_for, wait_for
 from workers.enqueue import _job_id, requeue_stale
 
 pytestmark = [pytest.mark.postgres]
@@ -48,7 +47,7 @@ LONG_AGO = timedelta(hours=1)
 def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
     url = migrated_pg_database(f"gleaner_leases_{worker_id}")
     # Redis databases 4..9: test_workers.py takes 10..15.
-    redis_db = 4 + int(hashlib.sha256(worker_id.encode()).hexdigest(), 16) % 6
+    redis_db = redis_db_for(worker_id, 4)
     yield from cluster_on(url, redis_db, tmp_path)
 
 

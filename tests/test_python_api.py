@@ -18,7 +18,7 @@ from sqlalchemy import text
 from gleaner import Gleaner, InvalidRequest, NotFound, TooLarge, Unavailable
 from store import Store
 from tests.samples import native
-from tests.workers_harness import REDIS_URL
+from tests.workers_harness import REDIS_URL, redis_db_for
 
 SECRET = "sk-live-0f9e8d7c6b5a"
 
@@ -120,7 +120,7 @@ def test_the_transcript_is_redacted_before_it_is_recorded(
 def test_submit_with_a_broker_queues_the_job_id_only(
     make_store: Any, backend: str, worker_id: str
 ) -> None:
-    redis_db = 4 + int(hashlib.sha256(worker_id.encode()).hexdigest(), 16) % 6
+    redis_db = redis_db_for(worker_id, 4)
     broker_url = f"{REDIS_URL}/{redis_db}"
     store = make_store(backend, broker_url=broker_url)
     gleaner = Gleaner(store=store)

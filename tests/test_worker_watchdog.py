@@ -8,7 +8,6 @@ stay up.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from store.models import Job
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note, slowly
 from tests.samples import write_natives
-from tests.workers_harness import Cluster, cluster_on, migrated_pg_database, wait_for
+from tests.workers_harness import Cluster, cluster_on, migrated_pg_database, redis_db_for, wait_for
 from workers.watchdog import EX_SOFTWARE, Stall
 
 # --- the rule -------------------------------------------------------------------------------
@@ -66,7 +65,7 @@ def test_a_break_or_a_received_task_starts_the_window_again() -> None:
 @pytest.fixture
 def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
     url = migrated_pg_database(f"gleaner_watchdog_{worker_id}")
-    redis_db = 10 + int(hashlib.sha256(worker_id.encode()).hexdigest(), 16) % 6
+    redis_db = redis_db_for(worker_id, 10)
     yield from cluster_on(url, redis_db, tmp_path)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from store.models import HarvestLedger, Job, Memory
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note, unauthorized
 from tests.samples import native, write_chatgpt_export, write_natives
-from tests.workers_harness import Cluster, cluster_on, migrated_pg_database, wait_for
+from tests.workers_harness import Cluster, cluster_on, migrated_pg_database, redis_db_for, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -24,7 +23,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 @pytest.fixture
 def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
     url = migrated_pg_database(f"gleaner_workers_{worker_id}")
-    redis_db = 10 + int(hashlib.sha256(worker_id.encode()).hexdigest(), 16) % 6
+    redis_db = redis_db_for(worker_id, 10)
     yield from cluster_on(url, redis_db, tmp_path)
 
 

@@ -6,6 +6,7 @@ log goes to a file the test can read when something fails.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -203,6 +204,12 @@ def cluster_env(database_url: str, redis_db: int, **extra: str) -> dict[str, str
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         **extra,
     }
+
+
+def redis_db_for(worker_id: str, first: int) -> int:
+    """A Redis database for one pytest-xdist worker among six from ``first``, so parallel
+    test processes do not share queues."""
+    return first + int(hashlib.sha256(worker_id.encode()).hexdigest(), 16) % 6
 
 
 def migrated_pg_database(name: str) -> str:

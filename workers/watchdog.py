@@ -45,6 +45,10 @@ class Stall:
     def received(self, now: float) -> None:
         self.last_received = now
 
+    def unknown(self) -> None:
+        """Nothing could be observed (the broker did not answer): the window starts over."""
+        self.since = None
+
     def observe(self, *, waiting: int, reserved: int, capacity: int, now: float) -> bool:
         """True when the worker has stalled: messages wait and a slot is free, without a
         break and without a task received, for ``seconds``."""
@@ -106,7 +110,7 @@ class Watchdog(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is unty
                 worker.app.conf.broker_url, self.queues, scan_limit=0, timeout=CHECK_TIMEOUT
             )
         except Exception:  # noqa: BLE001 - broker down: the consumer's reconnect handles it
-            self.stall.since = None
+            self.stall.unknown()
             return
         qos = getattr(getattr(worker, "consumer", None), "qos", None)
         if found is None or qos is None:
