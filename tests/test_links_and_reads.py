@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
-from sqlalchemy import update
+from sqlalchemy import event, update
 
 from store import InvalidInput, LinkRefused, NotFound, Scope, Store, format_error
 from store.models import ARCHIVED, Memory
@@ -14,6 +17,27 @@ ALICE = Scope.owner("alice")
 def put(store: Store, title: str, topics: list[str] | None = None, **extra: object) -> str:
     attrs = {"title": title, "body": f"body of {title}", "topics": topics or [], **extra}
     return store.write(ALICE, attrs).memory.slug
+
+
+@contextmanager
+def sent_sql(store: Store) -> Iterator[list[str]]:
+    """Every SQL statement the store's engine sends while the block runs."""
+    sent: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        sent.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+
+
+def full_counts(sent: list[str]) -> int:
+    """How many of ``sent`` are ``store.similar``'s full similarity count in SQL (the only
+    statement naming the ``shared_terms`` CTE): one per probe that did not walk rare terms."""
+    return sum("shared_terms" in statement for statement in sent)
 
 
 # Rule 6 -----------------------------------------------------------------------------------
@@ -174,16 +198,19 @@ def test_similar_is_the_same_whether_candidates_come_from_rare_terms_or_all_term
     put(store, "Deploy the billing worker on Fridays", ["ops"])
     probe = ("Deploy the billing service 1 on Fridays", "ops")
 
-    def twins(common: int = similar.COMMON_TERM_NOTES) -> list[tuple[str, float]]:
-        with store.transaction() as session:
+    def twins(common: int = similar.COMMON_TERM_NOTES) -> tuple[list[tuple[str, float]], int]:
+        """The probe's twins, and how many full SQL counts the lookup ran."""
+        with sent_sql(store) as sent, store.transaction() as session:
             [found] = similar.similar_twins_many(
                 session, ALICE, [probe], threshold=0.7, limit=50, common_term_notes=common
             )
-        return sorted((t.slug, t.score) for t in found)
+        return sorted((t.slug, t.score) for t in found), full_counts(sent)
 
     # 8 terms at 0.7: 6 must be shared, so the 3 rarest terms find every candidate.
-    via_rare_terms = twins()
-    assert twins(common=1) == via_rare_terms  # every term "common": count them all
+    via_rare_terms, counted = twins()
+    assert counted == 0  # candidates came from the rare terms' postings
+    # Every term held by a note is "common": the same answer, counted in SQL instead.
+    assert twins(common=1) == (via_rare_terms, 1)
     assert len(via_rare_terms) == 12 and max(s for _, s in via_rare_terms) == 1.0
 
 
@@ -219,7 +246,9 @@ def test_many_probes_in_one_lookup_answer_as_each_probe_alone(store: Store) -> N
                 ]
         return [[(t.slug, t.score, t.pinned, t.provenance) for t in twins] for twins in found]
 
-    batched = answer(True)
+    with sent_sql(store) as sent:
+        batched = answer(True)
+    assert full_counts(sent) == 1  # only "Fridays", whose prefix would be the whole probe
     assert batched == answer(False)
     assert [len(twins) for twins in batched] == [4, 1, 0, 0, 0, 0]
     assert batched[1][0][1] == 1.0 and archived not in {t[0] for t in batched[1]}
@@ -228,4 +257,8 @@ def test_many_probes_in_one_lookup_answer_as_each_probe_alone(store: Store) -> N
     with store.transaction() as session:
         first = similar.similar_twins_many(session, ALICE, [probes[1]], threshold=0.7)[0][0].id
     assert answer(True, exclude=first)[1] == []  # the probe's own note left out
-    assert answer(True, common=1) == batched  # every term common: all in SQL
+    # Every term held by a note is common: each probe with a holder is counted in SQL (the
+    # two billing probes, the password one and "Fridays"), and the answers do not change.
+    with sent_sql(store) as sent:
+        assert answer(True, common=1) == batched
+    assert full_counts(sent) == 4
