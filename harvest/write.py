@@ -123,13 +123,18 @@ class _SegmentWriter:
         self.slugs: list[str] = []
 
     def keep(self, candidates: list[NoteCandidate]) -> list[tuple[NoteCandidate, FactText]]:
-        """The candidates to write, up to the cap and of known types (the others dropped),
-        with private text stripped: ``(candidate, its text)``. A topic or topic key that held
-        a private span is dropped, not redacted: ``[REDACTED]`` is no topic, and two secrets'
-        redacted keys would be one key."""
+        """The candidates to write, up to the cap, of known types and at least
+        ``harvest_min_confidence`` sure (the others dropped), with private text stripped:
+        ``(candidate, its text)``. A topic or topic key that held a private span is dropped,
+        not redacted: ``[REDACTED]`` is no topic, and two secrets' redacted keys would be one
+        key."""
         kept = []
         for candidate in candidates[: self.settings.harvest_max_facts]:
-            if candidate.type not in self.settings.observation_types:
+            if (
+                candidate.type not in self.settings.observation_types
+                # A note its own model gives no credence (a tiny model's 0) is junk, not a fact.
+                or candidate.confidence < self.settings.harvest_min_confidence
+            ):
                 self.dropped += 1
                 continue
             topics = [topic for topic in candidate.topics if strip_private(topic) == topic]

@@ -70,6 +70,13 @@ class Settings(BaseSettings):
     harvest_max_facts: int = Field(
         default=5, gt=0, le=50, description="Most notes one transcript may yield."
     )
+    harvest_min_confidence: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Lowest confidence a harvested note may have; a candidate below it is "
+        "dropped (items_dropped), not written.",
+    )
     harvest_known_keys: int = Field(
         default=30,
         ge=0,
