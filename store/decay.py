@@ -24,6 +24,7 @@ from store.schemas import Frozen
 from store.settings import Settings
 from store.sql import (
     decayed_weight,
+    dialect_name,
     next_seq,
 )
 
@@ -54,7 +55,7 @@ def decay(transaction: Transactions, settings: Settings, *, dry_run: bool = Fals
     started = time.perf_counter()
     now = utcnow()
     with transaction() as session:
-        dialect = session.get_bind().dialect.name
+        dialect = dialect_name(session)
         low, high = session.execute(select(func.min(Memory.id), func.max(Memory.id))).one()
     weight = decayed_weight(dialect, now, settings.half_life_days)
     floor = settings.archive_below_weight

@@ -35,7 +35,7 @@ from store.models import LIVE, Memory
 from store.overlap import Candidates, similar_groups
 from store.schemas import Frozen, Scope
 from store.settings import Settings
-from store.sql import ID_CHUNK, one_of
+from store.sql import ID_CHUNK, dialect_name, one_of
 from store.terms import FactText, disagreement, similarity_terms
 
 # Dedupe -----------------------------------------------------------------------------------
@@ -192,7 +192,7 @@ READ_AHEAD = 3
 
 def _reads_apart(session: Session, scopes: Sequence[Scope]) -> bool:
     """Whether the scan reads on a connection of its own (PostgreSQL, several scopes)."""
-    return len(scopes) > 1 and session.get_bind().dialect.name == "postgresql"
+    return len(scopes) > 1 and dialect_name(session) == "postgresql"
 
 
 def _scans(
@@ -284,7 +284,7 @@ def _supersede(session: Session, plan: Sequence[_Pair], id_chunk: int) -> list[_
     locks are taken first and, on PostgreSQL, the rows are locked before the check.
     """
     supersede.lock_scopes(session, {scope for scope, *_ in plan})
-    postgres = session.get_bind().dialect.name == "postgresql"
+    postgres = dialect_name(session) == "postgresql"
     loaded = {row.id: row.seq for _, keeper, loser, _ in plan for row in (keeper, loser)}
     ids = sorted(loaded)
     current: set[int] = set()
@@ -421,7 +421,7 @@ def dedupe(
     with each named point of the run (``STEPS``) as it is reached, on the thread reaching it.
     """
     started = time.perf_counter()
-    if session.get_bind().dialect.name == "postgresql":
+    if dialect_name(session) == "postgresql":
         acquired = session.execute(
             text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": lock_key(DEDUPE)}
         ).scalar_one()
