@@ -17,10 +17,9 @@ from sqlalchemy import func, select
 
 from store import Settings, Store
 from store.models import Job
-from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note, slowly
 from tests.samples import write_natives
-from tests.workers_harness import Cluster, cluster_on, migrated_pg_database, redis_db_for, wait_for
+from tests.workers_harness import Cluster, cluster_store, fresh_cluster, wait_for
 from workers.watchdog import EX_SOFTWARE, Stall
 
 # --- the rule -------------------------------------------------------------------------------
@@ -64,16 +63,12 @@ def test_a_break_or_a_received_task_starts_the_window_again() -> None:
 
 @pytest.fixture
 def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
-    url = migrated_pg_database(f"gleaner_watchdog_{worker_id}")
-    redis_db = redis_db_for(worker_id, 10)
-    yield from cluster_on(url, redis_db, tmp_path)
+    yield from fresh_cluster("watchdog", worker_id, tmp_path)
 
 
 @pytest.fixture
 def store(cluster: Cluster) -> Iterator[Store]:
-    opened = Store(cluster.env["GLEANER_DATABASE_URL"], settings=test_settings())
-    yield opened
-    opened.dispose()
+    yield from cluster_store(cluster)
 
 
 @pytest.fixture

@@ -15,23 +15,19 @@ from store.models import HarvestLedger, Job, Memory
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note, unauthorized
 from tests.samples import native, write_chatgpt_export, write_natives
-from tests.workers_harness import Cluster, cluster_on, migrated_pg_database, redis_db_for, wait_for
+from tests.workers_harness import Cluster, cluster_store, fresh_cluster, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
 @pytest.fixture
 def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
-    url = migrated_pg_database(f"gleaner_workers_{worker_id}")
-    redis_db = redis_db_for(worker_id, 10)
-    yield from cluster_on(url, redis_db, tmp_path)
+    yield from fresh_cluster("workers", worker_id, tmp_path)
 
 
 @pytest.fixture
 def store(cluster: Cluster) -> Iterator[Store]:
-    opened = Store(cluster.env["GLEANER_DATABASE_URL"], settings=test_settings())
-    yield opened
-    opened.dispose()
+    yield from cluster_store(cluster)
 
 
 def job_states(store: Store) -> dict[str, int]:

@@ -15,8 +15,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
+
+if TYPE_CHECKING:
+    from store import Store
 
 REDIS_URL = os.environ.get("GLEANER_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 READY_TIMEOUT = 60.0
@@ -234,6 +238,26 @@ def cluster_on(database_url: str, redis_db: int, tmp: Path) -> Iterator[Cluster]
     finally:
         cluster.stop()
         cluster.redis().flushdb()
+
+
+def fresh_cluster(database: str, worker_id: str, tmp: Path) -> Iterator[Cluster]:
+    """A fixture's body: a cluster on a fresh, migrated PostgreSQL database
+    ``gleaner_<database>_<worker_id>`` and the pytest-xdist worker's Redis database among 10..15
+    (``yield from fresh_cluster(...)``)."""
+    url = migrated_pg_database(f"gleaner_{database}_{worker_id}")
+    yield from cluster_on(url, redis_db_for(worker_id, 10), tmp)
+
+
+def cluster_store(cluster: Cluster) -> Iterator[Store]:
+    """A fixture's body: a store on the cluster's database, disposed of at the end."""
+    from store import Store
+    from tests.conftest import test_settings
+
+    opened = Store(cluster.env["GLEANER_DATABASE_URL"], settings=test_settings())
+    try:
+        yield opened
+    finally:
+        opened.dispose()
 
 
 def running(cluster: Cluster) -> Iterator[Cluster]:
