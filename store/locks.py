@@ -23,10 +23,9 @@ import threading
 import time
 import weakref
 from types import TracebackType
+from typing import Any
 
-from sqlalchemy import Connection, Engine, TextClause, create_engine, text
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import NullPool
+from sqlalchemy import Engine
 
 from store.errors import StorageFailure
 from store.schemas import Scope
@@ -36,9 +35,10 @@ from store.sql import scope_key
 # connection); contention is rare, so the poll starts short and backs off.
 FIRST_POLL_SECONDS = 0.05
 MAX_POLL_SECONDS = 1.0
-# Built once: a statement object made per call costs its cache key again every time.
-_TRY_LOCK = text("SELECT pg_try_advisory_lock(:key)")
-_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
+# Sent on the driver's own connection, prepared once: two of these run per harvest, and
+# SQLAlchemy's statement handling would cost more CPU than the round trip itself.
+_TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
+_UNLOCK = "SELECT pg_advisory_unlock(%s)"
 
 
 class ProcessLocks:
@@ -47,24 +47,27 @@ class ProcessLocks:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._connection: Connection | None = None
+        self._connection: Any = None  # the driver's connection (psycopg), in autocommit
         self._held: set[int] = set()
         self._changed = threading.Condition()
         self.enabled = engine.dialect.name == "postgresql"
 
-    def _run(self, statement: TextClause, key: int) -> bool:
+    def _run(self, statement: str, key: int) -> bool:
         try:
             if self._connection is None or self._connection.closed:
                 # Outside the store's pool: a caller may hold the last pooled connection
                 # while it waits here, and the pool is sized for the transactions alone.
-                own = create_engine(self._engine.url, poolclass=NullPool)
-                self._connection = own.connect().execution_options(isolation_level="AUTOCOMMIT")
-            return bool(self._connection.execute(statement, {"key": key}).scalar())
-        except DBAPIError as exc:
+                dialect = self._engine.dialect
+                cargs, cparams = dialect.create_connect_args(self._engine.url)
+                self._connection = dialect.connect(*cargs, **cparams)
+                self._connection.autocommit = True
+            row = self._connection.execute(statement, (key,), prepare=True).fetchone()
+            return bool(row[0])
+        except self._engine.dialect.loaded_dbapi.Error as exc:
             # The session (and every lock on it) is gone; the next call reconnects.
             broken, self._connection = self._connection, None
             if broken is not None:
-                broken.invalidate()
+                broken.close()
             self._held.clear()
             raise StorageFailure(f"database error while locking a transcript: {exc}") from exc
 
