@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# A pooled PostgreSQL connection that sat idle this long is pinged before it is handed out
+# (one round trip); one back from use more recently is not: a job's two transactions would
+# pay two pings for nothing. A connection that died within that second (a restart) fails
+# its first statement instead, the pool drops every connection opened before the failure,
+# and the caller's retry (a StorageFailure) gets fresh ones.
+PING_AFTER_IDLE_SECONDS = 1.0
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
@@ -25,9 +32,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(
-            parsed, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
-        )
+        engine = create_engine(parsed, pool_size=pool_size, max_overflow=pool_size)
+        _ping_when_idle(engine)
+        return engine
     engine = create_engine(parsed, connect_args={"timeout": 30})
     memory = parsed.database in (None, "", ":memory:")
 
@@ -48,6 +55,28 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """``pool_pre_ping``, but only for connections idle ``PING_AFTER_IDLE_SECONDS`` or longer.
+
+    A failed ping raises ``DisconnectionError``, on which the pool discards the connection
+    and checks out a fresh one.
+    """
+
+    @event.listens_for(engine.pool, "connect")
+    @event.listens_for(engine.pool, "checkin")
+    def _mark(_dbapi_connection: Any, record: Any) -> None:
+        record.info["used_at"] = time.monotonic()
+
+    @event.listens_for(engine.pool, "checkout")
+    def _ping(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get("used_at", 0.0) < PING_AFTER_IDLE_SECONDS:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as error:
+            raise exc.DisconnectionError(f"stale pooled connection: {error}") from error
 
 
 def alembic_config(engine: Engine) -> Config:
