@@ -29,6 +29,7 @@ from store import history
 from store.drafts import Draft, base_slug_of, draft_columns
 from store.errors import StorageFailure
 from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
+from store.pg_insert import insert_notes
 from store.schemas import Scope
 from store.sql import dialect_insert, dialect_name, next_seqs, seq_expression
 from store.term_index import insert_terms
@@ -308,6 +309,8 @@ def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> lis
         )
     inserts = [op for op in ops if op.inserted]
     retry: list[_Op] = []
+    # PostgreSQL, rows not wanted (a harvest's batch): notes and terms in one statement.
+    lean = bool(inserts) and not rows and dialect_name(session) == "postgresql"
     for start in range(0, len(inserts), BATCH_CHUNK):
         chunk = inserts[start : start + BATCH_CHUNK]
         values = [
@@ -323,6 +326,14 @@ def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> lis
             }
             for op in chunk
         ]
+        if lean:
+            ids = insert_notes(session, scope, values, {op.slug: _terms(op) for op in chunk})
+            for op in chunk:
+                if op.slug in ids:
+                    op.row_id = ids[op.slug]
+                else:
+                    retry.append(op)
+            continue
         # executemany with RETURNING: one compiled statement, sent as multi-row INSERTs.
         stmt = _insert_statement(dialect_name(session), "updated_seq" in values[0], rows)
         returned = {row.slug: row for row in session.execute(stmt, values)}
@@ -338,8 +349,8 @@ def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> lis
         [
             (int(op.row_id), term)
             for op in ops
-            if op not in retry and op.row_id is not None
-            for term in sorted(similarity_terms(op.values["title"], op.values["topics"]))
+            if op not in retry and op.row_id is not None and not (lean and op.inserted)
+            for term in _terms(op)
         ],
     )
     # The texts the batch replaced (an inserted note's id is known only now).
@@ -348,6 +359,11 @@ def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> lis
         [{**v, "memory_id": op.row_id} for op in ops if op not in retry for v in op.versions],
     )
     return retry
+
+
+def _terms(op: _Op) -> list[str]:
+    """The term-index rows of the note ``op`` writes."""
+    return sorted(similarity_terms(op.values["title"], op.values["topics"]))
 
 
 _MEMORIES = cast(Table, Memory.__table__)

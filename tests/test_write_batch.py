@@ -244,3 +244,51 @@ def test_batch_slug_taken_meanwhile_is_planned_again(
     ]
     taken = store.get(ALICE, "taken")
     assert taken is not None and taken.body == "x"
+
+
+def test_postgresql_batch_insert_stores_what_a_single_write_stores(make_store) -> None:  # type: ignore[no-untyped-def]
+    """On PostgreSQL a batch's new notes go in one statement (``store.pg_insert``), a single
+    write's through SQLAlchemy's INSERT: every column must come out the same."""
+    store = make_store("postgresql")
+    items = [
+        notes.BatchItem({"title": "Plain", "body": "no source", "confidence": 0.123456789}),
+        notes.BatchItem({"title": "Web", "body": "b", "source": {"url": "https://x", "note": "n"}}),
+        notes.BatchItem({"title": "Typed", "body": "t", "topics": ["A b"]}, "fact", "tk"),
+    ]
+    with store.transaction() as session:
+        notes.write_batch(
+            session, store.settings, ALICE, items, conversation_id="c", occurred_at=WHEN
+        )
+    for item in items:
+        with store.transaction() as session:
+            notes.write(
+                session,
+                store.settings,
+                BOB,
+                item.attrs,
+                conversation_id="c",
+                note_type=item.note_type,
+                topic_key=item.topic_key,
+                occurred_at=WHEN,
+            )
+    skip = ("id", "scope_id", "created_at", "updated_at", "updated_seq")
+
+    def rows(scope: Scope) -> list[dict[str, Any]]:
+        with store.engine.connect() as conn:
+            found = conn.execute(
+                text(
+                    "SELECT m.*, source IS NULL AS sql_null, source::text AS source_text,"
+                    " (SELECT array_agg(term ORDER BY term) FROM memory_terms t"
+                    "  WHERE t.memory_id = m.id AND t.scope_id = m.scope_id) AS terms"
+                    " FROM memories m WHERE scope_id = :sid ORDER BY updated_seq"
+                ),
+                {"sid": scope.id},
+            ).mappings()
+            return [{k: v for k, v in row.items() if k not in skip} for row in found]
+
+    batch, singles = rows(ALICE), rows(BOB)
+    assert batch == singles
+    assert [row["slug"] for row in batch] == ["plain", "web", "tk"]  # seq in item order
+    assert batch[0]["source_text"] == "null" and not batch[0]["sql_null"]
+    assert batch[1]["source"] == {"url": "https://x", "note": "n"}
+    assert batch[0]["occurred_at"] == WHEN and batch[0]["terms"] == ["plain"]

@@ -1,0 +1,85 @@
+"""PostgreSQL: a batch of new notes and their term rows in one statement.
+
+The rows travel as one JSON array unpacked by ``jsonb_to_recordset``, so the statement's
+text is the same for any batch size: psycopg prepares it once and the server plans it once,
+and neither SQLAlchemy's multi-row VALUES nor a second round trip for the terms is paid on
+the harvest's hot path. A slug a concurrent writer took is skipped (``ON CONFLICT DO
+NOTHING``), as the SQLAlchemy INSERT does, and so are its terms.
+
+What is stored is what ``store.writer``'s SQLAlchemy INSERT stores (tests compare the rows
+column by column): a ``None`` source is the JSON ``null``, as the ``JSON`` column type writes
+it, and ``updated_seq`` comes from the sequence, in the batch's order.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, TextClause, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import Session
+
+from store.schemas import Scope
+from store.tables import MEMORIES
+
+
+def insert_notes(
+    session: Session,
+    scope: Scope,
+    rows: Sequence[Mapping[str, Any]],
+    terms: Mapping[str, Sequence[str]],
+) -> dict[str, int]:
+    """Insert ``rows`` (every column but ``id`` and ``updated_seq``, the same keys in each)
+    and each inserted row's ``terms`` (by slug); returns ``{slug: id}`` of the rows inserted
+    (a slug missing from it was taken meanwhile)."""
+    columns = tuple(rows[0])
+    # Arrays of values rather than objects: the column names are not repeated per row.
+    payload = [[_plain(row[name]) for name in columns] for row in rows]
+    term_rows = [[slug, term] for slug, found in terms.items() for term in found]
+    found = session.execute(
+        _statement(columns),
+        {
+            "rows": json.dumps(payload),
+            "terms": json.dumps(term_rows),
+            "kind": scope.kind,
+            "sid": scope.id,
+        },
+    )
+    return {slug: int(note_id) for note_id, slug in found}
+
+
+def _plain(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+@functools.cache
+def _statement(columns: tuple[str, ...]) -> TextClause:
+    """The statement for rows with these ``columns``, built once per column set."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+    def value(position: int, name: str) -> str:
+        column = MEMORIES.c[name]
+        if isinstance(column.type, JSON):  # the JSON value itself: null stays the JSON null
+            return f"CAST(v->{position} AS json)"
+        return f"CAST(v->>{position} AS {column.type.compile(dialect=dialect)})"
+
+    # Every name is a column of MEMORIES (``value`` looks each one up), never input.
+    return text(
+        "WITH new AS ("  # noqa: S608
+        f" INSERT INTO memories ({', '.join(columns)}, updated_seq)"
+        f" SELECT {', '.join(value(i, name) for i, name in enumerate(columns))},"
+        " nextval('memories_updated_seq_seq')"
+        " FROM jsonb_array_elements(CAST(:rows AS jsonb)) WITH ORDINALITY AS a(v, n)"
+        " ORDER BY n"
+        " ON CONFLICT DO NOTHING RETURNING id, slug),"
+        " terms AS ("
+        " INSERT INTO memory_terms (memory_id, term, scope_kind, scope_id)"
+        " SELECT new.id, t.v->>1, :kind, :sid"
+        " FROM new JOIN jsonb_array_elements(CAST(:terms AS jsonb)) AS t(v)"
+        " ON t.v->>0 = new.slug)"
+        " SELECT id, slug FROM new"
+    )
