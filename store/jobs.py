@@ -187,6 +187,8 @@ _FINISH = (
         completion_tokens=JOBS.c.completion_tokens + bindparam("completion"),
     )
 )
+# Only while this delivery holds the job (a run presumed lost records nothing).
+_FINISH_HELD = _FINISH.where(JOBS.c.lease_token == bindparam("token"))
 RELEASED = {"lease_token": None, "claimed_by": None, "heartbeat_at": None}
 
 
@@ -241,8 +243,11 @@ def _cost(result: dict[str, Any] | None) -> dict[str, int]:
 def finish(session: Session, job_id: str, result: dict[str, Any], token: str | None = None) -> None:
     """Mark a job done, adding the run's model usage to the job's; with ``token``, only
     while that delivery still holds it."""
-    stmt = _FINISH if token is None else _FINISH.where(JOBS.c.lease_token == token)
-    session.execute(stmt, {"job_id": job_id, "outcome": result, "now": utcnow(), **_cost(result)})
+    values = {"job_id": job_id, "outcome": result, "now": utcnow(), **_cost(result)}
+    if token is None:
+        session.execute(_FINISH, values)
+    else:  # built once, like the claim: a statement made per call costs its construction
+        session.execute(_FINISH_HELD, {**values, "token": token})
 
 
 def fail(

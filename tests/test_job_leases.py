@@ -189,6 +189,9 @@ def test_a_claim_takes_pending_or_lost_jobs_never_failed_done_or_live_ones(store
         assert job_records.reset(session, [job_id]) == [(job_id, LIVE_QUEUE)]
     after_retry = claim("t5")
     assert after_retry is not None and after_retry.crashes == 0  # retry starts the count anew
+    with store.transaction() as session:  # a run that lost the job records no outcome
+        job_records.finish(session, job_id, {"status": "harvested"}, token="t3")
+    assert row(store, job_id)["state"] == "running"
     with store.transaction() as session:
         job_records.finish(session, job_id, {"status": "harvested"}, token="t5")
     assert claim("t5", redelivered=True) is None and row(store, job_id)["state"] == "done"
