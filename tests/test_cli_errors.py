@@ -146,7 +146,7 @@ def test_harvest_on_a_new_sqlite_file_migrates_it(cli: Cli, tmp_path: Path) -> N
     ran = cli("harvest", str(EXAMPLES / "native.json"))
     assert ran.code == 0, ran.err
     assert "migrated the SQLite database" in ran.err
-    assert "notes written" in ran.out
+    assert "notes written" in ran.out and "items dropped 0" in ran.out
     again = cli("harvest", str(EXAMPLES / "native.json"))
     assert "migrated" not in again.err  # only the first time
     store = Store(f"sqlite:///{tmp_path}/new.db")

@@ -142,7 +142,7 @@ def print_summary(summary: Any, as_json: bool) -> None:
     )
     print(
         f"notes written {summary.notes_written}, updated {summary.notes_updated}, "
-        f"skipped {summary.notes_skipped}, invalid items dropped {summary.items_dropped}"
+        f"skipped {summary.notes_skipped}, items dropped {summary.items_dropped}"
     )
     print(
         f"model calls {summary.model_calls}, tokens {summary.prompt_tokens} prompt + "
