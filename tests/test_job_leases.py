@@ -30,7 +30,7 @@ from store.models import HarvestLedger, Job, Memory, utcnow
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.samples import native
-from tests.workers_harness import Cluster, cluster_on, migrated_pg_database, redis_db_for, wait_for
+from tests.workers_harness import Cluster, fresh_cluster, wait_for
 from workers.enqueue import _job_id, requeue_stale
 
 pytestmark = [pytest.mark.postgres]
@@ -45,10 +45,8 @@ LONG_AGO = timedelta(hours=1)
 
 @pytest.fixture
 def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
-    url = migrated_pg_database(f"gleaner_leases_{worker_id}")
-    # Redis databases 4..9: test_workers.py takes 10..15.
-    redis_db = redis_db_for(worker_id, 4)
-    yield from cluster_on(url, redis_db, tmp_path)
+    # Redis databases 4..9: the other worker tests take 10..15.
+    yield from fresh_cluster("leases", worker_id, tmp_path, first_redis_db=4)
 
 
 def open_store(cluster: Cluster, **overrides: Any) -> Store:

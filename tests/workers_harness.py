@@ -240,12 +240,14 @@ def cluster_on(database_url: str, redis_db: int, tmp: Path) -> Iterator[Cluster]
         cluster.redis().flushdb()
 
 
-def fresh_cluster(database: str, worker_id: str, tmp: Path) -> Iterator[Cluster]:
+def fresh_cluster(
+    database: str, worker_id: str, tmp: Path, first_redis_db: int = 10
+) -> Iterator[Cluster]:
     """A fixture's body: a cluster on a fresh, migrated PostgreSQL database
-    ``gleaner_<database>_<worker_id>`` and the pytest-xdist worker's Redis database among 10..15
-    (``yield from fresh_cluster(...)``)."""
+    ``gleaner_<database>_<worker_id>`` and the pytest-xdist worker's Redis database among the
+    six from ``first_redis_db`` (``yield from fresh_cluster(...)``)."""
     url = migrated_pg_database(f"gleaner_{database}_{worker_id}")
-    yield from cluster_on(url, redis_db_for(worker_id, 10), tmp)
+    yield from cluster_on(url, redis_db_for(worker_id, first_redis_db), tmp)
 
 
 def cluster_store(cluster: Cluster) -> Iterator[Store]:
