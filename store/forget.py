@@ -88,7 +88,7 @@ def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -
     """
     scope = Scope.owner(principal)
     principal = scope.id  # as stored: normalized by the owner rule
-    postgres = session.get_bind().dialect.name == "postgresql"
+    postgres = dialect_name(session) == "postgresql"
     if postgres:
         session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock_key(scope)})
     in_scope = (Memory.scope_kind == scope.kind, Memory.scope_id == scope.id)

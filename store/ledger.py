@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from store import forget
 from store.models import ForgottenOwner, ForgottenTranscript, HarvestLedger, utcnow
 from store.schemas import Scope
+from store.sql import dialect_name
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def record(session: Session, scope: Scope, entry: LedgerEntry, *, generation: in
     nothing written) when another harvest recorded this transcript first or the owner was
     forgotten since ``generation`` (``state``'s first value). The caller
     then rolls its transaction back, notes and all."""
-    stmt = _RECORD[session.get_bind().dialect.name]
+    stmt = _RECORD[dialect_name(session)]
     row = {
         "scope_kind": scope.kind,
         "scope_id": scope.id,
