@@ -1,6 +1,6 @@
 """PostgreSQL: a batch of new notes and their term rows in one statement.
 
-The rows travel as one JSON array unpacked by ``jsonb_to_recordset``, so the statement's
+The rows travel as one JSON array of value arrays (``jsonb_array_elements``), so the statement's
 text is the same for any batch size: psycopg prepares it once and the server plans it once,
 and neither SQLAlchemy's multi-row VALUES nor a second round trip for the terms is paid on
 the harvest's hot path. A slug a concurrent writer took is skipped (``ON CONFLICT DO
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, TextClause, text
+from sqlalchemy import JSON, Row, TextClause, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
@@ -32,10 +32,10 @@ def insert_notes(
     scope: Scope,
     rows: Sequence[Mapping[str, Any]],
     terms: Mapping[str, Sequence[str]],
-) -> dict[str, int]:
+) -> dict[str, Row[Any]]:
     """Insert ``rows`` (every column but ``id`` and ``updated_seq``, the same keys in each)
-    and each inserted row's ``terms`` (by slug); returns ``{slug: id}`` of the rows inserted
-    (a slug missing from it was taken meanwhile)."""
+    and each inserted row's ``terms`` (by slug); returns the ``(id, slug)`` rows inserted, by
+    slug (a slug missing from it was taken meanwhile)."""
     columns = tuple(rows[0])
     # Arrays of values rather than objects: the column names are not repeated per row.
     payload = [[_plain(row[name]) for name in columns] for row in rows]
@@ -49,7 +49,7 @@ def insert_notes(
             "sid": scope.id,
         },
     )
-    return {slug: int(note_id) for note_id, slug in found}
+    return {row.slug: row for row in found}
 
 
 def _plain(value: Any) -> Any:

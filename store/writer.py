@@ -309,8 +309,9 @@ def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> lis
         )
     inserts = [op for op in ops if op.inserted]
     retry: list[_Op] = []
+    dialect = dialect_name(session)
     # PostgreSQL, rows not wanted (a harvest's batch): notes and terms in one statement.
-    lean = bool(inserts) and not rows and dialect_name(session) == "postgresql"
+    lean = not rows and dialect == "postgresql"
     for start in range(0, len(inserts), BATCH_CHUNK):
         chunk = inserts[start : start + BATCH_CHUNK]
         values = [
@@ -327,16 +328,12 @@ def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> lis
             for op in chunk
         ]
         if lean:
-            ids = insert_notes(session, scope, values, {op.slug: _terms(op) for op in chunk})
-            for op in chunk:
-                if op.slug in ids:
-                    op.row_id = ids[op.slug]
-                else:
-                    retry.append(op)
-            continue
-        # executemany with RETURNING: one compiled statement, sent as multi-row INSERTs.
-        stmt = _insert_statement(dialect_name(session), "updated_seq" in values[0], rows)
-        returned = {row.slug: row for row in session.execute(stmt, values)}
+            terms = {op.slug: _terms(op) for op in chunk}
+            returned = insert_notes(session, scope, values, terms)
+        else:
+            # executemany with RETURNING: one compiled statement, sent as multi-row INSERTs.
+            stmt = _insert_statement(dialect, "updated_seq" in values[0], rows)
+            returned = {row.slug: row for row in session.execute(stmt, values)}
         for op in chunk:
             if op.slug in returned:
                 op.row_id = int(returned[op.slug].id)
