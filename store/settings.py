@@ -179,7 +179,15 @@ class Settings(BaseSettings):
         description="Seconds before Redis redelivers an unacknowledged task; above the limits.",
     )
     worker_max_tasks_per_child: int = Field(
-        default=500, gt=0, description="Tasks before a worker child is replaced (bounds leaks)."
+        default=10_000,
+        gt=0,
+        description="Tasks before a worker child is replaced (a last bound on slow leaks).",
+    )
+    worker_max_memory_per_child: int = Field(
+        default=512,
+        ge=0,
+        description="Resident MB after which a worker child is replaced once its task ends "
+        "(bounds leaks, litellm's included); 0 turns the check off.",
     )
     worker_stall_seconds: int = Field(
         default=120,

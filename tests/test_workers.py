@@ -176,6 +176,20 @@ def test_a_failed_job_is_kept_listed_and_retried(
     assert count(store, Memory) == 1
 
 
+def test_a_child_over_the_memory_limit_is_replaced_after_its_task(
+    cluster: Cluster, store: Store
+) -> None:
+    # Every child is over 1 MB: each is replaced once its task ends, and nothing is lost.
+    cluster.start_worker(concurrency=1, GLEANER_WORKER_MAX_MEMORY_PER_CHILD="1")
+    files = write_natives(cluster.tmp / "in", 3, facts=1)
+    assert cluster.gleaner("enqueue", *map(str, files)).returncode == 0
+    wait_for(lambda: job_states(store).get("done", 0) == 3, 90)
+    with store.transaction() as session:
+        holders = set(session.execute(select(Job.claimed_by)).scalars())
+    assert len(holders) == 3  # host:pid of three children
+    assert count(store, Memory) == 3
+
+
 def test_a_worker_child_killed_mid_task_loses_nothing(
     cluster: Cluster, store: Store, model: LLMServer
 ) -> None:

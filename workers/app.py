@@ -61,7 +61,11 @@ def make_celery(settings: Settings | None = None) -> Celery:
         task_soft_time_limit=settings.task_soft_time_limit,
         task_time_limit=settings.task_time_limit,
         worker_prefetch_multiplier=1,
+        # Memory, not a task count, decides when a child is replaced: each replacement
+        # forks a child, and a message the pool handed the old one as it exited waits for
+        # the pool's next check (up to 5 s). Celery counts this limit in KiB.
         worker_max_tasks_per_child=settings.worker_max_tasks_per_child,
+        worker_max_memory_per_child=settings.worker_max_memory_per_child * 1024 or None,
         worker_hijack_root_logger=False,
         worker_send_task_events=settings.task_events,
         task_send_sent_event=settings.task_events,
