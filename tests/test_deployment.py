@@ -96,9 +96,8 @@ def test_celery_settings_are_the_reliable_ones() -> None:
     assert [q.name for q in conf.task_queues] == list(QUEUES)
     assert conf.worker_max_tasks_per_child == settings.worker_max_tasks_per_child
     assert conf.worker_max_memory_per_child == settings.worker_max_memory_per_child * 1024
-    assert make_celery(test_settings(worker_max_memory_per_child=0)).conf[
-        "worker_max_memory_per_child"
-    ] is None
+    unbounded = make_celery(test_settings(worker_max_memory_per_child=0)).conf
+    assert unbounded.worker_max_memory_per_child is None
     assert not conf.worker_send_task_events
     events = make_celery(test_settings(task_events=True)).conf
     assert events.worker_send_task_events and events.task_send_sent_event
