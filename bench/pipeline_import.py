@@ -29,7 +29,7 @@ NAME = "pipe-import"
 # Why the ratio is missed, filled in from the run's own profile.
 FINDING = (
     "profile of this run, CPU per conversation: {cpu}. Each job runs the same path as "
-    "pipe-live (one litellm call, two transactions), and litellm alone costs about as much "
+    "pipe-live (one litellm call, two steps), and litellm alone costs about as much "
     "CPU per call as the whole ceiling spends per conversation: see pipe-live. An export has "
     "one owner, so every note lands in one growing scope; the duplicate lookup walks only "
     "the rare-term postings, so jobs stay flat as it grows (compare the pending count over "

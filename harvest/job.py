@@ -257,10 +257,12 @@ def run_harvest(
 ) -> HarvestOutcome | Nothing_co:
     """Harvest one transcript at most once: plan, lock, ledger check, extract, record.
 
-    Two transactions in the usual case: the plan with the ledger check (a transcript
-    harvested before is settled right there, with no model call), then the notes, the ledger
-    row and ``steps.end`` together (a ledger row that cannot be written, recorded elsewhere or
-    forgotten meanwhile, rolls the notes back; a third transaction settles ``skipped``).
+    Two steps in the usual case: the plan with the ledger check (a transcript harvested
+    before is settled right there, with no model call), each statement committing on its own
+    (``Store.statements``: every write there is one statement), then one transaction for the
+    notes, the ledger row and ``steps.end`` together (a ledger row that cannot be written,
+    recorded elsewhere or forgotten meanwhile, rolls the notes back; a third transaction
+    settles ``skipped``).
     The (scope, transcript) lock (``Store.transcript_lock``) is taken between them on no
     pooled connection; only when another worker holds it does the check wait for it, in a
     transaction of its own, and then usually find that worker's ledger row instead of
@@ -270,7 +272,9 @@ def run_harvest(
     settings = store.settings
     lock = None
     try:
-        with store.transaction() as session:
+        # Each write here (the claim, a job settled at once) is one statement: on PostgreSQL
+        # they commit on their own, without a BEGIN and a COMMIT round trip.
+        with store.statements() as session:
             begun = steps.begin(session)
             if not isinstance(begun, Plan):
                 return begun

@@ -87,10 +87,10 @@ def run_job(
     A harvest failure (model error, bad transcript) marks the job failed with its reason; a
     database failure propagates so the queue can redeliver the message.
 
-    The steps are ``harvest.job.run_harvest``'s, in its two transactions: the claim goes
-    into the first, with the ledger check (a transcript already harvested finishes right
-    there, with no model call); the job's outcome into the second, with the notes and the
-    ledger row, so a job is ``done`` exactly when its notes are committed.
+    The steps are ``harvest.job.run_harvest``'s: the claim goes into the first, with the
+    ledger check (a transcript already harvested finishes right there, with no model call);
+    the job's outcome into the transaction that writes the notes and the ledger row, so a
+    job is ``done`` exactly when its notes are committed.
     """
     run = _JobRun(store, job_id, token=token, redelivered=redelivered)
     try:

@@ -53,6 +53,7 @@ class Store:
         self.database_url = database_url or self.settings.database_url
         self.engine: Engine = make_engine(self.database_url, pool_size=self.settings.db_pool_size)
         self._sessionmaker: sessionmaker[Session] | None = None
+        self._autocommit_maker: sessionmaker[Session] | None = None
 
     @property
     def dialect(self) -> str:
@@ -75,6 +76,24 @@ class Store:
 
             self._sessionmaker = sessionmaker(self.engine, expire_on_commit=False)
         with self._failures(), self._sessionmaker() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def statements(self) -> Iterator[Session]:
+        """A session whose statements each commit on their own (PostgreSQL autocommit), for
+        steps whose every write is atomic by itself: it spares a BEGIN and a COMMIT round
+        trip. On SQLite, which takes its write lock at BEGIN, it is ``transaction``."""
+        if self.engine.dialect.name != "postgresql":
+            with self.transaction() as session:
+                yield session
+            return
+        if self._autocommit_maker is None:
+            from sqlalchemy.orm import sessionmaker
+
+            # Setting psycopg's autocommit flag is client-side: no round trip either way.
+            bind = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+            self._autocommit_maker = sessionmaker(bind, expire_on_commit=False)
+        with self._failures(), self._autocommit_maker() as session, session.begin():
             yield session
 
     @contextmanager

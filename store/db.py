@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # A pooled PostgreSQL connection that sat idle this long is pinged before it is handed out
-# (one round trip); one back from use more recently is not: a job's two transactions would
+# (one round trip); one back from use more recently is not: a job's two steps would
 # pay two pings for nothing. A connection that died within that second (a restart) fails
 # its first statement instead, the pool drops every connection opened before the failure,
 # and the caller's retry (a StorageFailure) gets fresh ones.

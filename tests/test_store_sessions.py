@@ -1,0 +1,43 @@
+"""``Store.transaction`` and ``Store.statements``: what a failure part-way leaves behind."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import pytest
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from store import Store
+from store.models import HousekeepingState
+
+
+def names(store: Store) -> list[str]:
+    with store.transaction() as session:
+        return list(session.execute(select(HousekeepingState.name)).scalars())
+
+
+def write_then_fail(session_of: AbstractContextManager[Session], name: str) -> None:
+    def run() -> None:
+        with session_of as session:
+            session.execute(insert(HousekeepingState).values(name=name, watermark=1))
+            raise RuntimeError("after the write")
+
+    with pytest.raises(RuntimeError, match="after the write"):
+        run()
+
+
+def test_statements_commit_each_write_on_postgresql_only(store: Store, backend: str) -> None:
+    write_then_fail(store.statements(), "kept")
+    # PostgreSQL: autocommit, the write stood alone. SQLite: one transaction, rolled back.
+    assert names(store) == (["kept"] if backend == "postgresql" else [])
+
+
+def test_a_transaction_after_statements_is_still_one_transaction(
+    store: Store, backend: str
+) -> None:
+    for _ in range(3):  # the pooled connection goes back to transactions after each use
+        with store.statements() as session:
+            session.execute(select(1))
+        write_then_fail(store.transaction(), "rolled-back")
+    assert names(store) == []
