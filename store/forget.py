@@ -17,6 +17,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Executable, delete, select, text, update
 from sqlalchemy.orm import Session
 
+from store import prepared
 from store.models import (
     ApiKey,
     ForgottenOwner,
@@ -75,7 +76,7 @@ def hold_off(session: Session, scope: Scope) -> None:
     the forget lock, shared). A harvest takes it before it writes, then writes its ledger row
     only if the owner's forget count is still the planned one (``store.ledger.record``)."""
     if dialect_name(session) == "postgresql":
-        session.execute(_SHARED_LOCK, {"k": lock_key(scope)})
+        prepared.execute(session, _SHARED_LOCK, {"k": lock_key(scope)})
 
 
 def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -> dict[str, int]:

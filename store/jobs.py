@@ -32,6 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from store import prepared
 from store.models import DONE, FAILED, PENDING, RUNNING, ImportBatch, Job, utcnow
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,8 @@ def claim(
     """
     now = utcnow()
     token = token or new_id()
-    row = session.execute(
+    found = prepared.execute(
+        session,
         _CLAIM,
         {
             "job_id": job_id,
@@ -221,10 +223,10 @@ def claim(
             "worker": worker[:255],
             "redelivered": redelivered,
         },
-    ).first()
-    if row is None:
+    )
+    if not found:
         return None
-    found_id, owner, provenance, transcript, attempts, crashes = row
+    found_id, owner, provenance, transcript, attempts, crashes = found[0]
     return ClaimedJob(
         str(found_id), owner, provenance, dict(transcript), int(attempts), int(crashes), token
     )
@@ -247,7 +249,7 @@ def finish(session: Session, job_id: str, result: dict[str, Any], token: str | N
     if token is None:
         session.execute(_FINISH, values)
     else:  # built once, like the claim: a statement made per call costs its construction
-        session.execute(_FINISH_HELD, {**values, "token": token})
+        prepared.execute(session, _FINISH_HELD, {**values, "token": token})
 
 
 def fail(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import Integer, bindparam, func, select
 from sqlalchemy.orm import Session
 
+from store import prepared
 from store.models import LIVE, Memory, MemoryTerm
 from store.schemas import Scope
 from store.similar import TERM_CHUNK
@@ -75,7 +76,7 @@ def keyed_notes(
         return []
     # An empty IN list matches nothing; a term no note holds keeps the statement's shape.
     wanted = sorted(set(terms))[:TERM_CHUNK] or [""]
-    rows = session.execute(
-        _KEYED, {"kind": scope.kind, "sid": scope.id, "limit": limit, "terms": wanted}
+    rows = prepared.execute(
+        session, _KEYED, {"kind": scope.kind, "sid": scope.id, "limit": limit, "terms": wanted}
     )
     return [KeyedNote(str(key), title) for key, title, _ in rows]

@@ -10,7 +10,7 @@ from sqlalchemy import Table, bindparam, exists, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from store import forget
+from store import forget, prepared
 from store.models import ForgottenOwner, ForgottenTranscript, HarvestLedger, utcnow
 from store.schemas import Scope
 from store.sql import dialect_name
@@ -77,7 +77,8 @@ def state(session: Session, scope: Scope, digest: str, version: str) -> tuple[in
     """``(generation, done)``: how many times the owner was forgotten, and whether there is
     nothing to do for this transcript (forgotten: a tombstone; or this scope's ledger holds
     it at this harvester version). What a harvest checks under the transcript's lock."""
-    found, tombstoned, harvested = session.execute(
+    ((found, tombstoned, harvested),) = prepared.execute(
+        session,
         _STATE,
         {
             "owner_key": forget.owner_key(scope),
@@ -87,7 +88,7 @@ def state(session: Session, scope: Scope, digest: str, version: str) -> tuple[in
             "digest": digest,
             "version": version,
         },
-    ).one()
+    )
     return int(found), bool(tombstoned or harvested)
 
 
@@ -105,4 +106,4 @@ def record(session: Session, scope: Scope, entry: LedgerEntry, *, generation: in
         "owner_key": forget.owner_key(scope),
         "generation": generation,
     }
-    return session.execute(stmt, row).scalar_one_or_none() is not None
+    return bool(prepared.execute(session, stmt, row))

@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Row, TextClause, text
+from sqlalchemy import JSON, TextClause, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
+from store import prepared
 from store.schemas import Scope
 from store.tables import MEMORIES
 
@@ -32,7 +33,7 @@ def insert_notes(
     scope: Scope,
     rows: Sequence[Mapping[str, Any]],
     terms: Mapping[str, Sequence[str]],
-) -> dict[str, Row[Any]]:
+) -> dict[str, Any]:
     """Insert ``rows`` (every column but ``id`` and ``updated_seq``, the same keys in each)
     and each inserted row's ``terms`` (by slug); returns the ``(id, slug)`` rows inserted, by
     slug (a slug missing from it was taken meanwhile)."""
@@ -40,7 +41,8 @@ def insert_notes(
     # Arrays of values rather than objects: the column names are not repeated per row.
     payload = [[_plain(row[name]) for name in columns] for row in rows]
     term_rows = [[slug, term] for slug, found in terms.items() for term in found]
-    found = session.execute(
+    found = prepared.execute(
+        session,
         _statement(columns),
         {
             "rows": json.dumps(payload),

@@ -22,6 +22,7 @@ from sqlalchemy import Integer, bindparam, func, select, text
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
+from store import prepared
 from store.models import LIVE, Memory, MemoryTerm
 from store.overlap import min_shared
 from store.schemas import Scope, Similar
@@ -147,7 +148,8 @@ def _frequencies(session: Session, scope: Scope, terms: Sequence[str], cap: int)
     found: dict[str, int] = {}
     if dialect_name(session) == "postgresql":
         params = {"kind": scope.kind, "sid": scope.id, "cap": cap, "terms": list(terms)}
-        found.update((str(t), int(n)) for t, n in session.execute(_FREQUENCIES_PG, params))
+        rows = prepared.execute(session, _FREQUENCIES_PG, params)
+        found.update((str(t), int(n)) for t, n in rows)
         return found
     for chunk, params in _term_chunks(scope, terms):
         row = session.execute(_frequency_statement(len(chunk), cap), params).one()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, or_, select
 from sqlalchemy.orm import Session
 
-from store import history
+from store import history, prepared
 from store.drafts import base_slug_of
 from store.models import Memory
 from store.schemas import Scope
@@ -91,11 +91,10 @@ def lookup(
     # taken ones list their -N forms.
     busy: set[str] = set()
     for start in range(0, len(derived) if bases else 0, ID_CHUNK):
-        busy.update(
-            session.execute(
-                _TAKEN_SLUGS, {**in_scope, "wanted": derived[start : start + ID_CHUNK]}
-            ).scalars()
+        taken_rows = prepared.execute(
+            session, _TAKEN_SLUGS, {**in_scope, "wanted": derived[start : start + ID_CHUNK]}
         )
+        busy.update(str(slug) for (slug,) in taken_rows)
     taken |= busy
     crowded = sorted(busy)
     for start in range(0, len(crowded), 50):

@@ -1,0 +1,74 @@
+"""store.prepared: hot statements sent straight to the driver give what SQLAlchemy gives,
+and fail as SQLAlchemy fails."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import literal, select, text
+from sqlalchemy.exc import DataError, DBAPIError
+
+from store import Store, prepared
+from store import jobs as job_records
+from store.errors import StorageFailure
+from store.keyed import _KEYED
+from store.models import Job
+from tests.test_pool_ping import backend_pid, terminate
+
+
+def add_job(store: Store) -> str:
+    record = job_records.NewJob(
+        owner="ann",
+        provenance="compaction",
+        conversation_id="c1",
+        transcript={"messages": [{"role": "user", "content": "I use vim"}], "n": 1.5},
+        transcript_hash="h1",
+    )
+    with store.transaction() as session:
+        (job_id,) = job_records.add_jobs(session, "harvest", [record])
+    return job_id
+
+
+def test_claim_and_finish_store_what_the_session_path_stores(store: Store) -> None:
+    job_id = add_job(store)
+    with store.transaction() as session:
+        claimed = job_records.claim(session, job_id, lease=timedelta(seconds=60), token="t1")
+    assert claimed is not None
+    assert claimed.transcript == {"messages": [{"role": "user", "content": "I use vim"}], "n": 1.5}
+    assert (claimed.owner, claimed.attempts, claimed.crashes) == ("ann", 1, 0)
+    result = {"status": "harvested", "slugs": ["a", "b"], "model_calls": 2, "note": None}
+    with store.transaction() as session:
+        job_records.finish(session, job_id, result, "t1")
+    with store.transaction() as session:
+        row = session.execute(select(Job.state, Job.result, Job.model_calls)).one()
+    assert tuple(row) == ("done", result, 2)  # the JSON column holds the dict, null and all
+
+
+def test_rows_are_tuples_named_by_column_on_each_backend(store: Store) -> None:
+    params = {"kind": "owner", "sid": "ann", "limit": 5, "terms": ["vim"]}
+    with store.transaction() as session:
+        assert list(prepared.execute(session, _KEYED, params)) == []
+        (row,) = prepared.execute(session, select(literal(7).label("seven")), {})
+    assert row[0] == 7 == row.seven
+
+
+def test_a_driver_error_is_raised_as_sqlalchemy_raises_it(make_store) -> None:  # type: ignore[no-untyped-def]
+    store = make_store("postgresql")
+    with store.transaction() as session, pytest.raises(DataError):
+        prepared.execute(session, text("SELECT 1 / :zero"), {"zero": 0})
+    with pytest.raises(StorageFailure), store.transaction() as session:
+        prepared.execute(session, text("SELECT 1 / :zero"), {"zero": 0})
+    with store.transaction() as session:  # the connection went back to the pool usable
+        assert list(prepared.execute(session, text("SELECT 1"), {})) == [(1,)]
+
+
+def test_a_dropped_connection_is_replaced_after_one_failure(make_store) -> None:  # type: ignore[no-untyped-def]
+    store = make_store("postgresql")
+    first = backend_pid(store)
+    terminate(first)
+    with pytest.raises(StorageFailure) as failed, store.transaction() as session:
+        prepared.execute(session, text("SELECT 1"), {})
+    cause = failed.value.__cause__
+    assert isinstance(cause, DBAPIError) and cause.connection_invalidated
+    assert backend_pid(store) != first
