@@ -22,6 +22,7 @@ reaches the threshold and nothing in them disagrees (``disagreement``):
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,7 +76,10 @@ POLAR_WORDS = frozenset(
 _APOSTROPHES = re.compile(r"(?<=\w)['\u2019](?=\w)")
 _HYPHENS = re.compile(r"(?<=\w)[-\u2010\u2011](?=\w)")
 _WORD = re.compile(r"\w+", re.UNICODE)
-_STEMMER = snowballstemmer.stemmer("english")
+# A Snowball stemmer keeps the word it works on in itself: threads sharing one corrupt each
+# other's stems (dedupe reads ahead on a thread; the HTTP service and a threads pool run
+# harvests side by side). Each thread gets its own.
+_STEMMERS = threading.local()
 
 
 def _unquoted(word: str) -> str:
@@ -98,7 +102,7 @@ POLAR_TERMS = frozenset({NOT} | set(POLAR_WORDS))
 
 
 # Term of each word seen (None: a stop word); words repeat across notes, so this saves the
-# stemmer nearly every call. Cleared when it grows past TERM_CACHE_SIZE entries.
+# stemmer nearly every call. Replaced by an empty one when it grows past TERM_CACHE_SIZE.
 _TERMS: dict[str, str | None] = {}
 TERM_CACHE_SIZE = 200_000
 # For ASCII text, \w is exactly [A-Za-z0-9_]: everything else becomes a space.
@@ -115,7 +119,10 @@ def _term(word: str) -> str | None:
         return None
     if word in POLAR_WORDS or not word.isalpha():
         return word  # numbers, versions and identifiers are compared as written
-    return str(_STEMMER.stemWord(word))
+    stemmer = getattr(_STEMMERS, "english", None)
+    if stemmer is None:
+        stemmer = _STEMMERS.english = snowballstemmer.stemmer("english")
+    return str(stemmer.stemWord(word))
 
 
 def _words(text: str) -> list[str]:
@@ -131,9 +138,11 @@ def _words(text: str) -> list[str]:
 
 def _cached(words: list[str]) -> dict[str, str | None]:
     """The term cache, holding every one of ``words``."""
+    global _TERMS  # noqa: PLW0603 - replaced, never cleared: see below
     cache = _TERMS
     if len(cache) > TERM_CACHE_SIZE:
-        cache.clear()
+        # A fresh dict, not clear(): another thread still reading the full one keeps it whole.
+        cache = _TERMS = {}
     for word in words:
         if word not in cache:
             cache[word] = _term(word)

@@ -8,6 +8,10 @@ reversed, negated, with a changed value. No distinct fact may be taken for the s
 from __future__ import annotations
 
 import json
+import random
+import re
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,47 @@ def test_content_terms_drop_stop_words_and_meet_across_inflection_and_hyphens() 
     assert "not" in content_terms("Never uses tabs")
     # Words that flip a fact are never dropped as stop words.
     assert {"off", "before", "over"} <= set(content_terms("Turned off before lunch over it"))
+
+
+def test_content_terms_are_the_same_from_threads_sharing_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Dedupe reads ahead on a thread; the HTTP service runs requests on threads. A shared
+    # stemmer gave wrong stems or IndexError there, and a cache cleared by one thread a
+    # KeyError in another: a small cache and frequent switches make both show at once.
+    from store import terms
+
+    monkeypatch.setattr(terms, "TERM_CACHE_SIZE", 300)
+    rng = random.Random(7)
+    endings = ("ing", "ness", "ational", "ed", "ly", "izer", "fulness")
+    texts = [
+        " ".join(
+            "".join(rng.choice("abcdefghij") for _ in range(rng.randint(4, 10)))
+            + rng.choice(endings)
+            for _ in range(8)
+        )
+        for _ in range(2_000)
+    ]
+    expected = [content_terms(text) for text in texts]
+    found: list[object] = []
+
+    def run() -> None:
+        try:
+            found.append([content_terms(text) for text in texts])
+        except Exception as exc:  # the failure is what this test looks for
+            found.append(exc)
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(before)
+    assert found == [expected] * 6
 
 
 def test_labelled_pairs_no_distinct_fact_is_taken_for_the_same() -> None:
@@ -284,15 +329,51 @@ def test_the_model_sees_the_owners_topic_keys_and_a_changed_fact_replaces_its_no
     )
 
 
-def test_known_keys_are_bounded(make_store, server) -> None:
-    store = make_store("sqlite", **model_settings(server, harvest_known_keys=5))
+def test_known_keys_are_bounded(make_store, backend, server) -> None:
+    store = make_store(backend, **model_settings(server, harvest_known_keys=5))
     for n in range(12):
         store.mem_save("alice", f"fact {n}", type="profile", title=f"Fact {n}", topic_key=f"k/{n}")
     server.script(answer([]))
     harvest_transcript(store, transcript("Fact 3 changed.", cid="c1"))
-    shown = server.requests[-1].user_text
-    assert shown.count("\n- k/") == 5
-    assert "- k/3: Fact 3" in shown  # shares the transcript's words: first in line
+    shown = re.findall(r"\n- (k/\d+):", server.requests[-1].user_text)
+    # The one sharing the transcript's words first, then the most recently changed.
+    assert shown == ["k/3", "k/11", "k/10", "k/9", "k/8"]
+
+
+def test_the_ledger_check_reads_the_keys_only_while_there_is_work(store: Store) -> None:
+    from store import ledger
+    from store.keyed import KeyedNote
+
+    for n in range(3):
+        store.mem_save("alice", f"fact {n}", type="profile", title=f"Fact {n}", topic_key=f"k/{n}")
+    with store.transaction() as session:
+        fresh = ledger.check(session, ALICE, "d1", "v1", ["fact", "0"], keys=2)
+        assert fresh == (0, False, [KeyedNote("k/0", "Fact 0"), KeyedNote("k/2", "Fact 2")])
+        assert ledger.check(session, ALICE, "d1", "v1", ["fact"], keys=0) == (0, False, [])
+        ledger.record(session, ALICE, ledger_entry("d1", "v1"), generation=0)
+        assert ledger.check(session, ALICE, "d1", "v1", ["fact"], keys=2) == (0, True, [])
+        assert ledger.check(session, ALICE, "d1", "v2", [], keys=1)[2] == [
+            KeyedNote("k/2", "Fact 2")
+        ]
+
+
+def ledger_entry(digest: str, version: str) -> Any:
+    from store.ledger import LedgerEntry
+
+    counts = dict.fromkeys(
+        ("notes_written", "notes_updated", "notes_skipped", "items_dropped", "model_calls"), 0
+    )
+    return LedgerEntry(
+        transcript_hash=digest,
+        harvester_version=version,
+        conversation_id="c1",
+        provenance="compaction",
+        occurred_at=None,
+        model="m",
+        prompt_tokens=0,
+        completion_tokens=0,
+        **counts,
+    )
 
 
 def test_harvest_never_rewrites_a_pinned_or_person_written_note_through_its_key(
