@@ -39,11 +39,11 @@ TARGET = 150  # transcripts per second on a 2-core host
 # comes from py-spy on the pool children (see BENCHMARKS.md).
 FINDING = (
     "profile of this run, CPU per transcript: {cpu}. One job in process (harvest.queue.run_job, "
-    "no broker) costs {job:.1f} ms of CPU, and PostgreSQL {database:.1f} ms serving it: 13 "
-    "round trips (the claim, ledger check and known keys, each committed on its own; then "
-    "one transaction: its BEGIN, the forget lock, the duplicate lookups, the notes with their "
-    "terms in one statement, the ledger row, the outcome and the COMMIT; and the transcript "
-    "lock's two). The ceiling's parts do none of that: a no-op task, one POST "
+    "no broker) costs {job:.1f} ms of CPU, and PostgreSQL {database:.1f} ms serving it: 12 "
+    "round trips (the claim, then the ledger check with the known keys, each committed on its "
+    "own; then one transaction: its BEGIN, the forget lock, the duplicate lookups, the notes "
+    "with their terms in one statement, the ledger row, the outcome and the COMMIT; and the "
+    "transcript lock's two). The ceiling's parts do none of that: a no-op task, one POST "
     "({raw:.1f} ms of CPU with the lean client at {lean:.1f} ms; litellm.completion "
     "{litellm:.1f} ms) and a raw INSERT of the notes. On {cores} cores {target}/s leaves "
     "{budget:.1f} ms of CPU per transcript for everything"

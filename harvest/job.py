@@ -23,7 +23,7 @@ from harvest.outcome import Counts, HarvestOutcome, Status
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Limits, Transcript, check_size
 from harvest.write import write_candidates
-from store import Scope, Settings, StorageFailure, Store, forget, keyed, ledger
+from store import Scope, Settings, StorageFailure, Store, forget, ledger
 from store.errors import InvalidInput
 from store.terms import content_terms
 from store.text import check_principal
@@ -143,32 +143,37 @@ def look_up(
     session: Session, settings: Settings, plan: Plan, llm: HarvestLLM | None = None
 ) -> Ready | None:
     """The ledger check under the transcript's lock: None when it was harvested (or
-    forgotten) before, else what extraction needs (``recall_keys``)."""
-    generation, done = ledger.state(session, plan.scope, plan.digest, plan.version)
+    forgotten) before, else what extraction needs.
+
+    That is at most ``harvest_known_keys`` of the owner's ``(topic_key, title)`` pairs,
+    those whose notes share the transcript's words (``recall_terms``) first, then the most
+    recently changed, read with the check (``store.ledger.check``). Shown to the model so a
+    fact that changes (a move, a new editor) reuses its key and replaces the old note, whose
+    text goes to history. None are read for the offline extractor, which keeps its own
+    fixed keys.
+    """
+    keys = settings.harvest_known_keys if uses_model(settings, llm) else 0
+    generation, done, found = ledger.check(
+        session,
+        plan.scope,
+        plan.digest,
+        plan.version,
+        recall_terms(plan) if keys else [],
+        keys=keys,
+    )
     if done:
         return None
-    return Ready(recall_keys(session, settings, plan, llm), generation)
+    return Ready(tuple((note.topic_key, note.title) for note in found), generation)
 
 
-def recall_keys(
-    session: Session, settings: Settings, plan: Plan, llm: HarvestLLM | None = None
-) -> tuple[tuple[str, str], ...]:
-    """At most ``harvest_known_keys`` of the owner's ``(topic_key, title)`` pairs, those
-    whose notes share the transcript's words first, then the most recently changed.
-
-    Shown to the model so a fact that changes (a move, a new editor) reuses its key and
-    replaces the old note, whose text goes to history. Nothing is read for the offline
-    extractor, which keeps its own fixed keys.
-    """
-    if not uses_model(settings, llm) or settings.harvest_known_keys == 0:
-        return ()
+def recall_terms(plan: Plan) -> list[str]:
+    """The transcript's words the owner's keyed notes are ranked by: the most frequent
+    content terms of what the user said."""
     counts: Counter[str] = Counter()
     for message in plan.transcript.messages:
         if message.role == "user":
             counts.update(content_terms(message.content))
-    terms = [term for term, _ in counts.most_common(RECALL_TERMS)]
-    found = keyed.keyed_notes(session, plan.scope, terms, limit=settings.harvest_known_keys)
-    return tuple((note.topic_key, note.title) for note in found)
+    return [term for term, _ in counts.most_common(RECALL_TERMS)]
 
 
 # --- extraction and the record ----------------------------------------------------------

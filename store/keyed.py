@@ -47,9 +47,15 @@ class KeyedNote:
 
 # The scope's live keyed notes (the partial topic-key index finds them: an owner has few),
 # each with how many of the given terms it holds (one primary-key probe per note and term),
-# most shared first, then the most recently changed.
-_KEYED = (
-    select(Memory.topic_key, Memory.title, func.count(MemoryTerm.term).label("shared"))
+# most shared first, then the most recently changed (``shared``, ``seq``: the order, for a
+# statement that joins this one, as ``store.ledger``'s check does).
+KEYED = (
+    select(
+        Memory.topic_key,
+        Memory.title,
+        func.count(MemoryTerm.term).label("shared"),
+        Memory.updated_seq.label("seq"),
+    )
     .outerjoin(
         MemoryTerm,
         (MemoryTerm.memory_id == Memory.id) & one_of(MemoryTerm.term, "terms"),
@@ -66,6 +72,13 @@ _KEYED = (
 )
 
 
+def keyed_params(scope: Scope, terms: Sequence[str], limit: int) -> dict[str, object]:
+    """``KEYED``'s parameters: at most ``limit`` notes, ranked by ``terms``."""
+    # An empty IN list matches nothing; a term no note holds keeps the statement's shape.
+    wanted = sorted(set(terms))[:TERM_CHUNK] or [""]
+    return {"kind": scope.kind, "sid": scope.id, "limit": limit, "terms": wanted}
+
+
 def keyed_notes(
     session: Session, scope: Scope, terms: Sequence[str], *, limit: int
 ) -> list[KeyedNote]:
@@ -74,9 +87,5 @@ def keyed_notes(
     often shares no word with the note it replaces, "Based in Lisbon")."""
     if limit <= 0:
         return []
-    # An empty IN list matches nothing; a term no note holds keeps the statement's shape.
-    wanted = sorted(set(terms))[:TERM_CHUNK] or [""]
-    rows = prepared.execute(
-        session, _KEYED, {"kind": scope.kind, "sid": scope.id, "limit": limit, "terms": wanted}
-    )
-    return [KeyedNote(str(key), title) for key, title, _ in rows]
+    rows = prepared.execute(session, KEYED, keyed_params(scope, terms, limit))
+    return [KeyedNote(str(row.topic_key), row.title) for row in rows]

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Table, bindparam, exists, func, select
+from sqlalchemy import Table, bindparam, exists, func, select, true
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from store import forget, prepared
+from store import forget, keyed, prepared
 from store.models import ForgottenOwner, ForgottenTranscript, HarvestLedger, utcnow
 from store.schemas import Scope
 from store.sql import dialect_name
@@ -51,9 +52,18 @@ _GENERATION = func.coalesce(
 )
 # What a harvest checks under the transcript's lock, in one statement.
 _STATE = select(
-    _GENERATION,
-    exists().where(ForgottenTranscript.key == bindparam("tombstone")),
-    exists().where(*_KEY),
+    _GENERATION.label("generation"),
+    exists().where(ForgottenTranscript.key == bindparam("tombstone")).label("tombstoned"),
+    exists().where(*_KEY).label("harvested"),
+)
+# The same, with the keyed notes the model is shown (``keyed.KEYED``) joined on: one row per
+# note, in their order (one row of nulls when there are none). PostgreSQL only (LATERAL).
+_CHECKED = _STATE.subquery("checked")
+_KEYS = keyed.KEYED.lateral("keys")
+_CHECK = (
+    select(_CHECKED, _KEYS.c.topic_key, _KEYS.c.title)
+    .select_from(_CHECKED.outerjoin(_KEYS, true()))
+    .order_by(_KEYS.c.shared.desc(), _KEYS.c.seq.desc())
 )
 # The row, written only while the owner's forget count is the one the harvest planned with:
 # one statement, so a forget committed since (or a ledger row another harvest wrote) leaves
@@ -78,18 +88,42 @@ def state(session: Session, scope: Scope, digest: str, version: str) -> tuple[in
     nothing to do for this transcript (forgotten: a tombstone; or this scope's ledger holds
     it at this harvester version). What a harvest checks under the transcript's lock."""
     ((found, tombstoned, harvested),) = prepared.execute(
-        session,
-        _STATE,
-        {
-            "owner_key": forget.owner_key(scope),
-            "tombstone": forget.transcript_key(scope, digest),
-            "kind": scope.kind,
-            "sid": scope.id,
-            "digest": digest,
-            "version": version,
-        },
+        session, _STATE, _state_params(scope, digest, version)
     )
     return int(found), bool(tombstoned or harvested)
+
+
+def check(
+    session: Session, scope: Scope, digest: str, version: str, terms: Sequence[str], *, keys: int
+) -> tuple[int, bool, list[keyed.KeyedNote]]:
+    """``state``, and when there is something to do, at most ``keys`` of the scope's keyed
+    notes ranked by ``terms`` (``keyed.keyed_notes``). On PostgreSQL one statement: the
+    harvest asks this under the transcript's lock, each round trip paid on every job."""
+    if keys <= 0 or dialect_name(session) != "postgresql":
+        generation, done = state(session, scope, digest, version)
+        found = [] if done else keyed.keyed_notes(session, scope, terms, limit=keys)
+        return generation, done, found
+    rows = prepared.execute(
+        session,
+        _CHECK,
+        {**_state_params(scope, digest, version), **keyed.keyed_params(scope, terms, keys)},
+    )
+    generation, tombstoned, harvested = rows[0][:3]
+    if tombstoned or harvested:
+        return int(generation), True, []
+    found = [keyed.KeyedNote(str(row.topic_key), row.title) for row in rows if row.topic_key]
+    return int(generation), False, found
+
+
+def _state_params(scope: Scope, digest: str, version: str) -> dict[str, str]:
+    return {
+        "owner_key": forget.owner_key(scope),
+        "tombstone": forget.transcript_key(scope, digest),
+        "kind": scope.kind,
+        "sid": scope.id,
+        "digest": digest,
+        "version": version,
+    }
 
 
 def record(session: Session, scope: Scope, entry: LedgerEntry, *, generation: int) -> bool:

@@ -12,7 +12,7 @@ from sqlalchemy.exc import DataError, DBAPIError
 from store import Store, prepared
 from store import jobs as job_records
 from store.errors import StorageFailure
-from store.keyed import _KEYED
+from store.keyed import KEYED
 from store.models import Job
 from tests.test_pool_ping import backend_pid, terminate
 
@@ -48,7 +48,7 @@ def test_claim_and_finish_store_what_the_session_path_stores(store: Store) -> No
 def test_rows_are_tuples_named_by_column_on_each_backend(store: Store) -> None:
     params = {"kind": "owner", "sid": "ann", "limit": 5, "terms": ["vim"]}
     with store.transaction() as session:
-        assert list(prepared.execute(session, _KEYED, params)) == []
+        assert list(prepared.execute(session, KEYED, params)) == []
         (row,) = prepared.execute(session, select(literal(7).label("seven")), {})
     assert row[0] == 7 == row.seven
 
