@@ -50,6 +50,8 @@ def execute(session: Session, statement: Executable, params: Mapping[str, Any]) 
     connection = session.connection()
     driver = connection.connection.driver_connection
     assert driver is not None
+    # Imported here, not at the top: SQLite read commands import this module and must not
+    # pay for psycopg (tests/test_startup_imports.py); after the first call it is a lookup.
     from psycopg.rows import namedtuple_row
 
     try:
