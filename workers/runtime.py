@@ -1,4 +1,5 @@
-"""The worker process's store: built once per process, rebuilt in each forked child."""
+"""The worker process's store: built once in the worker's main process, before the pool
+forks, and inherited by each child with a fresh connection pool."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import threading
 
 from celery.signals import worker_init, worker_process_init
 
-from store import Store, load_settings
+from store import Store
 
 _store: Store | None = None
 # Under `--pool threads` the first tasks arrive together: build one Store, not one each.
@@ -26,20 +27,23 @@ def store() -> Store:
 @worker_process_init.connect
 def _fresh_engine_in_child(**_: object) -> None:
     # A forked child must not share the parent's pooled connections: drop them unclosed
-    # (closing would close the parent's sockets) and let the child open its own.
-    global _store  # noqa: PLW0603
+    # (closing would close the parent's sockets); the child opens its own on first use. The
+    # engine itself (its dialect, its compiled-statement cache) is kept.
     if _store is not None:
         _store.engine.dispose(close=False)
-    _store = None
 
 
 @worker_init.connect
 def _warm_up_before_forking(**_: object) -> None:
-    # Runs in the worker's main process before the pool starts, so the tokenizer file (a
-    # fifth of a second of CPU) and, for the litellm client, litellm's import (seconds) are
-    # inherited by every forked child, including the ones that replace children after
-    # GLEANER_WORKER_MAX_TASKS_PER_CHILD tasks, instead of paid by each.
-    settings = load_settings()
+    # Runs in the worker's main process before the pool starts, so what every child would
+    # otherwise pay on its first task is paid once and inherited by every forked child,
+    # including the ones that replace children: the harvest task's imports (the ORM and the
+    # store's models, about 0.3 s of CPU), the engine with its database driver (psycopg's
+    # import, 0.2 s), the tokenizer file (0.2 s) and, for the litellm client, litellm's
+    # import (seconds).
+    import harvest.queue  # noqa: F401 - imported for its import chain
+
+    settings = store().settings
     if not settings.harvest_model:
         return  # the offline harvester counts no tokens
     from harvest.chunks import count_tokens
