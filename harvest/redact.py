@@ -37,8 +37,11 @@ def redact_messages(messages: Sequence[Message]) -> list[Message]:
     depth = 0
     for message in messages:
         redacted, depth = redact_private(strip_index_text(message.content), depth)
-        if redacted.strip():
-            kept.append(message.model_copy(update={"content": redacted}))
+        if not redacted.strip():
+            continue
+        # Messages are frozen: one without a span is shared, not copied (most turns).
+        same = redacted == message.content
+        kept.append(message if same else message.model_copy(update={"content": redacted}))
     return kept
 
 

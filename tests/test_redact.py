@@ -406,3 +406,21 @@ def test_an_owner_error_does_not_repeat_a_private_conversation_id() -> None:
         new_jobs([t], owner=None, provenance="compaction")
     assert info.value.reason == "no_owner"
     assert "SECRET" not in str(info.value)
+
+
+def test_blank_turns_are_dropped_and_the_rest_kept_in_order() -> None:
+    redacted = redact_transcript(
+        transcript(
+            ("user", "I prefer tabs."),
+            ("assistant", "   "),
+            ("user", "<private>my pin is 1234</private>"),
+            ("user", "Keep <private>this</private> quiet."),
+            ("assistant", "Noted."),
+        )
+    )
+    assert [(m.role, m.content) for m in redacted.messages] == [
+        ("user", "I prefer tabs."),
+        ("user", REDACTED),
+        ("user", f"Keep {REDACTED} quiet."),
+        ("assistant", "Noted."),
+    ]
