@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import cast
 
@@ -136,7 +136,7 @@ def record(session: Session, scope: Scope, entry: LedgerEntry, *, generation: in
         "scope_kind": scope.kind,
         "scope_id": scope.id,
         "created_at": utcnow(),
-        **asdict(entry),
+        **vars(entry),  # its fields as they are (asdict would deep-copy each value)
         "owner_key": forget.owner_key(scope),
         "generation": generation,
     }
