@@ -38,7 +38,10 @@ TARGET = 150  # transcripts per second on a 2-core host
 # Why the target is missed, filled in from the run's own profile. The worker-side split
 # comes from py-spy on the pool children (see BENCHMARKS.md).
 FINDING = (
-    "profile of this run, CPU per transcript: {cpu}. One job in process (harvest.queue.run_job, "
+    "profile of this run, CPU per transcript: {cpu}. The worker's main process (the Celery "
+    "consumer: broker, acks, handing tasks to the pool) spends more on a harvest task than on "
+    "a no-op one (the ceiling's split above): Celery's cost, outside the job, which the no-op "
+    "ceiling does not show. One job in process (harvest.queue.run_job, "
     "no broker) costs {job:.1f} ms of CPU, and PostgreSQL {database:.1f} ms serving it: 12 "
     "round trips (the claim, then the ledger check with the known keys, each committed on its "
     "own; then one transaction: its BEGIN, the forget lock, the duplicate lookups, the notes "
@@ -75,7 +78,9 @@ def run(ctx: Context) -> None:
         notes = note_count(running)
         # The no-op tasks after the pipeline: pool children they wear out are reaped (and
         # their CPU counted) outside the pipeline's profile.
+        idle = cpu_by_role()
         noop = noop_seconds(running, count)
+        noop_cpu = cpu_note(idle, cpu_by_role(), count)
         running.stop_workers()
         job_cpu, job_database = job_cpu_ms(running.database_url, api_base, ctx.size(500, 100))
         http = http_seconds(api_base, count, CONCURRENCY)
@@ -91,7 +96,8 @@ def run(ctx: Context) -> None:
     detail = (
         f"{count} transcripts, {notes} notes ({rows} in the ceiling), failed "
         f"{states.get('failed', 0)}; prefork x{CONCURRENCY}, RSS {rss:.0f} MB; ceiling = "
-        f"no-op tasks {noop:.2f} s + HTTP {http:.2f} s + INSERTs {inserts:.2f} s"
+        f"no-op tasks {noop:.2f} s + HTTP {http:.2f} s + INSERTs {inserts:.2f} s; CPU per "
+        f"no-op task: {noop_cpu}"
     )
     finding = FINDING.format(
         cpu=cpu,

@@ -289,9 +289,13 @@ def cpu_by_role() -> dict[str, float]:
     """CPU seconds so far of the processes a pipeline bench runs on, by role.
 
     Each process counts its reaped children too (``cutime``), so recycled pool children and
-    closed PostgreSQL backends are not lost between two readings.
+    closed PostgreSQL backends are not lost between two readings (a replaced pool child is
+    counted with the worker's main process, which reaped it). A worker's main process (the
+    Celery consumer: broker, acks, handing tasks to the pool) is told apart from its pool
+    children (the tasks): a process of `gleaner worker` whose parent is one too is a child.
     """
     found: dict[str, float] = {}
+    workers: dict[int, tuple[int, float]] = {}  # pid -> (parent pid, CPU seconds)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -306,7 +310,8 @@ def cpu_by_role() -> dict[str, float]:
         elif name == "redis-server":
             role = "Redis"
         elif "workers.cli" in command:
-            role = "workers"
+            workers[int(entry.name)] = (int(fields[1]), sum(int(v) for v in fields[11:15]) / _TICK)
+            continue
         elif "bench.model_server" in command:
             role = "model server"
         elif int(entry.name) == os.getpid():
@@ -314,6 +319,9 @@ def cpu_by_role() -> dict[str, float]:
         else:
             continue
         used = sum(int(value) for value in fields[11:15]) / _TICK
+        found[role] = found.get(role, 0.0) + used
+    for parent, used in workers.values():
+        role = "pool children" if parent in workers else "worker main process"
         found[role] = found.get(role, 0.0) + used
     return found
 
