@@ -38,8 +38,17 @@ def api_key(
     """The live key the request carries; Refused(401) when it carries none or an unknown one.
     Checked on every request, so a revoked key stops working at once."""
     if credentials is None or credentials.scheme.lower() != "bearer":
+        return live_key(gleaner_of(request), None)
+    return live_key(gleaner_of(request), credentials.credentials)
+
+
+def live_key(gleaner: Gleaner, token: str | None) -> ApiKey:
+    """The live key ``token`` is (a bearer token; None when the request sent none);
+    Refused(401) when there is none or it is unknown or revoked. The HTTP service and the
+    MCP server's streamable HTTP check keys with it."""
+    if not token:
         raise Refused(401, "no_api_key", "send an API key: Authorization: Bearer glk_...")
-    found = gleaner_of(request).verify_api_key(credentials.credentials)
+    found = gleaner.verify_api_key(token)
     if found is None:
         raise Refused(401, "unknown_api_key", "the API key is unknown or was revoked")
     return found

@@ -6,20 +6,29 @@ sends. Tools: ``mem_save`` and ``mem_session_summary`` (seed 003), ``mem_search`
 ``mem_read`` (a note with its links and history) and ``mem_index`` (the index text for a
 system prompt). A refused call is a tool error whose text starts with the reason
 (``bad_type: ...``), for the model to read.
+
+Over streamable HTTP (``serve_http``) every request carries an API key of ``gleaner keys
+create`` that allows the server's owner, checked as the HTTP service checks it (a missing or
+unknown key is 401, another owner's key 403). Only on a loopback address may the server run
+without keys (the default there, for an agent on the same machine), unless told to check.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
 from gleaner import Gleaner, GleanerError, NoteDetail, SaveResult
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 T = TypeVar("T")
 
@@ -116,3 +125,63 @@ def build_server(gleaner: Gleaner, owner: str) -> MCPServer:
         return run(lambda: gleaner.index_text(owner))
 
     return server
+
+
+def needs_key(host: str, require_key: bool) -> bool:
+    """Whether streamable HTTP on ``host`` checks API keys: when asked to, and always on an
+    address other machines can reach (anything but loopback)."""
+    if require_key:
+        return True
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: only localhost is taken for the loopback
+        return host != "localhost"
+
+
+def serve_http(
+    server: MCPServer, gleaner: Gleaner, owner: str, *, host: str, port: int, require_key: bool
+) -> None:
+    """Serve ``server`` over streamable HTTP at ``/mcp`` until stopped, behind API keys when
+    ``needs_key`` says so."""
+    import uvicorn
+
+    app: ASGIApp = server.streamable_http_app(host=host)
+    if needs_key(host, require_key):
+        app = keyed(app, gleaner, owner)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def keyed(app: ASGIApp, gleaner: Gleaner, owner: str) -> ASGIApp:
+    """``app`` behind API keys: an HTTP request without a live key that allows ``owner`` is
+    answered 401 or 403 (the HTTP service's JSON error) and never reaches the tools."""
+    import anyio.to_thread
+    from starlette.responses import JSONResponse
+
+    from service.keys import Refused, allowed_owner, live_key
+
+    def check(authorization: str) -> None:
+        scheme, _, token = authorization.partition(" ")
+        key = live_key(gleaner, token.strip() if scheme.lower() == "bearer" else None)
+        allowed_owner(gleaner, key, owner)
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # the lifespan that starts the session manager
+            await app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        try:
+            # A database read: off the event loop, as the HTTP service's sync routes run.
+            await anyio.to_thread.run_sync(
+                check, headers.get(b"authorization", b"").decode("latin-1")
+            )
+        except Refused as exc:
+            response = JSONResponse(
+                {"error": {"reason": exc.reason, "message": exc.message}},
+                status_code=exc.status,
+                headers={"WWW-Authenticate": "Bearer"} if exc.status == 401 else None,
+            )
+            await response(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return guarded

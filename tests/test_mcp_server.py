@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from gleaner import Gleaner
+from service.mcp import needs_key
 from store import Store
 from tests.conftest import test_settings
 from tests.service_harness import free_port, service_env, start
@@ -178,5 +181,59 @@ def test_streamable_http(make_store: Any, tmp_path: Path) -> None:
 
     try:
         anyio.run(main)
+    finally:
+        server.stop()
+
+
+def test_keys_are_checked_off_the_loopback_address_or_when_asked() -> None:
+    loopback = ("127.0.0.1", "127.0.0.2", "::1", "localhost")
+    assert not any(needs_key(host, False) for host in loopback)
+    assert all(needs_key(host, False) for host in ("0.0.0.0", "::", "192.168.1.5", "mcp.example"))
+    assert needs_key("127.0.0.1", True)
+
+
+@pytest.mark.slow
+def test_streamable_http_behind_api_keys(make_store: Any, tmp_path: Path) -> None:
+    store = make_store("sqlite")
+    gleaner = Gleaner(store=store)
+    gleaner.mem_save("dan", "Dan rides a fixie.", type="profile", title="Bike")
+    dans, dan_token = gleaner.create_api_key("dan")
+    _, erin_token = gleaner.create_api_key("erin")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["mcp", "--owner", "dan", "--transport", "streamable-http", "--require-key"]
+    server = start(
+        [*args, "--port", str(port)],
+        service_env(store.database_url),
+        tmp_path / "mcp.log",
+        url,
+        "/mcp",
+    )
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+
+    def refused(token: str | None) -> tuple[int, str, str]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        answer = httpx.post(f"{url}/mcp", json=initialize, headers=headers, timeout=10)
+        reason = answer.json()["error"]["reason"]
+        return answer.status_code, reason, answer.headers.get("www-authenticate", "")
+
+    async def search() -> list[str]:
+        client = create_mcp_http_client(headers={"Authorization": f"Bearer {dan_token}"})
+        async with (
+            client,
+            streamable_http_client(f"{url}/mcp", http_client=client) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            hits = (await call(session, "mem_search", query="fixie"))["hits"]
+            return [h["slug"] for h in hits]
+
+    try:
+        assert refused(None) == (401, "no_api_key", "Bearer")
+        assert refused("glk_not_a_key") == (401, "unknown_api_key", "Bearer")
+        assert refused(erin_token)[:2] == (403, "forbidden_owner")  # another owner's key
+        assert anyio.run(search) == ["bike"]
+        gleaner.revoke_api_key(dans.id)
+        assert refused(dan_token)[:2] == (401, "unknown_api_key")  # revoked: refused at once
     finally:
         server.stop()

@@ -42,11 +42,16 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if not owner:
         raise UsageError(f"say whose memory the agent uses: --owner NAME or {MCP_OWNER_VARIABLE}")
     gleaner = Gleaner()
-    server = build_server(gleaner, gleaner.owner_name(owner))
+    name = gleaner.owner_name(owner)
+    server = build_server(gleaner, name)
     if args.transport == "stdio":
         server.run("stdio")
     else:
-        server.run("streamable-http", host=args.host, port=args.port)
+        from service.mcp import serve_http
+
+        serve_http(
+            server, gleaner, name, host=args.host, port=args.port, require_key=args.require_key
+        )
     return EXIT_OK
 
 
@@ -109,7 +114,9 @@ def register(sub: Any) -> None:
         "mcp",
         help="serve the MCP tools to an agent, scoped to one owner",
         description="An MCP server (stdio, or streamable HTTP at /mcp) with the tools mem_save, "
-        "mem_session_summary, mem_search, mem_read and mem_index, all acting for one owner.",
+        "mem_session_summary, mem_search, mem_read and mem_index, all acting for one owner. "
+        "Over HTTP off the loopback address (or with --require-key) every request needs an API "
+        "key that allows that owner.",
     )
     mcp.add_argument(
         "--owner", metavar="NAME", help=f"whose memory the agent uses (or {MCP_OWNER_VARIABLE})"
@@ -117,9 +124,17 @@ def register(sub: Any) -> None:
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="streamable HTTP: address")
     mcp.add_argument("--port", type=int, default=8001, help="streamable HTTP: port")
+    mcp.add_argument(
+        "--require-key",
+        action="store_true",
+        help="streamable HTTP: check API keys (`gleaner keys create --owner NAME`) on the "
+        "loopback address too; on any other address they are always checked",
+    )
     mcp.set_defaults(func=cmd_mcp)
 
-    keys = sub.add_parser("keys", help="API keys of the HTTP service: create, list, revoke")
+    keys = sub.add_parser(
+        "keys", help="API keys of the HTTP service and of MCP over HTTP: create, list, revoke"
+    )
     actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="a new key; its token is printed once")
     whose = create.add_mutually_exclusive_group()
