@@ -67,7 +67,10 @@ def record_jobs(
     records = new_jobs(
         transcripts, owner=owner, provenance=provenance, reassign_owner=reassign_owner
     )
-    with store.transaction() as session:
+    # One job (a conversation posted to the service) is one INSERT, atomic by itself: on
+    # PostgreSQL it commits on its own, without a BEGIN and a COMMIT round trip.
+    single = len(records) == 1 and import_id is None
+    with store.statements() if single else store.transaction() as session:
         return job_records.add_jobs(session, queue, records, import_id=import_id)
 
 

@@ -86,6 +86,28 @@ def create_import(
     return import_id
 
 
+# Every column add_jobs sets (each one with a Python default among them), each bound with its
+# column's type (the transcript's JSON).
+_ADDED = (
+    "id",
+    "queue",
+    "state",
+    "owner",
+    "provenance",
+    "conversation_id",
+    "transcript",
+    "transcript_hash",
+    "import_id",
+    "attempts",
+    "crashes",
+    "model_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "created_at",
+    "enqueued_at",
+)
+
+
 def add_jobs(
     session: Session, queue: str, jobs: Sequence[NewJob], *, import_id: str | None = None
 ) -> list[str]:
@@ -103,12 +125,19 @@ def add_jobs(
             "transcript_hash": job.transcript_hash,
             "import_id": import_id,
             "attempts": 0,
+            # Given, not left to the column defaults: the prepared INSERT applies none.
+            "crashes": 0,
+            "model_calls": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
             "created_at": now,
             "enqueued_at": now,
         }
         for job in jobs
     ]
-    if rows:
+    if len(rows) == 1:  # a conversation posted to the service: built once and prepared
+        prepared.execute(session, _ADD_ONE, rows[0])
+    elif rows:
         session.execute(insert(Job), rows)
     if import_id is not None:
         session.execute(
@@ -120,6 +149,7 @@ def add_jobs(
 
 
 JOBS = cast(Table, Job.__table__)
+_ADD_ONE = insert(JOBS).values({name: bindparam(name, type_=JOBS.c[name].type) for name in _ADDED})
 IS_RUNNING = JOBS.c.state == RUNNING
 # Built once: only the parameters change from job to job. A pending job is claimed; a
 # running one only when its lease ran out (its worker is gone) or when this very delivery

@@ -13,9 +13,10 @@ import secrets
 from datetime import UTC, datetime
 
 from pydantic import field_validator
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
 
+from store import prepared
 from store.errors import InvalidInput
 from store.models import ApiKey as ApiKeyRow
 from store.models import utcnow
@@ -85,12 +86,13 @@ def verify_key(session: Session, token: str) -> ApiKey | None:
     """The key this token is, or None (unknown, revoked, or not a token at all)."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > MAX_TOKEN_CHARS:
         return None
-    # Columns, not the ORM row: this runs on every request of the HTTP service.
-    found = session.execute(
-        select(ApiKeyRow.id, ApiKeyRow.owner, ApiKeyRow.created_at).where(
-            ApiKeyRow.token_hash == token_hash(token)
-        )
-    ).first()
-    if found is None:
+    # Built once and prepared: this runs on every request of the HTTP service.
+    found = prepared.execute(session, _BY_HASH, {"hash": token_hash(token)})
+    if not found:
         return None
-    return ApiKey(id=found.id, owner=found.owner, created_at=found.created_at)
+    return ApiKey(id=found[0].id, owner=found[0].owner, created_at=found[0].created_at)
+
+
+_BY_HASH = select(ApiKeyRow.id, ApiKeyRow.owner, ApiKeyRow.created_at).where(
+    ApiKeyRow.token_hash == bindparam("hash")
+)

@@ -45,6 +45,31 @@ def test_claim_and_finish_store_what_the_session_path_stores(store: Store) -> No
     assert tuple(row) == ("done", result, 2)  # the JSON column holds the dict, null and all
 
 
+def test_one_added_job_is_stored_as_a_batch_stores_it(store: Store) -> None:
+    one = add_job(store)  # one job: the prepared INSERT
+    record = job_records.NewJob("ann", "compaction", "c1", {"n": 1.5}, "h1")
+    with store.transaction() as session:  # two: the session's bulk INSERT
+        batch = job_records.add_jobs(session, "harvest", [record, record])
+    skipped = {"id", "transcript", "created_at", "enqueued_at"}
+    with store.transaction() as session:
+        rows = {
+            job.id: {c.name: getattr(job, c.name) for c in Job.__table__.columns}
+            for job in session.query(Job).filter(Job.id.in_([one, *batch]))
+        }
+    assert {k: v for k, v in rows[one].items() if k not in skipped} == {
+        k: v for k, v in rows[batch[0]].items() if k not in skipped
+    }
+    assert rows[one]["transcript"] == {
+        "messages": [{"role": "user", "content": "I use vim"}],
+        "n": 1.5,
+    }
+    assert (rows[one]["state"], rows[one]["crashes"], rows[one]["model_calls"]) == (
+        "pending",
+        0,
+        0,
+    )
+
+
 def test_rows_are_tuples_named_by_column_on_each_backend(store: Store) -> None:
     params = {"kind": "owner", "sid": "ann", "limit": 5, "terms": ["vim"]}
     with store.transaction() as session:
