@@ -28,7 +28,7 @@ from store import Store, job_leases
 from store import jobs as job_records
 from store.models import HarvestLedger, Job, Memory, utcnow
 from tests.conftest import test_settings
-from tests.llm_server import LLMServer, answer, llm_server, note
+from tests.llm_server import LLMServer, answer, hang, llm_server, note
 from tests.samples import native
 from tests.workers_harness import Cluster, fresh_cluster, wait_for
 from workers.enqueue import _job_id, requeue_stale
@@ -310,7 +310,9 @@ def test_a_whole_worker_killed_mid_model_call_is_recovered_and_harvested_once(
     cluster.env.update(SHORT_LEASE)
     store = open_store(cluster, job_lease_seconds=3, job_heartbeat_seconds=1)
     model.script(
-        answer([note("Prefers vim")], delay=9.0),  # the call the killed worker never finishes
+        # The call the killed worker never finishes: held unanswered, so the kill below always
+        # lands inside it (an answer after a fixed delay raced the checks on a loaded host).
+        hang(60.0),
         answer([note("Prefers vim")]),
     )
     doomed = cluster.start_worker(concurrency=1)
