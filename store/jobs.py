@@ -12,6 +12,7 @@ back to ``pending``, never a stray message.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
@@ -21,6 +22,7 @@ from typing import Any, cast
 
 from sqlalchemy import (
     Boolean,
+    Insert,
     Table,
     and_,
     bindparam,
@@ -86,28 +88,6 @@ def create_import(
     return import_id
 
 
-# Every column add_jobs sets (each one with a Python default among them), each bound with its
-# column's type (the transcript's JSON).
-_ADDED = (
-    "id",
-    "queue",
-    "state",
-    "owner",
-    "provenance",
-    "conversation_id",
-    "transcript",
-    "transcript_hash",
-    "import_id",
-    "attempts",
-    "crashes",
-    "model_calls",
-    "prompt_tokens",
-    "completion_tokens",
-    "created_at",
-    "enqueued_at",
-)
-
-
 def add_jobs(
     session: Session, queue: str, jobs: Sequence[NewJob], *, import_id: str | None = None
 ) -> list[str]:
@@ -136,7 +116,7 @@ def add_jobs(
         for job in jobs
     ]
     if len(rows) == 1:  # a conversation posted to the service: built once and prepared
-        prepared.execute(session, _ADD_ONE, rows[0])
+        prepared.execute(session, _insert_one(tuple(rows[0])), rows[0])
     elif rows:
         session.execute(insert(Job), rows)
     if import_id is not None:
@@ -149,8 +129,17 @@ def add_jobs(
 
 
 JOBS = cast(Table, Job.__table__)
-_ADD_ONE = insert(JOBS).values({name: bindparam(name, type_=JOBS.c[name].type) for name in _ADDED})
 IS_RUNNING = JOBS.c.state == RUNNING
+
+
+@functools.cache
+def _insert_one(columns: tuple[str, ...]) -> Insert:
+    """One job row with exactly these ``columns``, each bound with its column's type (the
+    transcript's JSON): add_jobs gives every column that has a Python default, which the
+    prepared INSERT would not apply."""
+    return insert(JOBS).values({name: bindparam(name, type_=JOBS.c[name].type) for name in columns})
+
+
 # Built once: only the parameters change from job to job. A pending job is claimed; a
 # running one only when its lease ran out (its worker is gone) or when this very delivery
 # holds it (the same message again: redelivered because its worker was lost, or a retry of
