@@ -206,10 +206,11 @@ def record_harvest(
     worker recorded this transcript, or the owner was forgotten since the check), so the
     caller rolls the notes back.
 
-    A forget of the owner cannot commit from the first statement here to the end of the
-    transaction (``forget.hold_off``); the ledger row's statement checks the forget count.
+    The transaction is ``forget.held_off(store, plan.scope)``'s: a forget of the owner cannot
+    commit from its start to its end, and the ledger row's statement checks the forget count.
     """
-    forget.hold_off(session, plan.scope)
+    if not forget.is_held_off(session, plan.scope):
+        raise RuntimeError("record_harvest runs in a forget.held_off transaction of its scope")
     written = write_candidates(
         session,
         settings,
@@ -302,7 +303,7 @@ def run_harvest(
                 with store.transaction() as session:
                     return _settle(steps, session, found)
             try:
-                with store.transaction() as session:
+                with forget.held_off(store, plan.scope) as session:
                     outcome = record_harvest(session, settings, plan, checked, found)
                     return _settle(steps, session, outcome)
             except RecordedElsewhere:  # rolled back: nothing of this harvest was written

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from store.db import make_engine, migrate
@@ -69,13 +69,31 @@ class Store:
         self.engine.dispose()
 
     @contextmanager
-    def transaction(self) -> Iterator[Session]:
-        """A session inside one transaction: committed on success, rolled back on any error."""
+    def transaction(self, *, opening: str | None = None) -> Iterator[Session]:
+        """A session inside one transaction: committed on success, rolled back on any error.
+
+        ``opening`` is a statement without parameters to run first, such as a lock. On
+        PostgreSQL it is sent with the BEGIN, in one message: one round trip for both (a
+        harvest's write transaction opens with its forget lock). Elsewhere it runs first.
+        """
+        if opening is not None and self.engine.dialect.name == "postgresql":
+            # On an autocommit connection psycopg sends no BEGIN of its own, and its
+            # commit() and rollback() end whatever transaction the server is in: the one
+            # opened here. The simple query protocol (no parameters) runs both statements.
+            with self.statements() as session:
+                session.connection().exec_driver_sql(
+                    f"BEGIN ISOLATION LEVEL READ COMMITTED; {opening}",
+                    execution_options={"no_parameters": True},
+                )
+                yield session
+            return
         if self._sessionmaker is None:
             from sqlalchemy.orm import sessionmaker  # the ORM: only for what needs it
 
             self._sessionmaker = sessionmaker(self.engine, expire_on_commit=False)
         with self._failures(), self._sessionmaker() as session, session.begin():
+            if opening is not None:
+                session.execute(text(opening))
             yield session
 
     @contextmanager

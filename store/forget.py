@@ -12,7 +12,9 @@ forget writes nothing when it finishes after it).
 from __future__ import annotations
 
 import hashlib
-from typing import Any, cast
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import CursorResult, Executable, delete, select, text, update
 from sqlalchemy.orm import Session
@@ -33,6 +35,9 @@ from store.models import (
 )
 from store.schemas import Scope
 from store.sql import advisory_key, dialect_insert, dialect_name
+
+if TYPE_CHECKING:
+    from store.api import Store
 
 # Tables whose dead rows a PostgreSQL forget vacuums right after its commit.
 VACUUMED = (
@@ -69,6 +74,26 @@ def _count(session: Session, statement: Executable) -> int:
 
 
 _SHARED_LOCK = text("SELECT pg_advisory_xact_lock_shared(:k)")  # built once: a job takes it
+
+
+# Where ``held_off`` marks its session (``Session.info``): a harvest checks it is in one.
+HELD_OFF = "gleaner.forget_held_off"
+
+
+@contextmanager
+def held_off(store: Store, scope: Scope) -> Iterator[Session]:
+    """A transaction that opens holding off a forget of ``scope``, as ``hold_off`` does (a
+    harvest records its notes in one): on PostgreSQL the lock is sent with the BEGIN, so it
+    costs no round trip of its own."""
+    opening = f"SELECT pg_advisory_xact_lock_shared({lock_key(scope)})"  # an int: no quoting
+    with store.transaction(opening=opening if store.dialect == "postgresql" else None) as session:
+        session.info[HELD_OFF] = scope
+        yield session
+
+
+def is_held_off(session: Session, scope: Scope) -> bool:
+    """True inside a ``held_off`` transaction for ``scope``."""
+    return bool(session.info.get(HELD_OFF) == scope)
 
 
 def hold_off(session: Session, scope: Scope) -> None:

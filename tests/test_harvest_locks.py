@@ -15,7 +15,7 @@ from harvest.job import extract_notes, look_up, plan_harvest, record_harvest
 from harvest.outcome import HarvestOutcome
 from harvest.queue import record_jobs, run_job
 from harvest.transcript import Transcript
-from store import Scope, StorageFailure, Store
+from store import Scope, StorageFailure, Store, forget
 from store.locks import locks_for, transcript_key
 from store.models import HarvestLedger, Job
 from tests.conftest import test_settings
@@ -117,6 +117,40 @@ def test_a_lost_lock_connection_is_a_storage_failure_and_reconnects(
     assert stores[1].transcript_lock(ALICE, DIGEST).try_acquire()
 
 
+@pytest.mark.postgres
+def test_a_harvest_transaction_holds_off_a_forget_from_its_begin(
+    stores: tuple[Store, Store],
+) -> None:
+    harvest, operator = stores
+    key = forget.lock_key(ALICE)
+
+    def forget_could_lock() -> bool:  # what forget_owner takes first, tried from elsewhere
+        with operator.transaction() as session:
+            taken = session.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key})
+            return bool(taken.scalar_one())
+
+    with forget.held_off(harvest, ALICE) as session:
+        assert forget.is_held_off(session, ALICE)
+        assert not forget.is_held_off(session, Scope.owner("bob"))
+        assert not forget_could_lock()  # held before any statement of the harvest's own
+    assert forget_could_lock()  # the commit let go
+
+
+def test_record_harvest_refuses_a_transaction_that_does_not_hold_off_a_forget(
+    store: Store,
+) -> None:
+    chat = transcript("We decided to adopt Kotlin.")
+    plan = plan_harvest(store.settings, chat, owner=None, provenance="compaction")
+    with store.transaction() as session:
+        ready = look_up(session, store.settings, plan)
+        assert ready is not None
+        found = extract_notes(plan, ready, store.settings)
+        assert not isinstance(found, HarvestOutcome)
+        with pytest.raises(RuntimeError, match="held_off"):
+            record_harvest(session, store.settings, plan, ready, found)
+    assert store.fingerprint(plan.scope)[0] == 0
+
+
 def test_sqlite_grants_every_lock(make_store: Callable[[str], Store]) -> None:
     store = make_store("sqlite")
     first = store.transcript_lock(ALICE, DIGEST)
@@ -170,7 +204,7 @@ def test_a_job_whose_transcript_is_held_elsewhere_waits_then_finds_its_ledger_ro
             assert job_state(store, job_id) == "running" and runner.is_alive()
             # The other worker harvests it and commits its ledger row before it lets go.
             server.script(answer([note("Adopted Kotlin", type="decision")]))
-            with other.transaction() as session:
+            with forget.held_off(other, plan.scope) as session:
                 ready = look_up(session, other.settings, plan)
                 assert ready is not None
                 found = extract_notes(plan, ready, other.settings)

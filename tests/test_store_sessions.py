@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from store import Store
+from store import Store, StoreError
 from store.models import HousekeepingState
 
 
@@ -40,4 +40,30 @@ def test_a_transaction_after_statements_is_still_one_transaction(
         with store.statements() as session:
             session.execute(select(1))
         write_then_fail(store.transaction(), "rolled-back")
+    assert names(store) == []
+
+
+def test_a_transaction_with_an_opening_statement_is_one_transaction(
+    store: Store, backend: str
+) -> None:
+    # On PostgreSQL the opening rides in the BEGIN's message on an autocommit connection:
+    # the writes after it must still roll back together and commit together.
+    for _ in range(3):  # and leave the pooled connection fit for the next transaction
+        write_then_fail(store.transaction(opening="SELECT 1"), "rolled-back")
+        write_then_fail(store.transaction(), "rolled-back-too")
+    assert names(store) == []
+    with store.transaction(opening="SELECT 1") as session:
+        session.execute(insert(HousekeepingState).values(name="first", watermark=1))
+        session.execute(insert(HousekeepingState).values(name="second", watermark=1))
+    assert sorted(names(store)) == ["first", "second"]
+
+
+def test_a_failed_statement_inside_an_opened_transaction_keeps_nothing(store: Store) -> None:
+    def run() -> None:
+        with store.transaction(opening="SELECT 1") as session:
+            session.execute(insert(HousekeepingState).values(name="written", watermark=1))
+            session.execute(insert(HousekeepingState).values(name="written", watermark=1))
+
+    with pytest.raises(StoreError):  # the second row breaks the primary key
+        run()
     assert names(store) == []
