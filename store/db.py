@@ -32,7 +32,16 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
-        engine = create_engine(parsed, pool_size=pool_size, max_overflow=pool_size)
+        # psycopg's own automatic preparation is off: once it has prepared a statement, a
+        # rollback makes it DEALLOCATE ALL on the connection, which would drop the hot
+        # statements ``store.prepared`` keeps prepared there too (those are the ones run
+        # often enough to be worth preparing).
+        engine = create_engine(
+            parsed,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            connect_args={"prepare_threshold": None},
+        )
         _ping_when_idle(engine)
         return engine
     engine = create_engine(parsed, connect_args={"timeout": 30})

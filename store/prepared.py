@@ -1,24 +1,34 @@
-"""PostgreSQL: a harvest's hot statements sent straight to the driver, prepared.
+"""PostgreSQL: a harvest's hot statements sent straight to libpq, prepared.
 
 Each statement is still built once with SQLAlchemy Core and compiled by the session's own
-PostgreSQL dialect; what is skipped is SQLAlchemy's per-execution work (the compiled-cache
-lookup, the execution context, the result object: 50 to 70 µs of CPU a statement, twice that
-for an ORM one, on top of the driver's own 60 to 90 µs, measured here). A job runs eight of
-them: that work was about a fifth of a job's CPU (``run_job`` 5.5 / 6.1 / 4.4 ms before,
-4.1 / 5.2 / 3.4 ms after, alternating).
+PostgreSQL dialect (with ``$1`` placeholders); its parameters go through the same bind
+processors and psycopg's own adapters (the connection's ``Transformer``), and its rows come
+back as psycopg loads them, as tuples whose fields are also named by column. What is skipped
+is SQLAlchemy's per-execution work (the compiled-cache lookup, the execution context, the
+result object) and psycopg's cursor (its query conversion, its generator-driven wait loop,
+its row factory): a small UPDATE costs about 140 µs of CPU through a psycopg cursor and 55 to
+70 µs through libpq, and ``run_job`` 9.2 M instructions before, 8.3 M after (callgrind).
 
-What reaches the driver is what SQLAlchemy would send: the parameters go through the same
-bind processors, and the rows come back as the driver hands them to SQLAlchemy (named
-tuples here). A driver error is raised as SQLAlchemy would raise it (``DBAPIError`` and its
-kinds, the connection invalidated on a disconnect), so ``Store``'s failure handling is
-unchanged. On SQLite the statement runs through ``session.execute``.
+A statement is prepared once per connection under a name of Gleaner's own (psycopg's are
+``_pg3_*``), for each set of parameter types it is sent with. A driver error is raised as
+SQLAlchemy would raise it (``DBAPIError`` and its kinds, the connection invalidated on a
+disconnect), so ``Store``'s failure handling is unchanged.
+
+A statement that would open a transaction (a connection out of autocommit with none open)
+goes through psycopg's cursor, which sends the BEGIN its settings ask for; the following
+statements of that transaction take the short path. On SQLite a statement runs through
+``session.execute``.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import weakref
-from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from collections import namedtuple
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import CursorResult, Dialect
 from sqlalchemy.exc import DBAPIError
@@ -26,8 +36,42 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg.abc import Transformer
+
+# Most statements kept prepared on one connection (psycopg's own default bound).
+MAX_PREPARED = 100
+# SQLSTATE 26000: the server has no prepared statement of that name (something ran
+# DEALLOCATE or DISCARD ALL on the connection).
+_NO_SUCH_STATEMENT = "26000"
+
+
+@dataclass
+class _Plan:
+    """One statement compiled for libpq: ``$n`` SQL and the parameter names in ``$n`` order."""
+
+    compiled: SQLCompiler
+    sql: bytes
+    names: tuple[str, ...]
+    processors: tuple[Callable[[Any], Any] | None, ...]
+    row: Callable[[Sequence[Any]], tuple[Any, ...]] | None = None  # built from the first result
+
+
+@dataclass
+class _Driver:
+    """What one psycopg connection keeps for the short path: its adapters, and the names
+    of the statements prepared on it by SQL and parameter types, oldest first."""
+
+    transformer: Transformer
+    prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = field(default_factory=dict)
+
+
 # Compiled once per statement object: callers pass statements built at import.
-_compiled: weakref.WeakKeyDictionary[Executable, SQLCompiler] = weakref.WeakKeyDictionary()
+_plans: weakref.WeakKeyDictionary[Executable, _Plan] = weakref.WeakKeyDictionary()
+_drivers: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Driver] = weakref.WeakKeyDictionary()
+# Numbers of the statements' names (a generator would not be safe across threads).
+_numbers = itertools.count(1)
 
 
 def execute(session: Session, statement: Executable, params: Mapping[str, Any]) -> Sequence[Any]:
@@ -39,25 +83,17 @@ def execute(session: Session, statement: Executable, params: Mapping[str, Any]) 
         if isinstance(result, CursorResult) and not result.returns_rows:
             return []  # an UPDATE or a lock, say (an ORM statement's result always has rows)
         return result.all()
-    compiled = _compile(statement, bind.dialect)
-    values = dict(compiled.construct_params(dict(params)) or {})
-    for name, process in compiled._bind_processors.items():
-        if name in values:
-            # A sequence of processors is for tuple-typed parameters, which no statement
-            # sent here has.
-            assert callable(process), f"tuple-typed parameter {name!r}"
-            values[name] = process(values[name])
+    plan = _plan(statement, bind.dialect)
+    values = plan.compiled.construct_params(dict(params)) or {}
+    args = [
+        value if process is None else process(value)
+        for value, process in zip((values[n] for n in plan.names), plan.processors, strict=True)
+    ]
     connection = session.connection()
     driver = connection.connection.driver_connection
     assert driver is not None
-    # Imported here, not at the top: SQLite read commands import this module and must not
-    # pay for psycopg (tests/test_startup_imports.py); after the first call it is a lookup.
-    from psycopg.rows import namedtuple_row
-
     try:
-        with driver.cursor(row_factory=namedtuple_row) as cursor:
-            cursor.execute(compiled.string, values, prepare=True)
-            return cursor.fetchall() if cursor.description is not None else []
+        return _run(driver, plan, args)
     except bind.dialect.loaded_dbapi.Error as exc:
         gone = bind.dialect.is_disconnect(exc, driver, None)
         if gone:
@@ -66,17 +102,112 @@ def execute(session: Session, statement: Executable, params: Mapping[str, Any]) 
             connection.engine.pool._invalidate(connection.connection, exc)
             connection.invalidate(exc)
         raise DBAPIError.instance(
-            compiled.string,
-            values,
+            plan.compiled.string,
+            args,
             exc,
             bind.dialect.loaded_dbapi.Error,
             connection_invalidated=gone,
         ) from exc
 
 
-def _compile(statement: Executable, dialect: Dialect) -> SQLCompiler:
-    found = _compiled.get(statement)
+def _run(
+    driver: psycopg.Connection[Any], plan: _Plan, args: list[Any], *, again: bool = True
+) -> Sequence[Any]:
+    # Imported here, not at the top: SQLite read commands import this module and must not
+    # pay for psycopg (tests/test_startup_imports.py); after the first call it is a lookup.
+    from psycopg import errors, pq
+    from psycopg.adapt import PyFormat
+
+    pgconn = driver.pgconn
+    if not driver.autocommit and pgconn.transaction_status == pq.TransactionStatus.IDLE:
+        return _through_cursor(driver, plan, args)  # it sends the BEGIN
+    state = _drivers.get(driver)
+    if state is None:
+        from psycopg.adapt import Transformer
+
+        state = _drivers[driver] = _Driver(Transformer(driver))
+    transformer = state.transformer
+    dumped = transformer.dump_sequence(args, [PyFormat.AUTO] * len(args))
+    types = transformer.types or ()
+    key = (plan.sql, tuple(types))
+    name = state.prepared.get(key)
+    if name is None:
+        if len(state.prepared) >= MAX_PREPARED:  # as psycopg does: the oldest goes
+            oldest = next(iter(state.prepared))
+            pgconn.exec_(b"DEALLOCATE " + state.prepared.pop(oldest))
+        name = f"gleaner_{next(_numbers)}".encode()
+        made = pgconn.prepare(name, plan.sql, types)
+        if made.status != pq.ExecStatus.COMMAND_OK:
+            raise errors.error_from_result(made, encoding=driver.info.encoding)
+        state.prepared[key] = name
+    # NULL parameters are None: libpq's own convention, which psycopg's stubs leave out.
+    result = pgconn.exec_prepared(name, cast(Any, dumped), transformer.formats)
+    status = result.status
+    if status == pq.ExecStatus.COMMAND_OK:
+        return []
+    if status != pq.ExecStatus.TUPLES_OK:
+        failure = errors.error_from_result(result, encoding=driver.info.encoding)
+        if failure.sqlstate != _NO_SUCH_STATEMENT:
+            raise failure
+        state.prepared.clear()  # someone deallocated them: prepare again
+        if not again or pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            raise failure  # the failure aborted the transaction: its caller retries it
+        return _run(driver, plan, args, again=False)
+    if plan.row is None:
+        fields = [(result.fname(n) or b"").decode() for n in range(result.nfields)]
+        plan.row = _row_type(fields)
+    transformer.set_pgresult(result)
+    return transformer.load_rows(0, result.ntuples, plan.row)
+
+
+def _through_cursor(driver: psycopg.Connection[Any], plan: _Plan, args: list[Any]) -> Sequence[Any]:
+    from psycopg import RawCursor
+
+    with RawCursor(driver) as cursor:
+        cursor.execute(plan.sql, args, prepare=True)
+        if cursor.description is None:
+            return []
+        if plan.row is None:
+            fields = [column.name for column in cursor.description]
+            plan.row = _row_type(fields)
+        return [plan.row(row) for row in cursor.fetchall()]
+
+
+def _row_type(fields: list[str]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """Rows as tuples named by column (psycopg's ``namedtuple_row`` does the same)."""
+    row: Callable[[Sequence[Any]], tuple[Any, ...]] = cast(
+        Any, namedtuple("Row", fields, rename=True)
+    )._make
+    return row
+
+
+def _plan(statement: Executable, dialect: Dialect) -> _Plan:
+    found = _plans.get(statement)
     if found is None:
-        compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
-        found = _compiled[statement] = cast(SQLCompiler, compiled)
+        compiled = cast(SQLCompiler, statement.compile(dialect=_dollar(dialect)))  # type: ignore[attr-defined]
+        names = tuple(compiled.positiontup or ())
+        processors = compiled._bind_processors
+        for name in names:
+            # A sequence of processors is for tuple-typed parameters, which no statement
+            # sent here has.
+            assert callable(processors.get(name, len)), f"tuple-typed parameter {name!r}"
+        found = _plans[statement] = _Plan(
+            compiled,
+            compiled.string.encode(),
+            names,
+            tuple(cast(Callable[[Any], Any] | None, processors.get(n)) for n in names),
+        )
     return found
+
+
+def _dollar(dialect: Dialect) -> Dialect:
+    """The session's dialect, compiling ``$1``-style placeholders (libpq's own)."""
+    found = _dollar_dialects.get(dialect)
+    if found is None:
+        found = copy.copy(dialect)
+        found.paramstyle, found.positional = "numeric_dollar", True
+        _dollar_dialects[dialect] = found
+    return found
+
+
+_dollar_dialects: weakref.WeakKeyDictionary[Dialect, Dialect] = weakref.WeakKeyDictionary()

@@ -3,11 +3,13 @@ and fail as SQLAlchemy fails."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import literal, select, text
 from sqlalchemy.exc import DataError, DBAPIError
+from sqlalchemy.orm import Session
 
 from store import Store, prepared
 from store import jobs as job_records
@@ -97,3 +99,82 @@ def test_a_dropped_connection_is_replaced_after_one_failure(make_store) -> None:
     cause = failed.value.__cause__
     assert isinstance(cause, DBAPIError) and cause.connection_invalidated
     assert backend_pid(store) != first
+
+
+# --- the libpq path (PostgreSQL) ------------------------------------------------------
+
+SEVEN = select(literal(7).label("seven"))
+
+
+class Undo(Exception):
+    """Raised to roll a test's transaction back."""
+
+
+def rolled_back(store: Store, work: Callable[[Session], None]) -> None:
+    """Run ``work`` in a transaction, then roll it back."""
+    try:
+        with store.transaction() as session:
+            work(session)
+            raise Undo
+    except Undo:
+        pass
+
+
+def test_statements_stay_prepared_through_a_rollback_on_their_connection(make_store) -> None:  # type: ignore[no-untyped-def]
+    # psycopg, once it has prepared a statement of its own, answers a rollback with
+    # DEALLOCATE ALL; the store turns its automatic preparation off so that never happens.
+    store = make_store("postgresql", db_pool_size=1)
+    pid = backend_pid(store)
+    with store.statements() as session:
+        assert list(prepared.execute(session, SEVEN, {})) == [(7,)]
+
+    def count_often(session: Session) -> None:
+        for _ in range(10):  # often enough for psycopg to have prepared it, were it on
+            session.execute(text("SELECT count(*) FROM jobs")).scalar_one()
+
+    rolled_back(store, count_often)
+    with store.transaction(opening="SELECT 1") as session:  # in a transaction: no retry
+        assert list(prepared.execute(session, SEVEN, {})) == [(7,)]
+    assert backend_pid(store) == pid  # one connection all along
+
+
+def test_a_deallocated_statement_is_prepared_again(make_store) -> None:  # type: ignore[no-untyped-def]
+    store = make_store("postgresql", db_pool_size=1)
+    with store.statements() as session:
+        prepared.execute(session, SEVEN, {})
+        session.connection().exec_driver_sql("DEALLOCATE ALL")
+        # Outside a transaction the statement is prepared again and sent once more.
+        assert list(prepared.execute(session, SEVEN, {})) == [(7,)]
+        session.connection().exec_driver_sql("DEALLOCATE ALL")
+    # Inside one the failure has aborted it: the caller's retry finds it prepared again.
+    with pytest.raises(StorageFailure), store.transaction(opening="SELECT 1") as session:
+        prepared.execute(session, SEVEN, {})
+    with store.transaction(opening="SELECT 1") as session:
+        assert list(prepared.execute(session, SEVEN, {})) == [(7,)]
+
+
+def test_a_parameter_sent_with_other_types_gets_a_statement_of_its_own(make_store) -> None:  # type: ignore[no-untyped-def]
+    store = make_store("postgresql")
+    doubled = text("SELECT :n * 2 AS twice")
+    with store.statements() as session:
+        # psycopg sends a small int as int2 and a large one as int8, a float as float8.
+        for value in (3, 2**40, 1.5, 3):
+            (row,) = prepared.execute(session, doubled, {"n": value})
+            assert row.twice == value * 2
+
+
+def test_the_first_statement_of_a_transaction_opens_it(make_store) -> None:  # type: ignore[no-untyped-def]
+    # Out of autocommit, the first statement goes through psycopg's cursor, which sends the
+    # BEGIN: a claim in a transaction that then fails is rolled back with it.
+    store = make_store("postgresql")
+    job_id = add_job(store)
+
+    def claim(session: Session) -> None:
+        claimed = job_records.claim(session, job_id, lease=timedelta(seconds=60), token="t1")
+        assert claimed is not None
+        (again,) = prepared.execute(session, select(Job.state).where(Job.id == job_id), {})
+        assert again.state == "running"  # the second statement, on the libpq path
+
+    rolled_back(store, claim)
+    with store.transaction() as session:
+        assert session.execute(select(Job.state, Job.attempts)).one() == ("pending", 0)
