@@ -25,8 +25,9 @@ import weakref
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, TextClause, text
 
+from store import prepared
 from store.errors import StorageFailure
 from store.schemas import Scope
 from store.sql import scope_key
@@ -35,10 +36,11 @@ from store.sql import scope_key
 # connection); contention is rare, so the poll starts short and backs off.
 FIRST_POLL_SECONDS = 0.05
 MAX_POLL_SECONDS = 1.0
-# Sent on the driver's own connection, prepared once: two of these run per harvest, and
-# SQLAlchemy's statement handling would cost more CPU than the round trip itself.
-_TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
-_UNLOCK = "SELECT pg_advisory_unlock(%s)"
+# Sent on the driver's own connection, prepared (``store.prepared.on_driver``): two of these
+# run per harvest, and SQLAlchemy's statement handling would cost more CPU than the round
+# trip itself.
+_TRY_LOCK = text("SELECT pg_try_advisory_lock(:key)")
+_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
 
 
 class ProcessLocks:
@@ -52,7 +54,7 @@ class ProcessLocks:
         self._changed = threading.Condition()
         self.enabled = engine.dialect.name == "postgresql"
 
-    def _run(self, statement: str, key: int) -> bool:
+    def _run(self, statement: TextClause, key: int) -> bool:
         try:
             if self._connection is None or self._connection.closed:
                 # Outside the store's pool: a caller may hold the last pooled connection
@@ -61,8 +63,10 @@ class ProcessLocks:
                 cargs, cparams = dialect.create_connect_args(self._engine.url)
                 self._connection = dialect.connect(*cargs, **cparams)
                 self._connection.autocommit = True
-            row = self._connection.execute(statement, (key,), prepare=True).fetchone()
-            return bool(row[0])
+            ((held,),) = prepared.on_driver(
+                self._connection, self._engine.dialect, statement, {"key": key}
+            )
+            return bool(held)
         except self._engine.dialect.loaded_dbapi.Error as exc:
             # The session (and every lock on it) is gone; the next call reconnects.
             broken, self._connection = self._connection, None

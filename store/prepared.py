@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import CursorResult, Dialect
+from sqlalchemy import Connection, CursorResult, Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
@@ -83,17 +83,11 @@ def execute(session: Session, statement: Executable, params: Mapping[str, Any]) 
         if isinstance(result, CursorResult) and not result.returns_rows:
             return []  # an UPDATE or a lock, say (an ORM statement's result always has rows)
         return result.all()
-    plan = _plan(statement, bind.dialect)
-    values = plan.compiled.construct_params(dict(params)) or {}
-    args = [
-        value if process is None else process(value)
-        for value, process in zip((values[n] for n in plan.names), plan.processors, strict=True)
-    ]
-    connection = session.connection()
+    connection = _connection(session)
     driver = connection.connection.driver_connection
     assert driver is not None
     try:
-        return _run(driver, plan, args)
+        return on_driver(driver, bind.dialect, statement, params)
     except bind.dialect.loaded_dbapi.Error as exc:
         gone = bind.dialect.is_disconnect(exc, driver, None)
         if gone:
@@ -102,12 +96,44 @@ def execute(session: Session, statement: Executable, params: Mapping[str, Any]) 
             connection.engine.pool._invalidate(connection.connection, exc)
             connection.invalidate(exc)
         raise DBAPIError.instance(
-            plan.compiled.string,
-            args,
+            _plan(statement, bind.dialect).compiled.string,
+            dict(params),
             exc,
             bind.dialect.loaded_dbapi.Error,
             connection_invalidated=gone,
         ) from exc
+
+
+def on_driver(
+    driver: psycopg.Connection[Any],
+    dialect: Dialect,
+    statement: Executable,
+    params: Mapping[str, Any],
+) -> Sequence[Any]:
+    """``execute`` on a psycopg connection of ``dialect``'s database outside any session
+    (``store.locks``' own connection); raises the driver's own errors."""
+    plan = _plan(statement, dialect)
+    values = plan.compiled.construct_params(dict(params)) or {}
+    args = [
+        value if process is None else process(value)
+        for value, process in zip((values[n] for n in plan.names), plan.processors, strict=True)
+    ]
+    return _run(driver, plan, args)
+
+
+def _connection(session: Session) -> Connection:
+    """The session's connection, asked of the session once per transaction (each ask walks
+    its state machine: a few per cent of a harvest job's CPU)."""
+    known = session.info.get(_CONNECTION)
+    if known is not None and known[0] is session.get_transaction():
+        return cast(Connection, known[1])
+    connection = session.connection()
+    session.info[_CONNECTION] = (session.get_transaction(), connection)
+    return connection
+
+
+# Where ``_connection`` keeps the session's transaction and its connection.
+_CONNECTION = "gleaner.prepared_connection"
 
 
 def _run(
