@@ -167,9 +167,7 @@ def _slice_text(text: str, budget: int, encoding: Encoding | None) -> list[tuple
 def _packed(blocks: list[str], budget: int, encoding: Encoding | None) -> Iterator[tuple[str, int]]:
     """The chunks of :func:`pack_chunks`, each with its tokens as packing counted them (each
     block once, plus one per joining newline); ``encoding`` None: estimated."""
-    # A token is at least one UTF-8 byte, so text of at most ``budget`` bytes fits: the
-    # usual short transcript is one chunk without being tokenized for packing.
-    if sum(len(b.encode("utf-8", "surrogatepass")) + 1 for b in blocks) <= budget:
+    if _fits(blocks, budget):
         if blocks:
             text = "\n".join(blocks)
             yield text, _count(text, encoding)
@@ -193,6 +191,12 @@ def _packed(blocks: list[str], budget: int, encoding: Encoding | None) -> Iterat
         yield "\n".join(current), used
 
 
+def _fits(blocks: list[str], budget: int) -> bool:
+    """True when the blocks joined fit in ``budget`` tokens without counting them: a token
+    is at least one UTF-8 byte, so text of at most ``budget`` bytes fits."""
+    return sum(len(b.encode("utf-8", "surrogatepass")) + 1 for b in blocks) <= budget
+
+
 def pack_chunks(blocks: Iterable[str], budget: int, encoding: Encoding | None = None) -> list[str]:
     """Join blocks with newlines into chunks of at most ``budget`` tokens (cl100k, or
     ``encoding``), in order.
@@ -200,7 +204,10 @@ def pack_chunks(blocks: Iterable[str], budget: int, encoding: Encoding | None = 
     A block over the budget on its own (a long line, an unbroken word) is cut at token
     boundaries; nothing tokenizes more than PIECE_CHARS characters at once.
     """
-    return [text for text, _ in _packed(list(blocks), budget, _tokenizer(encoding))]
+    listed = list(blocks)
+    if _fits(listed, budget):  # the usual short transcript: one chunk, never tokenized
+        return ["\n".join(listed)] if listed else []
+    return [text for text, _ in _packed(listed, budget, _tokenizer(encoding))]
 
 
 def chunk_sizes(blocks: Iterable[str], budget: int, encoding: Encoding | None = None) -> list[int]:

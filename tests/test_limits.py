@@ -367,6 +367,16 @@ def test_a_long_unbroken_word_is_counted_and_chunked_in_bounded_pieces(spy: SpyE
     assert sum(chunk_sizes([block], 6_000, spy)) == tokens
 
 
+def test_a_short_transcript_is_one_chunk_without_being_tokenized(spy: SpyEncoding) -> None:
+    # A token is at least one byte: blocks of at most the budget's bytes fit untokenized
+    # (a job's chunking did tokenize them, for a count nothing read).
+    blocks = ["User: I prefer vim.", "Assistant: noted."]
+    assert pack_chunks(blocks, 40, spy) == ["User: I prefer vim.\nAssistant: noted."]
+    assert spy.longest == 0
+    assert pack_chunks([], 40, spy) == []
+    assert len(pack_chunks(blocks, 10, spy)) == 2 and spy.longest > 0  # over: counted
+
+
 def test_counts_are_exact_where_the_text_has_spaces(spy: SpyEncoding) -> None:
     rng = random.Random(3)
     separators = [" ", "  ", "\n", "\n\n  ", " \t ", "   "]
