@@ -80,11 +80,10 @@ class Store:
             # On an autocommit connection psycopg sends no BEGIN of its own, and its
             # commit() and rollback() end whatever transaction the server is in: the one
             # opened here. The simple query protocol (no parameters) runs both statements.
+            from store import prepared
+
             with self.statements() as session:
-                session.connection().exec_driver_sql(
-                    f"BEGIN ISOLATION LEVEL READ COMMITTED; {opening}",
-                    execution_options={"no_parameters": True},
-                )
+                prepared.simple(session, f"BEGIN ISOLATION LEVEL READ COMMITTED; {opening}")
                 yield session
             return
         if self._sessionmaker is None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, CursorResult, Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -39,6 +39,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 if TYPE_CHECKING:
     import psycopg
     from psycopg.abc import Transformer
+    from sqlalchemy.engine.interfaces import DBAPIModule
 
 # Most statements kept prepared on one connection (psycopg's own default bound).
 MAX_PREPARED = 100
@@ -89,19 +90,42 @@ def execute(session: Session, statement: Executable, params: Mapping[str, Any]) 
     try:
         return on_driver(driver, bind.dialect, statement, params)
     except bind.dialect.loaded_dbapi.Error as exc:
-        gone = bind.dialect.is_disconnect(exc, driver, None)
-        if gone:
-            # As SQLAlchemy does on a disconnect: the pool drops this connection and every
-            # one opened before it (a restart killed them all), so a retry gets fresh ones.
-            connection.engine.pool._invalidate(connection.connection, exc)
-            connection.invalidate(exc)
-        raise DBAPIError.instance(
-            _plan(statement, bind.dialect).compiled.string,
-            dict(params),
-            exc,
-            bind.dialect.loaded_dbapi.Error,
-            connection_invalidated=gone,
-        ) from exc
+        sql = _plan(statement, bind.dialect).compiled.string
+        raise _failure(connection, exc, sql, dict(params)) from exc
+
+
+def simple(session: Session, sql: str) -> None:
+    """Send ``sql``, statements without parameters separated by semicolons, in one message
+    (the simple query protocol) in ``session``'s transaction; PostgreSQL only. What a harvest
+    opens its write transaction with: the BEGIN and the forget lock (``Store.transaction``)."""
+    from psycopg import errors, pq
+
+    connection = _connection(session)
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    try:
+        result = driver.pgconn.exec_(sql.encode())
+        if result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+            raise errors.error_from_result(result, encoding=driver.info.encoding)
+    except connection.dialect.loaded_dbapi.Error as exc:
+        raise _failure(connection, exc, sql, {}) from exc
+
+
+def _failure(
+    connection: Connection, exc: DBAPIModule.Error, sql: str, params: Mapping[str, Any]
+) -> StatementError:
+    """The driver's error as SQLAlchemy raises it (``DBAPIError`` and its kinds); on a
+    disconnect the connection is invalidated first, as SQLAlchemy does, and the pool drops
+    every one opened before it (a restart killed them all), so a retry gets fresh ones."""
+    dialect = connection.dialect
+    driver = connection.connection.driver_connection
+    gone = dialect.is_disconnect(exc, driver, None)
+    if gone:
+        connection.engine.pool._invalidate(connection.connection, exc)
+        connection.invalidate(exc)
+    return DBAPIError.instance(
+        sql, params, exc, dialect.loaded_dbapi.Error, connection_invalidated=gone
+    )
 
 
 def on_driver(

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from store import Store, StoreError
+from store import StorageFailure, Store, StoreError
 from store.models import HousekeepingState
 
 
@@ -67,3 +67,16 @@ def test_a_failed_statement_inside_an_opened_transaction_keeps_nothing(store: St
     with pytest.raises(StoreError):  # the second row breaks the primary key
         run()
     assert names(store) == []
+
+
+def test_an_opening_that_fails_is_a_storage_failure_and_opens_nothing(store: Store) -> None:
+    def run() -> None:
+        with store.transaction(opening="SELECT * FROM no_such_table") as session:
+            session.execute(insert(HousekeepingState).values(name="never", watermark=1))
+
+    with pytest.raises(StorageFailure, match="no_such_table"):
+        run()
+    write_then_fail(store.transaction(opening="SELECT 1"), "rolled-back")  # usable again
+    with store.transaction(opening="SELECT 1") as session:
+        session.execute(insert(HousekeepingState).values(name="after", watermark=1))
+    assert names(store) == ["after"]
