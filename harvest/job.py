@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -33,6 +33,9 @@ HARVESTER_VERSION = "1"
 PROVENANCES = ("compaction", "import")
 # Transcript terms matched against the owner's keyed notes: the most frequent ones.
 RECALL_TERMS = 200
+
+if TYPE_CHECKING:
+    from store import Executor
 
 
 def harvester_version(settings: Settings) -> str:
@@ -133,14 +136,14 @@ class Ready:
     forget_generation: int
 
 
-def harvested_before(session: Session, plan: Plan) -> bool:
+def harvested_before(session: Executor, plan: Plan) -> bool:
     """True when there is nothing to do: the ledger says this scope already harvested this
     transcript, or the owner forgot it (a tombstone)."""
     return ledger.state(session, plan.scope, plan.digest, plan.version)[1]
 
 
 def look_up(
-    session: Session, settings: Settings, plan: Plan, llm: HarvestLLM | None = None
+    session: Executor, settings: Settings, plan: Plan, llm: HarvestLLM | None = None
 ) -> Ready | None:
     """The ledger check under the transcript's lock: None when it was harvested (or
     forgotten) before, else what extraction needs.
@@ -244,14 +247,14 @@ Nothing_co = TypeVar("Nothing_co", covariant=True)
 class HarvestSteps(Protocol[Nothing_co]):
     """What a caller of ``run_harvest`` does around the shared steps."""
 
-    def begin(self, session: Session) -> Plan | HarvestOutcome | Nothing_co:
+    def begin(self, session: Executor) -> Plan | HarvestOutcome | Nothing_co:
         """In the first transaction: the plan, the outcome already settled, or nothing
         to do."""
 
     def begun(self) -> None:
         """The first transaction committed and the harvest goes on."""
 
-    def end(self, session: Session, outcome: HarvestOutcome) -> None:
+    def end(self, session: Executor, outcome: HarvestOutcome) -> None:
         """In the transaction that settles the outcome (the one that writes the notes)."""
 
     def broke(self, plan: Plan, error: HarvestError | ValueError) -> HarvestOutcome:
@@ -321,7 +324,7 @@ def run_harvest(
 
 def _check(
     steps: HarvestSteps[object],
-    session: Session,
+    session: Executor,
     settings: Settings,
     plan: Plan,
     llm: HarvestLLM | None,
@@ -332,7 +335,7 @@ def _check(
 
 
 def _settle(
-    steps: HarvestSteps[object], session: Session, outcome: HarvestOutcome
+    steps: HarvestSteps[object], session: Executor, outcome: HarvestOutcome
 ) -> HarvestOutcome:
     steps.end(session, outcome)
     return outcome
@@ -348,7 +351,7 @@ class _InProcess:
     provenance: str
     reassign_owner: bool
 
-    def begin(self, session: Session) -> Plan:
+    def begin(self, session: Executor) -> Plan:
         return plan_harvest(
             self.settings,
             self.transcript,
@@ -360,7 +363,7 @@ class _InProcess:
     def begun(self) -> None:
         pass
 
-    def end(self, session: Session, outcome: HarvestOutcome) -> None:
+    def end(self, session: Executor, outcome: HarvestOutcome) -> None:
         pass
 
     def broke(self, plan: Plan, error: HarvestError | ValueError) -> HarvestOutcome:

@@ -10,9 +10,7 @@ import os
 import socket
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any
 
 from harvest.errors import HarvestError
 from harvest.job import Plan, plan_harvest, resolve_owner, run_harvest
@@ -21,6 +19,9 @@ from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Transcript
 from store import Store, format_error, job_leases
 from store import jobs as job_records
+
+if TYPE_CHECKING:
+    from store import Executor
 
 
 def new_jobs(
@@ -115,7 +116,7 @@ class _JobRun:
         )
         self.held = False
 
-    def begin(self, session: Session) -> Plan | HarvestOutcome | None:
+    def begin(self, session: Executor) -> Plan | HarvestOutcome | None:
         settings = self.store.settings
         job = job_records.claim(
             session,
@@ -147,7 +148,7 @@ class _JobRun:
         self.heartbeats.hold(self.job_id, self.token)  # the claim is committed: keep it alive
         self.held = True
 
-    def end(self, session: Session, outcome: HarvestOutcome) -> None:
+    def end(self, session: Executor, outcome: HarvestOutcome) -> None:
         # Recorded only while this delivery holds the job: a run presumed lost that comes
         # back leaves the outcome to the run that took over (the ledger kept the notes single).
         result = outcome.as_dict()

@@ -5,12 +5,13 @@ errors and settings, the text helpers).
 
 The pipeline's seam, for ``harvest``, ``workers``, ``gleaner`` and ``bench`` (functions that
 take the caller's session, so a harvest writes notes, ledger and job outcome in one
-transaction; the reads of ``search`` and ``index`` take a Core connection, a session's being
-``session.connection()``, and ``job_reports`` either): ``notes`` (write, write_batch),
-``similar`` and ``keyed`` (near-duplicates, topic keys), ``ledger``, ``forget``, ``jobs``,
-``job_leases``, ``job_reports``, ``job_status``, ``keys``, ``links``, ``history``, ``index``,
-``search``, ``decay``, ``terms``, ``text``, ``schemas``, ``errors``, ``settings`` and ``db``
-(migrations and revisions).
+transaction; those a step of single statements runs take an ``Executor``, a session or the
+Core connection of ``Store.statements``; the reads of ``search`` and ``index`` take a Core
+connection, a session's being ``session.connection()``, and ``job_reports`` either):
+``notes`` (write, write_batch), ``similar`` and ``keyed`` (near-duplicates, topic keys),
+``ledger``, ``forget``, ``jobs``, ``job_leases``, ``job_reports``, ``job_status``, ``keys``,
+``links``, ``history``, ``index``, ``search``, ``decay``, ``terms``, ``text``, ``schemas``,
+``errors``, ``settings`` and ``db`` (migrations and revisions).
 
 Everything else is internal and may change without notice: the one writer (``writer``,
 ``write_lookup``, ``term_index``, ``drafts``), dialect SQL (``sql``), advisory locks
@@ -55,6 +56,7 @@ _LAZY = {
     ),
     "Settings": "store.settings",
     "load_settings": "store.settings",
+    "Executor": "store.sql",
 }
 
 if TYPE_CHECKING:
@@ -71,6 +73,7 @@ if TYPE_CHECKING:
         WriteResult,
     )
     from store.settings import Settings, load_settings
+    from store.sql import Executor
 else:
 
     def __getattr__(name: str) -> object:
@@ -88,6 +91,7 @@ else:
 
 __all__ = [
     "ConfigError",
+    "Executor",
     "InvalidInput",
     "LinkRefused",
     "LinkResult",

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import (
     Boolean,
@@ -36,6 +36,9 @@ from sqlalchemy.orm import Session
 
 from store import prepared
 from store.models import DONE, FAILED, PENDING, RUNNING, ImportBatch, Job, utcnow
+
+if TYPE_CHECKING:
+    from store.sql import Executor
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,7 @@ def create_import(
 
 
 def add_jobs(
-    session: Session, queue: str, jobs: Sequence[NewJob], *, import_id: str | None = None
+    session: Executor, queue: str, jobs: Sequence[NewJob], *, import_id: str | None = None
 ) -> list[str]:
     """Record pending jobs in one statement; returns their ids (to enqueue after commit)."""
     now = utcnow()
@@ -213,7 +216,7 @@ RELEASED = {"lease_token": None, "claimed_by": None, "heartbeat_at": None}
 
 
 def claim(
-    session: Session,
+    session: Executor,
     job_id: str,
     *,
     lease: timedelta,
@@ -261,7 +264,9 @@ def _cost(result: dict[str, Any] | None) -> dict[str, int]:
     }
 
 
-def finish(session: Session, job_id: str, result: dict[str, Any], token: str | None = None) -> None:
+def finish(
+    session: Executor, job_id: str, result: dict[str, Any], token: str | None = None
+) -> None:
     """Mark a job done, adding the run's model usage to the job's; with ``token``, only
     while that delivery still holds it."""
     values = {"job_id": job_id, "outcome": result, "now": utcnow(), **_cost(result)}
@@ -272,7 +277,7 @@ def finish(session: Session, job_id: str, result: dict[str, Any], token: str | N
 
 
 def fail(
-    session: Session,
+    session: Executor,
     job_id: str,
     error: str,
     token: str | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Integer, bindparam, func, select
 from sqlalchemy.orm import Session
@@ -15,6 +16,9 @@ from store.models import LIVE, Memory, MemoryTerm
 from store.schemas import Scope
 from store.similar import TERM_CHUNK
 from store.sql import ID_CHUNK, one_of
+
+if TYPE_CHECKING:
+    from store.sql import Executor
 
 _KEY_HOLDERS = select(Memory.topic_key, Memory.pinned, Memory.provenance).where(
     Memory.scope_kind == bindparam("kind"),
@@ -80,7 +84,7 @@ def keyed_params(scope: Scope, terms: Sequence[str], limit: int) -> dict[str, ob
 
 
 def keyed_notes(
-    session: Session, scope: Scope, terms: Sequence[str], *, limit: int
+    session: Executor, scope: Scope, terms: Sequence[str], *, limit: int
 ) -> list[KeyedNote]:
     """At most ``limit`` of the scope's live topic-keyed notes: those sharing the most of
     ``terms`` first, then the most recently changed (a fact that changes, "moved to Porto",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from pydantic import field_validator
 from sqlalchemy import bindparam, delete, select
@@ -22,6 +23,9 @@ from store.models import ApiKey as ApiKeyRow
 from store.models import utcnow
 from store.schemas import Frozen
 from store.text import check_principal
+
+if TYPE_CHECKING:
+    from store.sql import Executor
 
 TOKEN_PREFIX = "glk_"  # noqa: S105 (a marker that says what the string is, not a secret)
 # A token far longer than any real one is refused before it is hashed.
@@ -82,7 +86,7 @@ def revoke_key(session: Session, key_id: str) -> ApiKey:
     return key
 
 
-def verify_key(session: Session, token: str) -> ApiKey | None:
+def verify_key(session: Executor, token: str) -> ApiKey | None:
     """The key this token is, or None (unknown, revoked, or not a token at all)."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > MAX_TOKEN_CHARS:
         return None

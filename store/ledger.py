@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import Table, bindparam, exists, func, select, true
 from sqlalchemy.dialects import postgresql, sqlite
@@ -15,6 +15,9 @@ from store import forget, keyed, prepared
 from store.models import ForgottenOwner, ForgottenTranscript, HarvestLedger, utcnow
 from store.schemas import Scope
 from store.sql import dialect_name
+
+if TYPE_CHECKING:
+    from store.sql import Executor
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ _RECORD = {
 }
 
 
-def state(session: Session, scope: Scope, digest: str, version: str) -> tuple[int, bool]:
+def state(session: Executor, scope: Scope, digest: str, version: str) -> tuple[int, bool]:
     """``(generation, done)``: how many times the owner was forgotten, and whether there is
     nothing to do for this transcript (forgotten: a tombstone; or this scope's ledger holds
     it at this harvester version). What a harvest checks under the transcript's lock."""
@@ -94,7 +97,7 @@ def state(session: Session, scope: Scope, digest: str, version: str) -> tuple[in
 
 
 def check(
-    session: Session, scope: Scope, digest: str, version: str, terms: Sequence[str], *, keys: int
+    session: Executor, scope: Scope, digest: str, version: str, terms: Sequence[str], *, keys: int
 ) -> tuple[int, bool, list[keyed.KeyedNote]]:
     """``state``, and when there is something to do, at most ``keys`` of the scope's keyed
     notes ranked by ``terms`` (``keyed.keyed_notes``). On PostgreSQL one statement: the

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from psycopg.abc import Transformer
     from sqlalchemy.engine.interfaces import DBAPIModule
 
+    from store.sql import Executor
+
 # Most statements kept prepared on one connection (psycopg's own default bound).
 MAX_PREPARED = 100
 # SQLSTATE 26000: the server has no prepared statement of that name (something ran
@@ -75,22 +77,23 @@ _drivers: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Driver] = weakref.
 _numbers = itertools.count(1)
 
 
-def execute(session: Session, statement: Executable, params: Mapping[str, Any]) -> Sequence[Any]:
-    """Run ``statement`` with ``params`` in ``session``'s transaction; its rows (empty for a
-    statement that returns none), each a tuple whose fields are also named by column."""
-    bind = session.get_bind()
-    if bind.dialect.name != "postgresql":
+def execute(session: Executor, statement: Executable, params: Mapping[str, Any]) -> Sequence[Any]:
+    """Run ``statement`` with ``params`` in ``session``'s transaction (a session's or a Core
+    connection's); its rows (empty for a statement that returns none), each a tuple whose
+    fields are also named by column."""
+    connection = _connection(session)
+    dialect = connection.dialect
+    if dialect.name != "postgresql":
         result = session.execute(statement, params)
         if isinstance(result, CursorResult) and not result.returns_rows:
             return []  # an UPDATE or a lock, say (an ORM statement's result always has rows)
         return result.all()
-    connection = _connection(session)
     driver = connection.connection.driver_connection
     assert driver is not None
     try:
-        return on_driver(driver, bind.dialect, statement, params)
-    except bind.dialect.loaded_dbapi.Error as exc:
-        sql = _plan(statement, bind.dialect).compiled.string
+        return on_driver(driver, dialect, statement, params)
+    except dialect.loaded_dbapi.Error as exc:
+        sql = _plan(statement, dialect).compiled.string
         raise _failure(connection, exc, sql, dict(params)) from exc
 
 
@@ -145,9 +148,11 @@ def on_driver(
     return _run(driver, plan, args)
 
 
-def _connection(session: Session) -> Connection:
+def _connection(session: Executor) -> Connection:
     """The session's connection, asked of the session once per transaction (each ask walks
-    its state machine: a few per cent of a harvest job's CPU)."""
+    its state machine: a few per cent of a harvest job's CPU); a connection is its own."""
+    if isinstance(session, Connection):
+        return session
     known = session.info.get(_CONNECTION)
     if known is not None and known[0] is session.get_transaction():
         return cast(Connection, known[1])

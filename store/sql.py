@@ -19,10 +19,11 @@ import hashlib
 import math
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy import (
     Boolean,
+    Connection,
     DateTime,
     Float,
     any_,
@@ -46,6 +47,11 @@ if TYPE_CHECKING:
     from sqlalchemy.sql.compiler import SQLCompiler
 
 # Core only (no ORM, no PostgreSQL dialect at import): `gleaner search` imports this module.
+
+# What a store function runs its statements on: an ORM session (a write, which may use the
+# ORM's bulk statements) or a Core connection (``Store.statements``: steps of single Core
+# statements, without the session's bookkeeping). A string, so this module stays Core only.
+Executor: TypeAlias = "Session | Connection"
 
 ID_CHUNK = 500
 FLOAT_SLACK = 1e-9
@@ -77,12 +83,16 @@ def xact_locks(session: Session, keys: Sequence[int]) -> None:
         )
 
 
-def dialect_name(session: Session | str) -> str:
+def dialect_name(session: Executor | str) -> str:
     """The dialect of ``session``'s database (a name passes through)."""
-    return session if isinstance(session, str) else session.get_bind().dialect.name
+    if isinstance(session, str):
+        return session
+    if isinstance(session, Connection):
+        return session.dialect.name
+    return session.get_bind().dialect.name
 
 
-def dialect_insert(session: Session | str, table: Any) -> Any:
+def dialect_insert(session: Executor | str, table: Any) -> Any:
     """The dialect's INSERT for ``table`` (PostgreSQL or SQLite: both have ON CONFLICT), for a
     session or a dialect name."""
     from sqlalchemy.dialects import postgresql, sqlite

@@ -140,12 +140,12 @@ def test_statements_stay_prepared_through_a_rollback_on_their_connection(make_st
 
 def test_a_deallocated_statement_is_prepared_again(make_store) -> None:  # type: ignore[no-untyped-def]
     store = make_store("postgresql", db_pool_size=1)
-    with store.statements() as session:
-        prepared.execute(session, SEVEN, {})
-        session.connection().exec_driver_sql("DEALLOCATE ALL")
+    with store.statements() as connection:
+        prepared.execute(connection, SEVEN, {})
+        connection.exec_driver_sql("DEALLOCATE ALL")
         # Outside a transaction the statement is prepared again and sent once more.
-        assert list(prepared.execute(session, SEVEN, {})) == [(7,)]
-        session.connection().exec_driver_sql("DEALLOCATE ALL")
+        assert list(prepared.execute(connection, SEVEN, {})) == [(7,)]
+        connection.exec_driver_sql("DEALLOCATE ALL")
     # Inside one the failure has aborted it: the caller's retry finds it prepared again.
     with pytest.raises(StorageFailure), store.transaction(opening="SELECT 1") as session:
         prepared.execute(session, SEVEN, {})
