@@ -13,8 +13,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from sqlalchemy.orm import Session
-
 from harvest.errors import HarvestError
 from harvest.extraction import Extraction, run_extraction, uses_model
 from harvest.llm import HarvestLLM
@@ -202,7 +200,7 @@ class RecordedElsewhere(Exception):
 
 
 def record_harvest(
-    session: Session, settings: Settings, plan: Plan, ready: Ready, found: Extraction
+    session: Executor, settings: Settings, plan: Plan, ready: Ready, found: Extraction
 ) -> HarvestOutcome:
     """Write the notes, then the ledger row with the final counts, in the caller's
     transaction; raise RecordedElsewhere when the ledger row cannot be written (another

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING
 
 from harvest.candidate import NoteCandidate
 from harvest.outcome import Counts
@@ -12,6 +11,9 @@ from harvest.transcript import Transcript
 from store import Scope, Settings, keyed, normalize_topics, notes, similar, strip_private
 from store.similar import Twin
 from store.terms import FactText, adds_to, jaccard, similarity_terms
+
+if TYPE_CHECKING:
+    from store import Executor
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class Written:
 
 
 def write_candidates(
-    session: Session,
+    session: Executor,
     settings: Settings,
     scope: Scope,
     candidates: list[NoteCandidate],
@@ -103,7 +105,7 @@ class _SegmentWriter:
 
     def __init__(
         self,
-        session: Session,
+        session: Executor,
         settings: Settings,
         scope: Scope,
         *,

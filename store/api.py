@@ -123,10 +123,31 @@ class Store:
         return self._autocommit_maker
 
     @contextmanager
-    def connection(self) -> Iterator[Connection]:
-        """A Core connection inside one transaction (as ``transaction``, without the ORM)."""
-        with self._failures(), self.engine.begin() as connection:
-            yield connection
+    def connection(self, *, opening: str | None = None) -> Iterator[Connection]:
+        """A Core connection inside one transaction (as ``transaction``, without the ORM):
+        committed on success, rolled back on any error.
+
+        ``opening`` is as ``transaction``'s: on PostgreSQL sent with the BEGIN in one message
+        (a harvest's write transaction opens with its forget lock), elsewhere run first.
+        """
+        if opening is None or self.engine.dialect.name != "postgresql":
+            with self._failures(), self.engine.begin() as connection:
+                if opening is not None:
+                    connection.execute(text(opening))
+                yield connection
+            return
+        from store import prepared
+
+        with self._failures(), self.statements() as connection:
+            # psycopg's commit() and rollback() would end the transaction too, but through
+            # its generator machinery: one message each, straight to libpq, as the BEGIN.
+            prepared.simple(connection, f"BEGIN ISOLATION LEVEL READ COMMITTED; {opening}")
+            try:
+                yield connection
+            except BaseException:
+                prepared.end(connection, commit=False)
+                raise
+            prepared.end(connection, commit=True)
 
     def transcript_lock(self, scope: Scope, digest: str) -> TranscriptLock:
         """This process's advisory lock on one transcript (its redacted hash) in ``scope``,

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import CursorResult, Executable, delete, select, text, update
+from sqlalchemy import Connection, CursorResult, Executable, delete, select, text, update
 from sqlalchemy.orm import Session
 
 from store import prepared
@@ -34,7 +34,7 @@ from store.models import (
     utcnow,
 )
 from store.schemas import Scope
-from store.sql import advisory_key, dialect_insert, dialect_name
+from store.sql import Executor, advisory_key, dialect_insert, dialect_name
 
 if TYPE_CHECKING:
     from store.api import Store
@@ -76,22 +76,27 @@ def _count(session: Session, statement: Executable) -> int:
 _SHARED_LOCK = text("SELECT pg_advisory_xact_lock_shared(:k)")  # built once: a job takes it
 
 
-# Where ``held_off`` marks its session (``Session.info``): a harvest checks it is in one.
+# Where ``held_off`` marks its connection (``Connection.info``) while the transaction lasts:
+# a harvest checks it is in one.
 HELD_OFF = "gleaner.forget_held_off"
 
 
 @contextmanager
-def held_off(store: Store, scope: Scope) -> Iterator[Session]:
-    """A transaction that opens holding off a forget of ``scope``, as ``hold_off`` does (a
-    harvest records its notes in one): on PostgreSQL the lock is sent with the BEGIN, so it
-    costs no round trip of its own."""
+def held_off(store: Store, scope: Scope) -> Iterator[Connection]:
+    """A transaction on a Core connection that opens holding off a forget of ``scope``, as
+    ``hold_off`` does (a harvest records its notes in one): on PostgreSQL the lock is sent
+    with the BEGIN, so it costs no round trip of its own."""
     opening = f"SELECT pg_advisory_xact_lock_shared({lock_key(scope)})"  # an int: no quoting
-    with store.transaction(opening=opening if store.dialect == "postgresql" else None) as session:
-        session.info[HELD_OFF] = scope
-        yield session
+    with store.connection(opening=opening if store.dialect == "postgresql" else None) as held:
+        # The connection's info outlives the transaction (it goes back to the pool with it).
+        held.info[HELD_OFF] = scope
+        try:
+            yield held
+        finally:
+            held.info.pop(HELD_OFF, None)
 
 
-def is_held_off(session: Session, scope: Scope) -> bool:
+def is_held_off(session: Executor, scope: Scope) -> bool:
     """True inside a ``held_off`` transaction for ``scope``."""
     return bool(session.info.get(HELD_OFF) == scope)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
@@ -17,6 +17,9 @@ from sqlalchemy.orm import Session
 from store.errors import NotFound
 from store.models import Memory, MemoryVersion
 from store.schemas import NoteVersion, Scope
+
+if TYPE_CHECKING:
+    from store.sql import Executor
 
 # Why a note's text changed: an explicit-slug or topic-key upsert, mem_save's topic-key
 # upsert, or harvest rewriting a note with a candidate holding the same fact.
@@ -84,7 +87,7 @@ def of_note(note: Memory) -> dict[str, Any]:
     return {column.key: getattr(note, column.key) for column in VERSIONED}
 
 
-def keep(session: Session, versions: Sequence[dict[str, Any]]) -> None:
+def keep(session: Executor, versions: Sequence[dict[str, Any]]) -> None:
     """Insert version rows (``version_values``); the caller owns the transaction."""
     if versions:
         session.execute(insert(MemoryVersion), list(versions))

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Integer, bindparam, func, select
-from sqlalchemy.orm import Session
 
 from store import prepared
 from store.models import LIVE, Memory, MemoryTerm
@@ -27,7 +26,7 @@ _KEY_HOLDERS = select(Memory.topic_key, Memory.pinned, Memory.provenance).where(
 )
 
 
-def protected_keys(session: Session, scope: Scope, keys: Sequence[str]) -> set[str]:
+def protected_keys(session: Executor, scope: Scope, keys: Sequence[str]) -> set[str]:
     """The topic keys of ``keys`` held by a pinned or person-written (``user``) note: no
     harvested text may rewrite those, whatever key it names."""
     wanted = sorted(set(keys))

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import Table, bindparam, exists, func, select, true
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
 
 from store import forget, keyed, prepared
 from store.models import ForgottenOwner, ForgottenTranscript, HarvestLedger, utcnow
@@ -129,7 +128,7 @@ def _state_params(scope: Scope, digest: str, version: str) -> dict[str, str]:
     }
 
 
-def record(session: Session, scope: Scope, entry: LedgerEntry, *, generation: int) -> bool:
+def record(session: Executor, scope: Scope, entry: LedgerEntry, *, generation: int) -> bool:
     """Add the ledger row, with the final counts, as the last write of a harvest; False (and
     nothing written) when another harvest recorded this transcript first or the owner was
     forgotten since ``generation`` (``state``'s first value). The caller

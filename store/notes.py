@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -24,6 +24,9 @@ from store.settings import Settings
 from store.similar import similar_notes
 from store.text import check_text
 from store.writer import Item, Written, write_items
+
+if TYPE_CHECKING:
+    from store.sql import Executor
 
 
 def write(
@@ -130,7 +133,7 @@ class BatchResult:
 
 
 def write_batch(
-    session: Session,
+    session: Executor,
     settings: Settings,
     scope: Scope | tuple[str, str],
     items: Sequence[BatchItem],

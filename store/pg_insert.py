@@ -17,19 +17,21 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import JSON, TextClause, text
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.orm import Session
 
 from store import prepared
 from store.schemas import Scope
 from store.tables import MEMORIES
 
+if TYPE_CHECKING:
+    from store.sql import Executor
+
 
 def insert_notes(
-    session: Session,
+    session: Executor,
     scope: Scope,
     rows: Sequence[Mapping[str, Any]],
     terms: Mapping[str, Sequence[str]],

@@ -22,6 +22,7 @@ statements of that transaction take the short path. On SQLite a statement runs t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import weakref
@@ -32,7 +33,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, CursorResult, Dialect
 from sqlalchemy.exc import DBAPIError, StatementError
-from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
@@ -97,7 +97,7 @@ def execute(session: Executor, statement: Executable, params: Mapping[str, Any])
         raise _failure(connection, exc, sql, dict(params)) from exc
 
 
-def simple(session: Session, sql: str) -> None:
+def simple(session: Executor, sql: str) -> None:
     """Send ``sql``, statements without parameters separated by semicolons, in one message
     (the simple query protocol) in ``session``'s transaction; PostgreSQL only. What a harvest
     opens its write transaction with: the BEGIN and the forget lock (``Store.transaction``)."""
@@ -112,6 +112,17 @@ def simple(session: Session, sql: str) -> None:
             raise errors.error_from_result(result, encoding=driver.info.encoding)
     except connection.dialect.loaded_dbapi.Error as exc:
         raise _failure(connection, exc, sql, {}) from exc
+
+
+def end(connection: Connection, *, commit: bool) -> None:
+    """COMMIT (or ROLLBACK) the transaction ``simple`` opened on an autocommit connection.
+    A rollback that fails (the connection is gone) is left to the pool, which drops the
+    connection: the error being raised already is the one that matters."""
+    if commit:
+        simple(connection, "COMMIT")
+        return
+    with contextlib.suppress(DBAPIError):
+        simple(connection, "ROLLBACK")
 
 
 def _failure(

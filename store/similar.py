@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Integer, bindparam, func, select, text
 from sqlalchemy.orm import Session
@@ -28,6 +28,9 @@ from store.overlap import min_shared
 from store.schemas import Scope, Similar
 from store.sql import FLOAT_SLACK, ID_CHUNK, dialect_name, one_of
 from store.terms import FactText, disagreement, similarity_terms
+
+if TYPE_CHECKING:
+    from store.sql import Executor
 
 SIMILAR_LIMIT = 5
 # A term held by this many notes of the scope counts as common (its postings are not walked
@@ -144,7 +147,7 @@ _POSTINGS_PG = text(
 )
 
 
-def _frequencies(session: Session, scope: Scope, terms: Sequence[str], cap: int) -> dict[str, int]:
+def _frequencies(session: Executor, scope: Scope, terms: Sequence[str], cap: int) -> dict[str, int]:
     found: dict[str, int] = {}
     if dialect_name(session) == "postgresql":
         params = {"kind": scope.kind, "sid": scope.id, "cap": cap, "terms": list(terms)}
@@ -157,7 +160,7 @@ def _frequencies(session: Session, scope: Scope, terms: Sequence[str], cap: int)
     return found
 
 
-def _postings(session: Session, scope: Scope, terms: Sequence[str]) -> dict[str, set[int]]:
+def _postings(session: Executor, scope: Scope, terms: Sequence[str]) -> dict[str, set[int]]:
     found: dict[str, set[int]] = {term: set() for term in terms}
     if dialect_name(session) == "postgresql":
         params = {"kind": scope.kind, "sid": scope.id, "terms": list(terms)}
@@ -182,7 +185,7 @@ class _Candidate:
 
 
 def _candidates(
-    session: Session, ids: Sequence[int], terms: Sequence[str]
+    session: Executor, ids: Sequence[int], terms: Sequence[str]
 ) -> dict[int, _Candidate]:
     """The live notes among ``ids``, each with which of ``terms`` it holds."""
     found: dict[int, _Candidate] = {}
@@ -246,7 +249,7 @@ _SIMILAR = _similar_statement()
 
 
 def _counted_in_sql(
-    session: Session,
+    session: Executor,
     scope: Scope,
     terms: frozenset[str],
     *,
@@ -272,7 +275,7 @@ def _counted_in_sql(
 
 
 def similar_twins_many(
-    session: Session,
+    session: Executor,
     scope: Scope,
     probes: Sequence[tuple[str, str]],
     *,
@@ -374,7 +377,7 @@ _FACT_TEXTS = select(Memory.id, Memory.title, Memory.body, Memory.topics).where(
 )
 
 
-def fact_texts(session: Session, ids: Sequence[int]) -> dict[int, FactText]:
+def fact_texts(session: Executor, ids: Sequence[int]) -> dict[int, FactText]:
     """What the same-fact rule reads of each note in ``ids``."""
     found: dict[int, FactText] = {}
     ordered = sorted(set(ids))
@@ -387,7 +390,7 @@ def fact_texts(session: Session, ids: Sequence[int]) -> dict[int, FactText]:
 
 
 def same_fact_twins(
-    session: Session, scope: Scope, probes: Sequence[FactText], *, threshold: float
+    session: Executor, scope: Scope, probes: Sequence[FactText], *, threshold: float
 ) -> list[tuple[Twin, FactText] | None]:
     """For each probe, the live note of the scope holding the same fact (``store.terms``):
     the best-scoring of its near-duplicates that nothing in title or body contradicts.

@@ -168,7 +168,7 @@ def decayed_weight(dialect: str, now: datetime, half_life_days: float) -> Column
 # single writer.
 
 
-def next_seq(session: Session) -> int:
+def next_seq(session: Executor) -> int:
     """The next value of the store-wide, monotonic ``updated_seq``."""
     if dialect_name(session) == "postgresql":
         return int(session.execute(select(func.nextval("memories_updated_seq_seq"))).scalar_one())
@@ -185,7 +185,7 @@ def seq_expression(session: Session | str) -> Any:
     return select(func.coalesce(func.max(MEMORIES.c.updated_seq), 0) + 1).scalar_subquery()
 
 
-def next_seqs(session: Session, count: int) -> list[int]:
+def next_seqs(session: Executor, count: int) -> list[int]:
     """``count`` new ``updated_seq`` values, ascending, in one statement."""
     if count <= 0:
         return []

@@ -4,14 +4,16 @@ in the same transaction, so duplicate lookups walk postings instead of every not
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import Table, insert, text
-from sqlalchemy.orm import Session
 
 from store.models import MemoryTerm
 from store.schemas import Scope
 from store.sql import dialect_name
+
+if TYPE_CHECKING:
+    from store.sql import Executor
 
 _TERMS = cast(Table, MemoryTerm.__table__)
 # PostgreSQL: every row in one statement (arrays unnested side by side), not one per row.
@@ -21,7 +23,7 @@ _UNNEST_TERMS = text(
 )
 
 
-def insert_terms(session: Session, scope: Scope, rows: Sequence[tuple[int, str]]) -> None:
+def insert_terms(session: Executor, scope: Scope, rows: Sequence[tuple[int, str]]) -> None:
     """Add ``(memory_id, term)`` rows of the scope to the term index."""
     if not rows:
         return

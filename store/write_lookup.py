@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, or_, select
-from sqlalchemy.orm import Session
 
 from store import history, prepared
 from store.drafts import base_slug_of
@@ -19,6 +18,7 @@ from store.schemas import Scope
 from store.sql import ID_CHUNK, one_of
 
 if TYPE_CHECKING:
+    from store.sql import Executor
     from store.writer import Item
 
 
@@ -57,7 +57,7 @@ _SESSION_TWIN = (
 
 
 def session_twin(
-    session: Session, scope: Scope, session_id: str, digest: str
+    session: Executor, scope: Scope, session_id: str, digest: str
 ) -> tuple[int, str] | None:
     """The note of ``session_id`` holding the same content, if any (mem_save's dedup)."""
     row = session.execute(
@@ -68,7 +68,7 @@ def session_twin(
 
 
 def lookup(
-    session: Session, scope: Scope, items: Sequence[Item], *, bases: bool = True
+    session: Executor, scope: Scope, items: Sequence[Item], *, bases: bool = True
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], set[str]]:
     """The scope's rows holding the items' explicit slugs and topic keys (locked; what
     history keeps of each, and ``status``), and (with ``bases``) every slug taken among the

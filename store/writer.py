@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, cast
 
-from sqlalchemy import Table, delete, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Table, bindparam, delete, update
 
 from store import history
 from store.drafts import Draft, base_slug_of, draft_columns
@@ -31,7 +30,7 @@ from store.errors import StorageFailure
 from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
 from store.pg_insert import insert_notes
 from store.schemas import Scope
-from store.sql import dialect_insert, dialect_name, next_seqs, seq_expression
+from store.sql import Executor, dialect_insert, dialect_name, next_seqs, seq_expression
 from store.term_index import insert_terms
 from store.terms import similarity_terms
 from store.write_lookup import free_slug, lookup, session_twin
@@ -91,7 +90,7 @@ class _Plan:
 
 
 def write_items(
-    session: Session,
+    session: Executor,
     scope: Scope,
     items: Sequence[Item],
     *,
@@ -145,7 +144,7 @@ def write_items(
 
 
 def _plan(
-    session: Session,
+    session: Executor,
     scope: Scope,
     pending: Sequence[tuple[int, Item]],
     *,
@@ -280,7 +279,7 @@ _TEXT_KEYS = (
 )
 
 
-def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> list[_Op]:
+def _apply(session: Executor, scope: Scope, ops: list[_Op], *, rows: bool) -> list[_Op]:
     """Write the planned rows and their terms; return the inserts a concurrent writer beat.
 
     With ``rows`` each op gets its row as written (RETURNING every column).
@@ -302,7 +301,7 @@ def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> lis
                 ).one()
             )
     elif updates:
-        session.execute(update(Memory).execution_options(synchronize_session=False), changes)
+        _update_by_id(session, changes)
     if updates:
         session.execute(
             delete(MemoryTerm).where(MemoryTerm.memory_id.in_([op.row_id for op in updates]))
@@ -358,12 +357,26 @@ def _apply(session: Session, scope: Scope, ops: list[_Op], *, rows: bool) -> lis
     return retry
 
 
+def _update_by_id(session: Executor, changes: list[dict[str, Any]]) -> None:
+    """Update rows by their ``id``, one executemany a set of columns: Core's statement, so it
+    runs on a connection as on a session (the ORM's bulk UPDATE by primary key needs a
+    session, and a Core UPDATE given the same rows without its WHERE would update every
+    note). Core sets the columns each row names."""
+    by_columns: dict[frozenset[str], list[dict[str, Any]]] = {}
+    for change in changes:
+        row = {key: value for key, value in change.items() if key != "id"}
+        by_columns.setdefault(frozenset(row), []).append({**row, "row_id": change["id"]})
+    for rows in by_columns.values():
+        session.execute(_UPDATE_BY_ID, rows)
+
+
 def _terms(op: _Op) -> list[str]:
     """The term-index rows of the note ``op`` writes."""
     return sorted(similarity_terms(op.values["title"], op.values["topics"]))
 
 
 _MEMORIES = cast(Table, Memory.__table__)
+_UPDATE_BY_ID = update(_MEMORIES).where(_MEMORIES.c.id == bindparam("row_id"))
 
 
 @functools.cache

@@ -151,6 +151,23 @@ def test_record_harvest_refuses_a_transaction_that_does_not_hold_off_a_forget(
     assert store.fingerprint(plan.scope)[0] == 0
 
 
+def test_the_mark_of_a_held_off_transaction_ends_with_it(make_store) -> None:  # type: ignore[no-untyped-def]
+    # held_off marks its pooled connection, whose info outlives the transaction: the next
+    # transaction on the same connection must not pass for one that holds off a forget.
+    for backend in ("sqlite", "postgresql"):
+        store = make_store(backend, db_pool_size=1)
+        with forget.held_off(store, ALICE) as held:
+            assert forget.is_held_off(held, ALICE)
+            pooled = held.connection.dbapi_connection
+        with store.connection() as again:
+            assert again.connection.dbapi_connection is pooled
+            assert not forget.is_held_off(again, ALICE)
+        with pytest.raises(RuntimeError), forget.held_off(store, ALICE):
+            raise RuntimeError("a failed harvest")
+        with store.connection() as again:
+            assert not forget.is_held_off(again, ALICE)
+
+
 def test_sqlite_grants_every_lock(make_store: Callable[[str], Store]) -> None:
     store = make_store("sqlite")
     first = store.transcript_lock(ALICE, DIGEST)

@@ -205,6 +205,30 @@ def test_batch_revives_archived_note(store: Store) -> None:
     assert note is not None and note.status == "live" and note.body == "c"
 
 
+@pytest.mark.parametrize("executor", ["session", "connection"])
+def test_batch_updates_touch_only_their_notes(store: Store, executor: str) -> None:
+    # Two updates with different columns (one revives an archived note) and a note the
+    # batch does not name: each row is updated by its id, the bystander is left alone.
+    for slug in ("archived", "live", "bystander"):
+        store.write(ALICE, {"title": slug.title(), "body": "before", "slug": slug})
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE memories SET status = 'archived' WHERE slug = 'archived'"))
+    items = [
+        notes.BatchItem({"title": "Archived", "body": "after a", "slug": "archived"}),
+        notes.BatchItem({"title": "Live", "body": "after b", "slug": "live"}),
+    ]
+    opened = store.transaction() if executor == "session" else store.connection()
+    with opened as handle:
+        results = notes.write_batch(handle, store.settings, ALICE, items)
+    assert [r.outcome for r in results] == ["updated", "updated"]
+    found = {n.slug: (n.body, n.status) for n in store.list_notes(ALICE, status=None)}
+    assert found == {
+        "archived": ("after a", "live"),
+        "live": ("after b", "live"),
+        "bystander": ("before", "live"),
+    }
+
+
 def test_empty_and_all_invalid_batches(store: Store) -> None:
     with store.transaction() as session:
         assert notes.write_batch(session, store.settings, ALICE, []) == []
