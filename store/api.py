@@ -53,7 +53,6 @@ class Store:
         self.database_url = database_url or self.settings.database_url
         self.engine: Engine = make_engine(self.database_url, pool_size=self.settings.db_pool_size)
         self._sessionmaker: sessionmaker[Session] | None = None
-        self._autocommit_maker: sessionmaker[Session] | None = None
         self._autocommit_engine: Engine | None = None
 
     @property
@@ -70,30 +69,13 @@ class Store:
         self.engine.dispose()
 
     @contextmanager
-    def transaction(self, *, opening: str | None = None) -> Iterator[Session]:
-        """A session inside one transaction: committed on success, rolled back on any error.
-
-        ``opening`` is a statement without parameters to run first, such as a lock. On
-        PostgreSQL it is sent with the BEGIN, in one message: one round trip for both (a
-        harvest's write transaction opens with its forget lock). Elsewhere it runs first.
-        """
-        if opening is not None and self.engine.dialect.name == "postgresql":
-            # On an autocommit connection psycopg sends no BEGIN of its own, and its
-            # commit() and rollback() end whatever transaction the server is in: the one
-            # opened here. The simple query protocol (no parameters) runs both statements.
-            from store import prepared
-
-            with self._failures(), self._autocommit()() as session, session.begin():
-                prepared.simple(session, f"BEGIN ISOLATION LEVEL READ COMMITTED; {opening}")
-                yield session
-            return
+    def transaction(self) -> Iterator[Session]:
+        """A session inside one transaction: committed on success, rolled back on any error."""
         if self._sessionmaker is None:
             from sqlalchemy.orm import sessionmaker  # the ORM: only for what needs it
 
             self._sessionmaker = sessionmaker(self.engine, expire_on_commit=False)
         with self._failures(), self._sessionmaker() as session, session.begin():
-            if opening is not None:
-                session.execute(text(opening))
             yield session
 
     @contextmanager
@@ -113,22 +95,14 @@ class Store:
         with self._failures(), self._autocommit_engine.connect() as connection:
             yield connection
 
-    def _autocommit(self) -> sessionmaker[Session]:
-        """Sessions on autocommit connections (PostgreSQL), for a transaction opened by hand."""
-        if self._autocommit_maker is None:
-            from sqlalchemy.orm import sessionmaker
-
-            bind = self.engine.execution_options(isolation_level="AUTOCOMMIT")
-            self._autocommit_maker = sessionmaker(bind, expire_on_commit=False)
-        return self._autocommit_maker
-
     @contextmanager
     def connection(self, *, opening: str | None = None) -> Iterator[Connection]:
         """A Core connection inside one transaction (as ``transaction``, without the ORM):
         committed on success, rolled back on any error.
 
-        ``opening`` is as ``transaction``'s: on PostgreSQL sent with the BEGIN in one message
-        (a harvest's write transaction opens with its forget lock), elsewhere run first.
+        ``opening`` is a statement without parameters to run first, such as a lock. On
+        PostgreSQL it is sent with the BEGIN, in one message: one round trip for both (a
+        harvest's write transaction opens with its forget lock). Elsewhere it runs first.
         """
         if opening is None or self.engine.dialect.name != "postgresql":
             with self._failures(), self.engine.begin() as connection:

@@ -1,4 +1,5 @@
-"""``Store.transaction`` and ``Store.statements``: what a failure part-way leaves behind."""
+"""``Store.transaction``, ``Store.connection`` and ``Store.statements``: what a failure
+part-way leaves behind."""
 
 from __future__ import annotations
 
@@ -6,9 +7,8 @@ from contextlib import AbstractContextManager
 
 import pytest
 from sqlalchemy import insert, select
-from sqlalchemy.orm import Session
 
-from store import StorageFailure, Store, StoreError
+from store import Executor, StorageFailure, Store, StoreError
 from store.models import HousekeepingState
 
 
@@ -17,7 +17,7 @@ def names(store: Store) -> list[str]:
         return list(session.execute(select(HousekeepingState.name)).scalars())
 
 
-def write_then_fail(session_of: AbstractContextManager[Session], name: str) -> None:
+def write_then_fail(session_of: AbstractContextManager[Executor], name: str) -> None:
     def run() -> None:
         with session_of as session:
             session.execute(insert(HousekeepingState).values(name=name, watermark=1))
@@ -49,10 +49,10 @@ def test_a_transaction_with_an_opening_statement_is_one_transaction(
     # On PostgreSQL the opening rides in the BEGIN's message on an autocommit connection:
     # the writes after it must still roll back together and commit together.
     for _ in range(3):  # and leave the pooled connection fit for the next transaction
-        write_then_fail(store.transaction(opening="SELECT 1"), "rolled-back")
+        write_then_fail(store.connection(opening="SELECT 1"), "rolled-back")
         write_then_fail(store.transaction(), "rolled-back-too")
     assert names(store) == []
-    with store.transaction(opening="SELECT 1") as session:
+    with store.connection(opening="SELECT 1") as session:
         session.execute(insert(HousekeepingState).values(name="first", watermark=1))
         session.execute(insert(HousekeepingState).values(name="second", watermark=1))
     assert sorted(names(store)) == ["first", "second"]
@@ -60,7 +60,7 @@ def test_a_transaction_with_an_opening_statement_is_one_transaction(
 
 def test_a_failed_statement_inside_an_opened_transaction_keeps_nothing(store: Store) -> None:
     def run() -> None:
-        with store.transaction(opening="SELECT 1") as session:
+        with store.connection(opening="SELECT 1") as session:
             session.execute(insert(HousekeepingState).values(name="written", watermark=1))
             session.execute(insert(HousekeepingState).values(name="written", watermark=1))
 
@@ -71,12 +71,12 @@ def test_a_failed_statement_inside_an_opened_transaction_keeps_nothing(store: St
 
 def test_an_opening_that_fails_is_a_storage_failure_and_opens_nothing(store: Store) -> None:
     def run() -> None:
-        with store.transaction(opening="SELECT * FROM no_such_table") as session:
+        with store.connection(opening="SELECT * FROM no_such_table") as session:
             session.execute(insert(HousekeepingState).values(name="never", watermark=1))
 
     with pytest.raises(StorageFailure, match="no_such_table"):
         run()
-    write_then_fail(store.transaction(opening="SELECT 1"), "rolled-back")  # usable again
-    with store.transaction(opening="SELECT 1") as session:
+    write_then_fail(store.connection(opening="SELECT 1"), "rolled-back")  # usable again
+    with store.connection(opening="SELECT 1") as session:
         session.execute(insert(HousekeepingState).values(name="after", watermark=1))
     assert names(store) == ["after"]
