@@ -4,10 +4,10 @@ Transcripts are recorded and enqueued on Redis while `gleaner worker` (productio
 prefork, PostgreSQL store) harvests them through the model client GLEANER_HARVEST_LLM=auto
 picks (the lean OpenAI-compatible client of harvest.openai_http) from a local instant
 OpenAI-compatible server. Ceiling, measured in the same run: as many no-op Celery tasks on
-the same broker and worker pool + the raw HTTP POSTs to the model server + raw batched
-INSERTs of the same notes. Each run also takes its own profile: CPU per transcript by
-process role (from /proc), and the model client's CPU per call (and litellm's) measured
-beside a raw POST.
+the same broker and worker pool (timed before and after the pipeline, averaged) + the raw
+HTTP POSTs to the model server + raw batched INSERTs of the same notes. Each run also takes
+its own profile: CPU per transcript by process role (from /proc), and the model client's
+CPU per call (and litellm's) measured beside a raw POST.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ FINDING = (
     "consumer: broker, acks, handing tasks to the pool) spends more on a harvest task than on "
     "a no-op one (the ceiling's split above): Celery's cost, outside the job, which the no-op "
     "ceiling does not show. One job in process (harvest.queue.run_job, "
-    "no broker) costs {job:.1f} ms of CPU, and PostgreSQL {database:.1f} ms serving it: 12 "
+    "no broker) costs {job:.1f} ms of CPU, and PostgreSQL {database:.1f} ms serving it: 11 "
     "round trips (the claim, then the ledger check with the known keys, each committed on its "
-    "own; then one transaction: its BEGIN, the forget lock, the duplicate lookups, the notes "
-    "with their terms in one statement, the ledger row, the outcome and the COMMIT; and the "
-    "transcript lock's two). The ceiling's parts do none of that: a no-op task, one POST "
+    "own; then one transaction: its BEGIN with the forget lock, the two duplicate lookups, the "
+    "notes with their terms in one statement, the ledger row, the outcome and the COMMIT; and "
+    "the transcript lock's two). The ceiling's parts do none of that: a no-op task, one POST "
     "({raw:.1f} ms of CPU with the lean client at {lean:.1f} ms; litellm.completion "
     "{litellm:.1f} ms) and a raw INSERT of the notes. On {cores} cores {target}/s leaves "
     "{budget:.1f} ms of CPU per transcript for everything"
@@ -68,6 +68,10 @@ def run(ctx: Context) -> None:
         ) as running,
     ):
         worker = running.start_worker("harvest", CONCURRENCY)
+        # The no-op ceiling is taken on both sides of the pipeline and averaged: this host's
+        # speed drifts by a quarter within a minute, and one side alone moved the ratio as
+        # much (the two figures are in the note).
+        noop_before = noop_seconds(running, count)
         before = cpu_by_role()
         start = time.perf_counter()
         enqueue(running, count)
@@ -79,8 +83,9 @@ def run(ctx: Context) -> None:
         # The no-op tasks after the pipeline: pool children they wear out are reaped (and
         # their CPU counted) outside the pipeline's profile.
         idle = cpu_by_role()
-        noop = noop_seconds(running, count)
+        noop_after = noop_seconds(running, count)
         noop_cpu = cpu_note(idle, cpu_by_role(), count)
+        noop = (noop_before + noop_after) / 2
         running.stop_workers()
         job_cpu, job_database = job_cpu_ms(running.database_url, api_base, ctx.size(500, 100))
         http = http_seconds(api_base, count, CONCURRENCY)
@@ -96,7 +101,8 @@ def run(ctx: Context) -> None:
     detail = (
         f"{count} transcripts, {notes} notes ({rows} in the ceiling), failed "
         f"{states.get('failed', 0)}; prefork x{CONCURRENCY}, RSS {rss:.0f} MB; ceiling = "
-        f"no-op tasks {noop:.2f} s + HTTP {http:.2f} s + INSERTs {inserts:.2f} s; CPU per "
+        f"no-op tasks {noop:.2f} s (before the pipeline {noop_before:.2f} s, after "
+        f"{noop_after:.2f} s) + HTTP {http:.2f} s + INSERTs {inserts:.2f} s; CPU per "
         f"no-op task: {noop_cpu}"
     )
     finding = FINDING.format(
