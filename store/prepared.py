@@ -199,8 +199,11 @@ def _run(
     name = state.prepared.get(key)
     if name is None:
         if len(state.prepared) >= MAX_PREPARED:  # as psycopg does: the oldest goes
-            oldest = next(iter(state.prepared))
-            pgconn.exec_(b"DEALLOCATE " + state.prepared.pop(oldest))
+            oldest = state.prepared.pop(next(iter(state.prepared)))
+            if pq.version() >= 170000:  # protocol-level Close: PgBouncer 1.21+ passes it on
+                pgconn.close_prepared(oldest)
+            else:
+                pgconn.exec_(b"DEALLOCATE " + oldest)
         name = f"gleaner_{next(_numbers)}".encode()
         made = pgconn.prepare(name, plan.sql, types)
         if made.status != pq.ExecStatus.COMMAND_OK:

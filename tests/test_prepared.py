@@ -178,3 +178,16 @@ def test_the_first_statement_of_a_transaction_opens_it(make_store) -> None:  # t
     rolled_back(store, claim)
     with store.transaction() as session:
         assert session.execute(select(Job.state, Job.attempts)).one() == ("pending", 0)
+
+
+def test_at_most_max_prepared_statements_stay_prepared_on_a_connection(make_store) -> None:  # type: ignore[no-untyped-def]
+    store = make_store("postgresql", db_pool_size=1)
+    shapes = [select(literal(n).label(f"n{n}")) for n in range(prepared.MAX_PREPARED + 5)]
+    with store.statements() as connection:
+        for n, statement in enumerate(shapes):
+            assert list(prepared.execute(connection, statement, {})) == [(n,)]
+        kept = connection.exec_driver_sql(
+            "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'gleaner_%%'"
+        ).scalar_one()
+        assert kept == prepared.MAX_PREPARED  # the oldest were closed as new ones came
+        assert list(prepared.execute(connection, shapes[0], {})) == [(0,)]  # prepared again
