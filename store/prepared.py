@@ -36,6 +36,8 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from store.errors import StorageFailure
+
 if TYPE_CHECKING:
     import psycopg
     from psycopg.abc import Transformer
@@ -97,10 +99,11 @@ def execute(session: Executor, statement: Executable, params: Mapping[str, Any])
         raise _failure(connection, exc, sql, dict(params)) from exc
 
 
-def simple(session: Executor, sql: str) -> None:
+def simple(session: Executor, sql: str) -> bytes | None:
     """Send ``sql``, statements without parameters separated by semicolons, in one message
-    (the simple query protocol) in ``session``'s transaction; PostgreSQL only. What a harvest
-    opens its write transaction with: the BEGIN and the forget lock (``Store.transaction``)."""
+    (the simple query protocol) in ``session``'s transaction; PostgreSQL only. Returns the
+    last statement's command tag. What a harvest opens its write transaction with: the
+    BEGIN and the forget lock (``Store.connection``)."""
     from psycopg import errors, pq
 
     connection = _connection(session)
@@ -112,14 +115,22 @@ def simple(session: Executor, sql: str) -> None:
             raise errors.error_from_result(result, encoding=driver.info.encoding)
     except connection.dialect.loaded_dbapi.Error as exc:
         raise _failure(connection, exc, sql, {}) from exc
+    tag: bytes | None = result.command_status
+    return tag
 
 
 def end(connection: Connection, *, commit: bool) -> None:
     """COMMIT (or ROLLBACK) the transaction ``simple`` opened on an autocommit connection.
-    A rollback that fails (the connection is gone) is left to the pool, which drops the
-    connection: the error being raised already is the one that matters."""
+
+    A COMMIT the server answers with ROLLBACK (a statement of the transaction failed and its
+    error was not let through) raises StorageFailure: nothing was written. A rollback that
+    fails (the connection is gone) is left to the pool, which drops the connection: the
+    error being raised already is the one that matters."""
     if commit:
-        simple(connection, "COMMIT")
+        if simple(connection, "COMMIT") == b"ROLLBACK":
+            raise StorageFailure(
+                "the transaction was rolled back, not committed: a statement in it failed"
+            )
         return
     with contextlib.suppress(DBAPIError):
         simple(connection, "ROLLBACK")

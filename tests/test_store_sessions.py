@@ -3,10 +3,12 @@ part-way leaves behind."""
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import AbstractContextManager
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
+from sqlalchemy.exc import DBAPIError
 
 from store import Executor, StorageFailure, Store, StoreError
 from store.models import HousekeepingState
@@ -80,3 +82,21 @@ def test_an_opening_that_fails_is_a_storage_failure_and_opens_nothing(store: Sto
     with store.connection(opening="SELECT 1") as session:
         session.execute(insert(HousekeepingState).values(name="after", watermark=1))
     assert names(store) == ["after"]
+
+
+def test_an_opened_transaction_whose_statement_failed_is_not_reported_committed(
+    make_store,  # type: ignore[no-untyped-def]
+) -> None:
+    # On PostgreSQL a failed statement aborts the transaction: a COMMIT after an error the
+    # caller swallowed is answered with ROLLBACK, and that must not pass for a commit.
+    store = make_store("postgresql")
+
+    def run() -> None:
+        with store.connection(opening="SELECT 1") as connection:
+            connection.execute(insert(HousekeepingState).values(name="lost", watermark=1))
+            with contextlib.suppress(StorageFailure, DBAPIError):
+                connection.execute(text("SELECT * FROM no_such_table"))
+
+    with pytest.raises(StorageFailure, match="rolled back, not committed"):
+        run()
+    assert names(store) == []
