@@ -22,7 +22,7 @@ from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Limits, Transcript, check_size
 from harvest.write import write_candidates
 from store import Scope, Settings, StorageFailure, Store, forget, ledger
-from store.errors import InvalidInput
+from store.errors import AlreadyRecorded, InvalidInput
 from store.terms import content_terms
 from store.text import check_principal
 
@@ -205,10 +205,12 @@ def record_harvest(
     """Write the notes, then the ledger row with the final counts, in the caller's
     transaction; raise RecordedElsewhere when the ledger row cannot be written (another
     worker recorded this transcript, or the owner was forgotten since the check), so the
-    caller rolls the notes back.
+    caller rolls the notes back. On PostgreSQL the row is written with the COMMIT, where a
+    row another worker wrote first raises ``AlreadyRecorded`` instead, with nothing written.
 
     The transaction is ``forget.held_off(store, plan.scope)``'s: a forget of the owner cannot
-    commit from its start to its end, and the ledger row's statement checks the forget count.
+    commit from its start to its end, and the ledger row is written only while the owner's
+    forget count is the one the check read.
     """
     if not forget.is_held_off(session, plan.scope):
         raise RuntimeError("record_harvest runs in a forget.held_off transaction of its scope")
@@ -307,7 +309,7 @@ def run_harvest(
                 with forget.held_off(store, plan.scope) as session:
                     outcome = record_harvest(session, settings, plan, checked, found)
                     return _settle(steps, session, outcome)
-            except RecordedElsewhere:  # rolled back: nothing of this harvest was written
+            except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
                 with store.transaction() as session:
                     skipped = plan.outcome("skipped", found.cost, model=found.model)
                     return _settle(steps, session, skipped)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, Executable
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from store.db import make_engine, migrate
@@ -96,26 +96,27 @@ class Store:
             yield connection
 
     @contextmanager
-    def connection(self, *, opening: str | None = None) -> Iterator[Connection]:
+    def connection(
+        self, *, opening: Sequence[tuple[Executable, Mapping[str, Any]]] | None = None
+    ) -> Iterator[Connection]:
         """A Core connection inside one transaction (as ``transaction``, without the ORM):
         committed on success, rolled back on any error.
 
-        ``opening`` is a statement without parameters to run first, such as a lock. On
-        PostgreSQL it is sent with the BEGIN, in one message: one round trip for both (a
-        harvest's write transaction opens with its forget lock). Elsewhere it runs first.
+        ``opening`` are statements to run first (a lock, say), each with its parameters. On
+        PostgreSQL the transaction then spends as few round trips as it can
+        (``store.prepared.begin``): its BEGIN and the opening go to the server with its
+        first statement, and what ``store.prepared.later`` defers goes with its COMMIT.
         """
         if opening is None or self.engine.dialect.name != "postgresql":
             with self._failures(), self.engine.begin() as connection:
-                if opening is not None:
-                    connection.execute(text(opening))
+                for statement, params in opening or ():
+                    connection.execute(statement, params)
                 yield connection
             return
         from store import prepared
 
         with self._failures(), self.statements() as connection:
-            # psycopg's commit() and rollback() would end the transaction too, but through
-            # its generator machinery: one message each, straight to libpq, as the BEGIN.
-            prepared.simple(connection, f"BEGIN ISOLATION LEVEL READ COMMITTED; {opening}")
+            prepared.begin(connection, opening)
             try:
                 yield connection
             except BaseException:

@@ -9,6 +9,7 @@ stable, machine-readable ``reason`` beside a human message::
         ├── InvalidInput    the caller's input broke a rule; nothing was changed (also ValueError)
         │   └── LinkRefused a link would break the supersedes rules (cycle, second superseder)
         ├── NotFound        the scope holds no note with that slug (also LookupError)
+        ├── AlreadyRecorded another harvest recorded the transcript first; nothing was written
         └── StorageFailure  the database failed; the transaction was rolled back (RuntimeError)
 """
 
@@ -60,6 +61,13 @@ class NotFound(StoreError, LookupError):
     """Raised when a slug names no note in the scope."""
 
     reason = "not_found"
+
+
+class AlreadyRecorded(StoreError):
+    """Raised when a harvest's commit finds the ledger row of its transcript written by
+    another harvest first; the transaction was rolled back, notes and all."""
+
+    reason = "already_recorded"
 
 
 class StorageFailure(StoreError, RuntimeError):

@@ -12,14 +12,25 @@ forget writes nothing when it finishes after it).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection, CursorResult, Executable, delete, select, text, update
+from sqlalchemy import (
+    Connection,
+    CursorResult,
+    Executable,
+    bindparam,
+    delete,
+    func,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from store import prepared
+from store.errors import StorageFailure
 from store.models import (
     ApiKey,
     ForgottenOwner,
@@ -74,6 +85,14 @@ def _count(session: Session, statement: Executable) -> int:
 
 
 _SHARED_LOCK = text("SELECT pg_advisory_xact_lock_shared(:k)")  # built once: a job takes it
+# How many times the owner of ``:owner_key`` was forgotten (0: never).
+GENERATION = func.coalesce(
+    select(ForgottenOwner.generation)
+    .where(ForgottenOwner.owner_key == bindparam("owner_key"))
+    .scalar_subquery(),
+    0,
+)
+_GENERATION = select(GENERATION.label("generation"))
 
 
 # Where ``held_off`` marks its connection (``Connection.info``) while the transaction lasts:
@@ -84,16 +103,32 @@ HELD_OFF = "gleaner.forget_held_off"
 @contextmanager
 def held_off(store: Store, scope: Scope) -> Iterator[Connection]:
     """A transaction on a Core connection that opens holding off a forget of ``scope``, as
-    ``hold_off`` does (a harvest records its notes in one): on PostgreSQL the lock is sent
-    with the BEGIN, so it costs no round trip of its own."""
-    opening = f"SELECT pg_advisory_xact_lock_shared({lock_key(scope)})"  # an int: no quoting
-    with store.connection(opening=opening if store.dialect == "postgresql" else None) as held:
+    ``hold_off`` does (a harvest records its notes in one). On PostgreSQL it opens with the
+    lock and then reads the owner's forget count (``generation_at_open``), a statement of
+    its own so that it sees a forget that committed while the lock was awaited; both go to
+    the server with the transaction's first statement (``Store.connection``)."""
+    postgres = store.dialect == "postgresql"
+    opening: list[tuple[Executable, Mapping[str, Any]]] = [
+        (_SHARED_LOCK, {"k": lock_key(scope)}),
+        (_GENERATION, {"owner_key": owner_key(scope)}),
+    ]
+    with store.connection(opening=opening if postgres else None) as held:
         # The connection's info outlives the transaction (it goes back to the pool with it).
         held.info[HELD_OFF] = scope
         try:
             yield held
         finally:
             held.info.pop(HELD_OFF, None)
+
+
+def generation_at_open(session: Connection) -> int:
+    """The owner's forget count as a ``held_off`` transaction on PostgreSQL read it, under
+    the lock: no forget of the owner can commit before the transaction ends, so it holds
+    to the end."""
+    rows = prepared.opened(session)
+    if not rows:
+        raise StorageFailure("the transaction's opening failed: it holds no forget count")
+    return int(rows[0][0])
 
 
 def is_held_off(session: Executor, scope: Scope) -> bool:

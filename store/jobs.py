@@ -272,6 +272,8 @@ def finish(
     values = {"job_id": job_id, "outcome": result, "now": utcnow(), **_cost(result)}
     if token is None:
         session.execute(_FINISH, values)
+    elif prepared.deferring(session):  # a harvest's write transaction: with its COMMIT
+        prepared.later(session, _FINISH_HELD, {**values, "token": token})
     else:  # built once, like the claim: a statement made per call costs its construction
         prepared.execute(session, _FINISH_HELD, {**values, "token": token})
 

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
-from sqlalchemy import Table, bindparam, exists, func, select, true
+from sqlalchemy import Connection, Table, bindparam, exists, select, true
 from sqlalchemy.dialects import postgresql, sqlite
 
 from store import forget, keyed, prepared
-from store.models import ForgottenOwner, ForgottenTranscript, HarvestLedger, utcnow
+from store.errors import AlreadyRecorded
+from store.models import ForgottenTranscript, HarvestLedger, utcnow
 from store.schemas import Scope
 from store.sql import dialect_name
 
@@ -45,13 +46,7 @@ _KEY = (
     _LEDGER.c.transcript_hash == bindparam("digest"),
     _LEDGER.c.harvester_version == bindparam("version"),
 )
-# How many times the owner of ``:owner_key`` was forgotten (0: never).
-_GENERATION = func.coalesce(
-    select(ForgottenOwner.generation)
-    .where(ForgottenOwner.owner_key == bindparam("owner_key"))
-    .scalar_subquery(),
-    0,
-)
+_GENERATION = forget.GENERATION
 # What a harvest checks under the transcript's lock, in one statement.
 _STATE = select(
     _GENERATION.label("generation"),
@@ -83,6 +78,12 @@ _RECORD = {
     .returning(_LEDGER.c.id)
     for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
 }
+# The row as the COMMIT of a ``forget.held_off`` transaction writes it on PostgreSQL: the
+# forget count was checked under the lock, and a row already there (another harvest's)
+# breaks the unique key, which rolls the whole transaction back (``AlreadyRecorded``).
+_RECORD_AT_COMMIT = postgresql.insert(_LEDGER).values(
+    {c.name: bindparam(c.name, type_=c.type) for c in _COLUMNS}
+)
 
 
 def state(session: Executor, scope: Scope, digest: str, version: str) -> tuple[int, bool]:
@@ -130,16 +131,34 @@ def _state_params(scope: Scope, digest: str, version: str) -> dict[str, str]:
 
 def record(session: Executor, scope: Scope, entry: LedgerEntry, *, generation: int) -> bool:
     """Add the ledger row, with the final counts, as the last write of a harvest; False (and
-    nothing written) when another harvest recorded this transcript first or the owner was
-    forgotten since ``generation`` (``state``'s first value). The caller
-    then rolls its transaction back, notes and all."""
-    stmt = _RECORD[dialect_name(session)]
+    nothing written) when the owner was forgotten since ``generation`` (``state``'s first
+    value) or another harvest recorded this transcript first. The caller then rolls its
+    transaction back, notes and all.
+
+    In a ``forget.held_off`` transaction on PostgreSQL the row goes with the COMMIT, in its
+    round trip (``store.prepared.later``): a row another harvest wrote meanwhile is found
+    there, and the commit then raises ``AlreadyRecorded`` with nothing written."""
     row = {
         "scope_kind": scope.kind,
         "scope_id": scope.id,
         "created_at": utcnow(),
         **vars(entry),  # its fields as they are (asdict would deep-copy each value)
-        "owner_key": forget.owner_key(scope),
-        "generation": generation,
     }
-    return bool(prepared.execute(session, stmt, row))
+    if prepared.deferring(session) and forget.is_held_off(session, scope):
+        if forget.generation_at_open(cast(Connection, session)) != generation:
+            return False
+        prepared.later(session, _RECORD_AT_COMMIT, row, conflict=_recorded(entry))
+        return True
+    stmt = _RECORD[dialect_name(session)]
+    params = {**row, "owner_key": forget.owner_key(scope), "generation": generation}
+    return bool(prepared.execute(session, stmt, params))
+
+
+def _recorded(entry: LedgerEntry) -> Callable[[], AlreadyRecorded]:
+    def error() -> AlreadyRecorded:
+        return AlreadyRecorded(
+            f"transcript {entry.transcript_hash[:12]} was recorded by another harvest first; "
+            "nothing of this one was written"
+        )
+
+    return error

@@ -18,6 +18,15 @@ A statement that would open a transaction (a connection out of autocommit with n
 goes through psycopg's cursor, which sends the BEGIN its settings ask for; the following
 statements of that transaction take the short path. On SQLite a statement runs through
 ``session.execute``.
+
+A harvest's write transaction runs on an autocommit connection (``begin`` ... ``end``) and
+spends as few round trips as its statements allow, in libpq's pipeline mode: its BEGIN and
+opening statements (the forget lock, the forget count) go to the server with its first
+statement, and the statements ``later`` defers (the ledger row, the job's outcome: writes
+whose rows nobody reads) go with its COMMIT. A deferred statement that fails aborts the
+transaction there, so the COMMIT behind it is never run: nothing of it is written. Any
+other statement run on the connection meanwhile (SQLAlchemy's own, an executemany) first
+sends the BEGIN and the opening, so it runs inside the transaction.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection, CursorResult, Dialect
+from sqlalchemy import Connection, CursorResult, Dialect, Engine, event
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -41,6 +50,7 @@ from store.errors import StorageFailure
 if TYPE_CHECKING:
     import psycopg
     from psycopg.abc import Transformer
+    from psycopg.pq.abc import PGresult
     from sqlalchemy.engine.interfaces import DBAPIModule
 
     from store.sql import Executor
@@ -72,6 +82,38 @@ class _Driver:
     prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = field(default_factory=dict)
 
 
+# What ``_send`` sends: a prepared statement with its parameters, or SQL without any.
+_Item = tuple["_Plan", Sequence[Any]] | bytes
+
+
+@dataclass
+class _Deferred:
+    """A transaction ``begin`` opened on an autocommit connection and not ended yet."""
+
+    opening: list[tuple[_Plan, list[Any]]]
+    # The rows of the opening's last statement once the BEGIN and the opening were sent
+    # (None: nothing was sent yet, the server knows of no transaction; empty when the
+    # opening, or the statement sent with it, failed).
+    opened: Sequence[Any] | None = None
+    # Deferred to the COMMIT: a statement, its parameters, and the error that a unique
+    # violation of it stands for (None: it is raised as the driver's).
+    later: list[tuple[_Plan, list[Any], Callable[[], BaseException] | None]] = field(
+        default_factory=list
+    )
+    # The BEGIN, the opening or the statement sent with them failed: as the server does
+    # for an aborted transaction, every later statement is refused and the COMMIT rolls back
+    # (the failure may have come before anything was sent, when there is no transaction on
+    # the server to abort).
+    failed: bool = False
+
+    def check(self) -> None:
+        if self.failed:
+            raise StorageFailure(
+                "current transaction is aborted (a statement in it failed): statements "
+                "are refused until it ends"
+            )
+
+
 # Compiled once per statement object: callers pass statements built at import.
 _plans: weakref.WeakKeyDictionary[Executable, _Plan] = weakref.WeakKeyDictionary()
 _drivers: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Driver] = weakref.WeakKeyDictionary()
@@ -90,6 +132,13 @@ def execute(session: Executor, statement: Executable, params: Mapping[str, Any])
         if isinstance(result, CursorResult) and not result.returns_rows:
             return []  # an UPDATE or a lock, say (an ORM statement's result always has rows)
         return result.all()
+    deferred: _Deferred | None = connection.info.get(_DEFERRED)
+    if deferred is not None and deferred.opened is None:
+        deferred.check()
+        plan = _plan(statement, dialect)
+        results = _sent(connection, deferred, [(plan, _arguments(plan, params))])
+        deferred.opened = _opened(connection, deferred, results)
+        return _rows(connection, plan, results[-1])
     driver = connection.connection.driver_connection
     assert driver is not None
     try:
@@ -119,21 +168,240 @@ def simple(session: Executor, sql: str) -> bytes | None:
     return tag
 
 
+def begin(connection: Connection, opening: Sequence[tuple[Executable, Mapping[str, Any]]]) -> None:
+    """Open a transaction on ``connection``, an autocommit PostgreSQL connection, that
+    starts with the ``opening`` statements (a lock, say); it is ended by ``end``. Nothing is
+    sent yet: the BEGIN and the opening go with the transaction's first statement."""
+    plans = [(_plan(statement, connection.dialect), params) for statement, params in opening]
+    _sends_opening_first(connection.engine)
+    connection.info[_DEFERRED] = _Deferred([(plan, _arguments(plan, p)) for plan, p in plans])
+
+
+def opened(session: Executor) -> Sequence[Any]:
+    """The rows of the last opening statement of ``session``'s transaction (``begin``),
+    sending the BEGIN and the opening now if no statement has yet."""
+    connection = _connection(session)
+    deferred: _Deferred = connection.info[_DEFERRED]
+    deferred.check()
+    if deferred.opened is None:
+        deferred.opened = _opened(connection, deferred, _sent(connection, deferred, []))
+    return deferred.opened
+
+
+def _sent(connection: Connection, deferred: _Deferred, items: list[_Item]) -> list[PGresult]:
+    """Send the BEGIN and the opening, then ``items``, in one round trip. Should one fail,
+    the transaction is left aborted as a failed statement leaves it (what runs after fails
+    too; its COMMIT rolls back) and the error raised."""
+    try:
+        return _send(connection, [*_opening(deferred), *items])
+    except _Failed as failed:
+        deferred.opened, deferred.failed = (), True
+        raise failed.error from failed.error.orig
+
+
+def _opened(connection: Connection, deferred: _Deferred, results: list[PGresult]) -> Sequence[Any]:
+    """The rows of the opening's last statement among ``results`` (BEGIN's first)."""
+    if not deferred.opening:
+        return ()
+    return _rows(connection, deferred.opening[-1][0], results[len(deferred.opening)])
+
+
+def deferring(session: Executor) -> bool:
+    """True when ``session`` is a transaction ``begin`` opened: ``later`` may defer to it."""
+    return isinstance(session, Connection) and _DEFERRED in session.info
+
+
+def later(
+    session: Executor,
+    statement: Executable,
+    params: Mapping[str, Any],
+    *,
+    conflict: Callable[[], BaseException] | None = None,
+) -> None:
+    """Run ``statement`` with ``params`` with the COMMIT of ``session``'s transaction (one
+    ``begin`` opened, see ``deferring``), in its round trip; its rows are not read. Should it
+    break a unique constraint, the transaction rolls back and ``end`` raises ``conflict()``
+    (when given) instead of the driver's error."""
+    connection = _connection(session)
+    deferred: _Deferred = connection.info[_DEFERRED]
+    plan = _plan(statement, connection.dialect)
+    deferred.later.append((plan, _arguments(plan, params), conflict))
+
+
 def end(connection: Connection, *, commit: bool) -> None:
-    """COMMIT (or ROLLBACK) the transaction ``simple`` opened on an autocommit connection.
+    """COMMIT (or ROLLBACK) the transaction ``begin`` opened, sending what is deferred to
+    the COMMIT with it.
 
     A COMMIT the server answers with ROLLBACK (a statement of the transaction failed and its
     error was not let through) raises StorageFailure: nothing was written. A rollback that
     fails (the connection is gone) is left to the pool, which drops the connection: the
     error being raised already is the one that matters."""
-    if commit:
-        if simple(connection, "COMMIT") == b"ROLLBACK":
-            raise StorageFailure(
-                "the transaction was rolled back, not committed: a statement in it failed"
-            )
+    deferred: _Deferred | None = connection.info.pop(_DEFERRED, None)
+    if deferred is None:
         return
+    if not commit:
+        if deferred.opened is not None:
+            _roll_back(connection)
+        return
+    if deferred.failed:
+        _roll_back(connection)
+        raise StorageFailure(
+            "the transaction was rolled back, not committed: a statement in it failed"
+        )
+    if deferred.opened is None and not deferred.later:
+        return  # not one statement ran: the server never saw the transaction
+    deferred_items: list[_Item] = [(plan, args) for plan, args, _ in deferred.later]
+    opening = _opening(deferred) if deferred.opened is None else []
+    try:
+        results = _send(connection, [*opening, *deferred_items, b"COMMIT"])
+    except _Failed as failed:
+        _roll_back(connection)
+        index = failed.index - len(opening)
+        conflict = deferred.later[index][2] if 0 <= index < len(deferred.later) else None
+        if conflict is not None and getattr(failed.error.orig, "sqlstate", None) == "23505":
+            raise conflict() from failed.error
+        raise failed.error from failed.error.orig
+    if results[-1].command_status == b"ROLLBACK":
+        raise StorageFailure(
+            "the transaction was rolled back, not committed: a statement in it failed"
+        )
+
+
+def _roll_back(connection: Connection) -> None:
+    if connection.invalidated:
+        return  # closed with the server's session: nothing is left to roll back
     with contextlib.suppress(DBAPIError):
         simple(connection, "ROLLBACK")
+
+
+# Where ``begin`` keeps its transaction (``Connection.info``, which goes back to the pool
+# with the connection: ``end`` takes it out).
+_DEFERRED = "gleaner.prepared_deferred"
+_BEGIN = b"BEGIN ISOLATION LEVEL READ COMMITTED"
+
+
+def _opening(deferred: _Deferred) -> list[_Item]:
+    return [_BEGIN, *deferred.opening]
+
+
+class _Failed(Exception):
+    """A statement ``_send`` sent failed (``index`` into its items; -1: the connection broke
+    and which is unknown); ``error`` is the driver's error as SQLAlchemy raises it."""
+
+    def __init__(self, index: int, error: StatementError) -> None:
+        super().__init__(str(error))
+        self.index, self.error = index, error
+
+
+def _send(connection: Connection, items: list[_Item]) -> list[PGresult]:
+    """Send ``items`` in one libpq pipeline (one round trip); each one's result.
+
+    A statement that fails aborts the transaction (the server skips every statement after
+    it) and raises ``_Failed``: the caller ends the transaction. An interruption between two
+    libpq calls (a signal, a time limit) leaves the connection in an unknown state, so it is
+    invalidated: the pool never hands it out again.
+    """
+    from psycopg import errors, pq
+
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    pgconn = driver.pgconn
+    dbapi_error = connection.dialect.loaded_dbapi.Error
+    sends = []
+    for index, item in enumerate(items):  # prepared first: libpq prepares outside a pipeline
+        try:
+            sends.append(_bound(driver, item))
+        except dbapi_error as exc:
+            raise _Failed(index, _failure(connection, exc, _sql(item), {})) from exc
+    try:
+        pgconn.enter_pipeline_mode()
+        for name, sql, values, formats in sends:
+            if name is None:
+                pgconn.send_query_params(sql, None)
+            else:
+                pgconn.send_query_prepared(name, cast(Any, values), formats)
+        pgconn.pipeline_sync()
+        results = [_result(pgconn) for _ in sends]
+        _result(pgconn, sync=True)
+        pgconn.exit_pipeline_mode()
+    except dbapi_error as exc:  # the connection broke
+        error = _failure(connection, exc, _sql(items[0]), {})
+        if not connection.invalidated:
+            connection.invalidate(exc)
+        raise _Failed(-1, error) from exc
+    except BaseException:
+        if not connection.invalidated:
+            connection.invalidate()
+        raise
+    for index, result in enumerate(results):
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            failure = errors.error_from_result(result, encoding=driver.info.encoding)
+            if failure.sqlstate == _NO_SUCH_STATEMENT:
+                _state(driver).prepared.clear()  # deallocated: the caller's retry prepares again
+            error = _failure(connection, cast("DBAPIModule.Error", failure), _sql(items[index]), {})
+            raise _Failed(index, error) from failure
+    return results
+
+
+def _result(pgconn: Any, *, sync: bool = False) -> PGresult:
+    """The next result in a pipeline: a query's one result (libpq ends it with None), or
+    with ``sync`` the pipeline's end."""
+    from psycopg import pq
+
+    result = pgconn.get_result()
+    if sync:
+        if result is None or result.status != pq.ExecStatus.PIPELINE_SYNC:
+            raise RuntimeError("libpq pipeline out of step: no sync at its end")
+    elif result is None or pgconn.get_result() is not None:
+        raise RuntimeError("libpq pipeline out of step: not one result a query")
+    return cast("PGresult", result)
+
+
+def _sql(item: _Item) -> str:
+    return item.decode() if isinstance(item, bytes) else item[0].compiled.string
+
+
+def _bound(
+    driver: psycopg.Connection[Any], item: _Item
+) -> tuple[bytes | None, bytes, list[Any] | None, Sequence[Any] | None]:
+    """What ``_send`` sends for ``item``: a prepared statement's name (prepared now if it
+    is not yet), or None and the SQL; the dumped parameters and their formats."""
+    if isinstance(item, bytes):
+        return None, item, None, None
+    plan, args = item
+    name, dumped, formats = _prepare(driver, plan, list(args))
+    return name, plan.sql, dumped, formats
+
+
+def _rows(connection: Connection, plan: _Plan, result: PGresult) -> Sequence[Any]:
+    """``result``'s rows as ``_run`` returns them (none for a statement without any)."""
+    from psycopg import pq
+
+    if result.status != pq.ExecStatus.TUPLES_OK:
+        return []
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    return _loaded(driver, plan, result)
+
+
+_listening: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _sends_opening_first(engine: Engine) -> None:
+    """Make any statement SQLAlchemy runs on a connection of ``engine`` (an executemany, a
+    caller's own) send the pending BEGIN and opening before it."""
+    if engine in _listening:
+        return
+
+    def before(connection: Connection, *_: Any) -> None:
+        deferred: _Deferred | None = connection.info.get(_DEFERRED)
+        if deferred is not None and deferred.opened is None:
+            opened(connection)
+        elif deferred is not None:
+            deferred.check()
+
+    event.listen(engine, "before_cursor_execute", before)
+    _listening.add(engine)
 
 
 def _failure(
@@ -162,12 +430,16 @@ def on_driver(
     """``execute`` on a psycopg connection of ``dialect``'s database outside any session
     (``store.locks``' own connection); raises the driver's own errors."""
     plan = _plan(statement, dialect)
+    return _run(driver, plan, _arguments(plan, params))
+
+
+def _arguments(plan: _Plan, params: Mapping[str, Any]) -> list[Any]:
+    """``params`` in ``$n`` order, through the statement's bind processors."""
     values = plan.compiled.construct_params(dict(params)) or {}
-    args = [
+    return [
         value if process is None else process(value)
         for value, process in zip((values[n] for n in plan.names), plan.processors, strict=True)
     ]
-    return _run(driver, plan, args)
 
 
 def _connection(session: Executor) -> Connection:
@@ -193,22 +465,61 @@ def _run(
     # Imported here, not at the top: SQLite read commands import this module and must not
     # pay for psycopg (tests/test_startup_imports.py); after the first call it is a lookup.
     from psycopg import errors, pq
-    from psycopg.adapt import PyFormat
 
     pgconn = driver.pgconn
     if not driver.autocommit and pgconn.transaction_status == pq.TransactionStatus.IDLE:
         return _through_cursor(driver, plan, args)  # it sends the BEGIN
+    name, dumped, formats = _prepare(driver, plan, args)
+    result = pgconn.exec_prepared(name, cast(Any, dumped), formats)
+    status = result.status
+    if status == pq.ExecStatus.COMMAND_OK:
+        return []
+    if status != pq.ExecStatus.TUPLES_OK:
+        failure = errors.error_from_result(result, encoding=driver.info.encoding)
+        if failure.sqlstate != _NO_SUCH_STATEMENT:
+            raise failure
+        _state(driver).prepared.clear()  # someone deallocated them: prepare again
+        if not again or pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            raise failure  # the failure aborted the transaction: its caller retries it
+        return _run(driver, plan, args, again=False)
+    return _loaded(driver, plan, result)
+
+
+def _loaded(driver: psycopg.Connection[Any], plan: _Plan, result: PGresult) -> Sequence[Any]:
+    """The rows of ``result``, a statement's that returned rows, as psycopg loads them."""
+    if plan.row is None:
+        fields = [(result.fname(n) or b"").decode() for n in range(result.nfields)]
+        plan.row = _row_type(fields)
+    transformer = _state(driver).transformer
+    transformer.set_pgresult(result)
+    return transformer.load_rows(0, result.ntuples, plan.row)
+
+
+def _state(driver: psycopg.Connection[Any]) -> _Driver:
     state = _drivers.get(driver)
     if state is None:
         from psycopg.adapt import Transformer
 
         state = _drivers[driver] = _Driver(Transformer(driver))
+    return state
+
+
+def _prepare(
+    driver: psycopg.Connection[Any], plan: _Plan, args: list[Any]
+) -> tuple[bytes, list[Any], Sequence[Any]]:
+    """The name ``plan`` is prepared under on ``driver`` for ``args``' types (prepared now
+    if it is not yet), and ``args`` dumped with their formats."""
+    from psycopg import errors, pq
+    from psycopg.adapt import PyFormat
+
+    state = _state(driver)
     transformer = state.transformer
     dumped = transformer.dump_sequence(args, [PyFormat.AUTO] * len(args))
     types = transformer.types or ()
     key = (plan.sql, tuple(types))
     name = state.prepared.get(key)
     if name is None:
+        pgconn = driver.pgconn
         if len(state.prepared) >= MAX_PREPARED:  # as psycopg does: the oldest goes
             oldest = state.prepared.pop(next(iter(state.prepared)))
             if pq.version() >= 170000:  # protocol-level Close: PgBouncer 1.21+ passes it on
@@ -221,23 +532,7 @@ def _run(
             raise errors.error_from_result(made, encoding=driver.info.encoding)
         state.prepared[key] = name
     # NULL parameters are None: libpq's own convention, which psycopg's stubs leave out.
-    result = pgconn.exec_prepared(name, cast(Any, dumped), transformer.formats)
-    status = result.status
-    if status == pq.ExecStatus.COMMAND_OK:
-        return []
-    if status != pq.ExecStatus.TUPLES_OK:
-        failure = errors.error_from_result(result, encoding=driver.info.encoding)
-        if failure.sqlstate != _NO_SUCH_STATEMENT:
-            raise failure
-        state.prepared.clear()  # someone deallocated them: prepare again
-        if not again or pgconn.transaction_status != pq.TransactionStatus.IDLE:
-            raise failure  # the failure aborted the transaction: its caller retries it
-        return _run(driver, plan, args, again=False)
-    if plan.row is None:
-        fields = [(result.fname(n) or b"").decode() for n in range(result.nfields)]
-        plan.row = _row_type(fields)
-    transformer.set_pgresult(result)
-    return transformer.load_rows(0, result.ntuples, plan.row)
+    return name, cast(list[Any], dumped), list(transformer.formats or ())
 
 
 def _through_cursor(driver: psycopg.Connection[Any], plan: _Plan, args: list[Any]) -> Sequence[Any]:

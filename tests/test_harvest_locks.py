@@ -15,13 +15,14 @@ from harvest.job import extract_notes, look_up, plan_harvest, record_harvest
 from harvest.outcome import HarvestOutcome
 from harvest.queue import record_jobs, run_job
 from harvest.transcript import Transcript
-from store import Scope, StorageFailure, Store, forget
+from store import Scope, StorageFailure, Store, forget, ledger
 from store.locks import locks_for, transcript_key
 from store.models import HarvestLedger, Job
 from tests.conftest import test_settings
 from tests.llm_server import answer, llm_server, note
 from tests.samples import native
 from tests.test_harvest_job import model_settings, transcript
+from tests.test_same_fact import ledger_entry
 
 DIGEST = "ab" * 32
 ALICE = Scope.owner("alice")
@@ -118,7 +119,7 @@ def test_a_lost_lock_connection_is_a_storage_failure_and_reconnects(
 
 
 @pytest.mark.postgres
-def test_a_harvest_transaction_holds_off_a_forget_from_its_begin(
+def test_a_harvest_transaction_holds_off_a_forget_from_its_first_statement(
     stores: tuple[Store, Store],
 ) -> None:
     harvest, operator = stores
@@ -132,8 +133,33 @@ def test_a_harvest_transaction_holds_off_a_forget_from_its_begin(
     with forget.held_off(harvest, ALICE) as session:
         assert forget.is_held_off(session, ALICE)
         assert not forget.is_held_off(session, Scope.owner("bob"))
-        assert not forget_could_lock()  # held before any statement of the harvest's own
+        # The lock goes to the server with the transaction's first statement, whichever
+        # way it is run, and is held from then on.
+        session.execute(text("SELECT 1"))
+        assert not forget_could_lock()
+        assert forget.generation_at_open(session) == 0
+        assert not forget_could_lock()
     assert forget_could_lock()  # the commit let go
+
+
+@pytest.mark.postgres
+def test_a_forget_committed_before_the_harvest_transaction_locks_is_seen(
+    stores: tuple[Store, Store],
+) -> None:
+    # The forget count is read after the lock, by a statement of its own: a forget that
+    # committed between the transaction's start and its lock is counted, so the harvest's
+    # ledger row (planned with the old count) is refused and its notes roll back.
+    harvest, operator = stores
+    carol = Scope.owner("carol")  # forgotten here: no other test's owner
+    with forget.held_off(harvest, carol) as session:
+        operator.forget_owner(carol.id)  # commits: nothing of the harvest was sent yet
+        assert forget.generation_at_open(session) == 1
+        entry = ledger_entry("d1", "v1")
+        assert not ledger.record(session, carol, entry, generation=0)
+        assert ledger.record(session, carol, entry, generation=1)
+    with operator.transaction() as check:
+        recorded = select(HarvestLedger.transcript_hash).where(HarvestLedger.scope_id == carol.id)
+        assert check.execute(recorded).scalars().all() == ["d1"]
 
 
 def test_record_harvest_refuses_a_transaction_that_does_not_hold_off_a_forget(

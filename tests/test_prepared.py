@@ -18,6 +18,9 @@ from store.keyed import KEYED
 from store.models import Job
 from tests.test_pool_ping import backend_pid, terminate
 
+# An opening statement for ``Store.connection``: one that does nothing.
+OPEN = [(text("SELECT 1"), {})]
+
 
 def add_job(store: Store) -> str:
     record = job_records.NewJob(
@@ -133,7 +136,7 @@ def test_statements_stay_prepared_through_a_rollback_on_their_connection(make_st
             session.execute(text("SELECT count(*) FROM jobs")).scalar_one()
 
     rolled_back(store, count_often)
-    with store.connection(opening="SELECT 1") as session:  # in a transaction: no retry
+    with store.connection(opening=OPEN) as session:  # in a transaction: no retry
         assert list(prepared.execute(session, SEVEN, {})) == [(7,)]
     assert backend_pid(store) == pid  # one connection all along
 
@@ -147,9 +150,9 @@ def test_a_deallocated_statement_is_prepared_again(make_store) -> None:  # type:
         assert list(prepared.execute(connection, SEVEN, {})) == [(7,)]
         connection.exec_driver_sql("DEALLOCATE ALL")
     # Inside one the failure has aborted it: the caller's retry finds it prepared again.
-    with pytest.raises(StorageFailure), store.connection(opening="SELECT 1") as session:
+    with pytest.raises(StorageFailure), store.connection(opening=OPEN) as session:
         prepared.execute(session, SEVEN, {})
-    with store.connection(opening="SELECT 1") as session:
+    with store.connection(opening=OPEN) as session:
         assert list(prepared.execute(session, SEVEN, {})) == [(7,)]
 
 

@@ -7,11 +7,14 @@ import contextlib
 from contextlib import AbstractContextManager
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import bindparam, insert, select, text
 from sqlalchemy.exc import DBAPIError
 
-from store import Executor, StorageFailure, Store, StoreError
+from store import Executor, StorageFailure, Store, StoreError, prepared
 from store.models import HousekeepingState
+
+# An opening statement for ``Store.connection``: one that does nothing.
+OPEN = [(text("SELECT 1"), {})]
 
 
 def names(store: Store) -> list[str]:
@@ -51,10 +54,10 @@ def test_a_transaction_with_an_opening_statement_is_one_transaction(
     # On PostgreSQL the opening rides in the BEGIN's message on an autocommit connection:
     # the writes after it must still roll back together and commit together.
     for _ in range(3):  # and leave the pooled connection fit for the next transaction
-        write_then_fail(store.connection(opening="SELECT 1"), "rolled-back")
+        write_then_fail(store.connection(opening=OPEN), "rolled-back")
         write_then_fail(store.transaction(), "rolled-back-too")
     assert names(store) == []
-    with store.connection(opening="SELECT 1") as session:
+    with store.connection(opening=OPEN) as session:
         session.execute(insert(HousekeepingState).values(name="first", watermark=1))
         session.execute(insert(HousekeepingState).values(name="second", watermark=1))
     assert sorted(names(store)) == ["first", "second"]
@@ -62,7 +65,7 @@ def test_a_transaction_with_an_opening_statement_is_one_transaction(
 
 def test_a_failed_statement_inside_an_opened_transaction_keeps_nothing(store: Store) -> None:
     def run() -> None:
-        with store.connection(opening="SELECT 1") as session:
+        with store.connection(opening=OPEN) as session:
             session.execute(insert(HousekeepingState).values(name="written", watermark=1))
             session.execute(insert(HousekeepingState).values(name="written", watermark=1))
 
@@ -73,13 +76,13 @@ def test_a_failed_statement_inside_an_opened_transaction_keeps_nothing(store: St
 
 def test_an_opening_that_fails_is_a_storage_failure_and_opens_nothing(store: Store) -> None:
     def run() -> None:
-        with store.connection(opening="SELECT * FROM no_such_table") as session:
+        with store.connection(opening=[(text("SELECT * FROM no_such_table"), {})]) as session:
             session.execute(insert(HousekeepingState).values(name="never", watermark=1))
 
     with pytest.raises(StorageFailure, match="no_such_table"):
         run()
-    write_then_fail(store.connection(opening="SELECT 1"), "rolled-back")  # usable again
-    with store.connection(opening="SELECT 1") as session:
+    write_then_fail(store.connection(opening=OPEN), "rolled-back")  # usable again
+    with store.connection(opening=OPEN) as session:
         session.execute(insert(HousekeepingState).values(name="after", watermark=1))
     assert names(store) == ["after"]
 
@@ -92,7 +95,7 @@ def test_an_opened_transaction_whose_statement_failed_is_not_reported_committed(
     store = make_store("postgresql")
 
     def run() -> None:
-        with store.connection(opening="SELECT 1") as connection:
+        with store.connection(opening=OPEN) as connection:
             connection.execute(insert(HousekeepingState).values(name="lost", watermark=1))
             with contextlib.suppress(StorageFailure, DBAPIError):
                 connection.execute(text("SELECT * FROM no_such_table"))
@@ -100,3 +103,80 @@ def test_an_opened_transaction_whose_statement_failed_is_not_reported_committed(
     with pytest.raises(StorageFailure, match="rolled back, not committed"):
         run()
     assert names(store) == []
+
+
+def test_a_swallowed_failure_of_the_first_statement_is_not_reported_committed(
+    make_store,  # type: ignore[no-untyped-def]
+) -> None:
+    # The BEGIN and the opening travel with the first statement: when that one fails, what
+    # runs after it is still inside the (aborted) transaction, never committed on its own.
+    store = make_store("postgresql")
+
+    def run() -> None:
+        with store.connection(opening=OPEN) as connection:
+            with contextlib.suppress(StorageFailure, DBAPIError):
+                prepared.execute(connection, text("SELECT * FROM no_such_table"), {})
+            with contextlib.suppress(StorageFailure, DBAPIError):
+                connection.execute(insert(HousekeepingState).values(name="lost", watermark=1))
+
+    with pytest.raises(StorageFailure, match="rolled back, not committed"):
+        run()
+    assert names(store) == []
+
+
+# A write deferred to the COMMIT (``prepared.later``), and the error a duplicate of it stands for.
+DEFERRED = insert(HousekeepingState).values(name=bindparam("name"), watermark=1)
+
+
+class Taken(StoreError):
+    reason = "taken"
+
+
+def test_deferred_writes_commit_with_the_transaction_or_not_at_all(make_store) -> None:  # type: ignore[no-untyped-def]
+    store = make_store("postgresql")
+    with store.connection(opening=OPEN) as connection:
+        assert prepared.deferring(connection)
+        prepared.execute(connection, DEFERRED, {"name": "first"})
+        prepared.later(connection, DEFERRED, {"name": "deferred"})
+        assert names(store) == []  # not even sent yet
+    assert sorted(names(store)) == ["deferred", "first"]
+
+    def fail() -> None:
+        with store.connection(opening=OPEN) as connection:
+            prepared.later(connection, DEFERRED, {"name": "never"})
+            raise RuntimeError("before the commit")
+
+    with pytest.raises(RuntimeError):
+        fail()
+    with store.connection(opening=OPEN) as connection:  # nothing but deferred writes
+        prepared.later(connection, DEFERRED, {"name": "alone"})
+    with store.connection(opening=OPEN) as connection:
+        assert not prepared.deferring(connection.engine.connect())
+    assert sorted(names(store)) == ["alone", "deferred", "first"]
+
+
+def test_a_deferred_write_that_fails_at_the_commit_keeps_nothing(make_store) -> None:  # type: ignore[no-untyped-def]
+    store = make_store("postgresql")
+    with store.connection(opening=OPEN) as connection:
+        prepared.later(connection, DEFERRED, {"name": "kept"})
+
+    def duplicate(conflict: type[StoreError] | None) -> None:
+        with store.connection(opening=OPEN) as connection:
+            prepared.execute(connection, DEFERRED, {"name": "lost"})
+            prepared.later(connection, DEFERRED, {"name": "also-lost"})
+            prepared.later(
+                connection,
+                DEFERRED,
+                {"name": "kept"},  # the primary key is taken
+                conflict=None if conflict is None else (lambda: conflict("taken")),
+            )
+            prepared.later(connection, DEFERRED, {"name": "after"})
+
+    with pytest.raises(Taken, match="taken"):  # the caller's error for a duplicate
+        duplicate(Taken)
+    with pytest.raises(StorageFailure, match="duplicate key"):  # the driver's otherwise
+        duplicate(None)
+    assert names(store) == ["kept"]
+    with store.connection(opening=OPEN) as connection:  # the connection is fit for use
+        prepared.later(connection, DEFERRED, {"name": "next"})
+    assert sorted(names(store)) == ["kept", "next"]
