@@ -50,6 +50,7 @@ from store.errors import StorageFailure
 if TYPE_CHECKING:
     import psycopg
     from psycopg.abc import Transformer
+    from psycopg.adapt import PyFormat
     from psycopg.pq.abc import PGresult
     from sqlalchemy.engine.interfaces import DBAPIModule
 
@@ -79,11 +80,15 @@ class _Driver:
     of the statements prepared on it by SQL and parameter types, oldest first."""
 
     transformer: Transformer
+    auto: PyFormat  # the format every parameter is dumped in (psycopg's choice per type)
     prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = field(default_factory=dict)
 
 
-# What ``_send`` sends: a prepared statement with its parameters, or SQL without any.
+# What ``_send`` sends: a prepared statement with its parameters, or SQL without any; and
+# how it goes to libpq: the statement's name (None: SQL sent as it is), its SQL, the
+# parameters dumped and their formats.
 _Item = tuple["_Plan", Sequence[Any]] | bytes
+_Bound = tuple[bytes | None, bytes, list[Any] | None, Sequence[Any] | None]
 
 
 @dataclass
@@ -314,16 +319,7 @@ def _send(connection: Connection, items: list[_Item]) -> list[PGresult]:
         except dbapi_error as exc:
             raise _Failed(index, _failure(connection, exc, _sql(item), {})) from exc
     try:
-        pgconn.enter_pipeline_mode()
-        for name, sql, values, formats in sends:
-            if name is None:
-                pgconn.send_query_params(sql, None)
-            else:
-                pgconn.send_query_prepared(name, cast(Any, values), formats)
-        pgconn.pipeline_sync()
-        results = [_result(pgconn) for _ in sends]
-        _result(pgconn, sync=True)
-        pgconn.exit_pipeline_mode()
+        results = _exchange(pgconn, sends)
     except dbapi_error as exc:  # the connection broke
         error = _failure(connection, exc, _sql(items[0]), {})
         if not connection.invalidated:
@@ -343,27 +339,41 @@ def _send(connection: Connection, items: list[_Item]) -> list[PGresult]:
     return results
 
 
-def _result(pgconn: Any, *, sync: bool = False) -> PGresult:
-    """The next result in a pipeline: a query's one result (libpq ends it with None), or
-    with ``sync`` the pipeline's end."""
-    from psycopg import pq
+def _exchange(pgconn: Any, sends: list[_Bound]) -> list[PGresult]:
+    """One round trip: ``sends`` in one libpq pipeline, and each one's result. A connection
+    lost meanwhile, or answers out of step, raise the driver's OperationalError."""
+    from psycopg import OperationalError, pq
 
-    result = pgconn.get_result()
-    if sync:
-        if result is None or result.status != pq.ExecStatus.PIPELINE_SYNC:
-            raise RuntimeError("libpq pipeline out of step: no sync at its end")
-    elif result is None or pgconn.get_result() is not None:
-        raise RuntimeError("libpq pipeline out of step: not one result a query")
-    return cast("PGresult", result)
+    pgconn.enter_pipeline_mode()
+    for name, sql, values, formats in sends:
+        if name is None:
+            pgconn.send_query_params(sql, None)
+        else:
+            pgconn.send_query_prepared(name, cast(Any, values), formats)
+    pgconn.pipeline_sync()
+    results = []
+    for _ in sends:  # a query's one result here, which libpq ends with None
+        result = pgconn.get_result()
+        if result is None or pgconn.get_result() is not None:
+            break
+        results.append(result)
+    else:
+        sync = pgconn.get_result()
+        if sync is not None and sync.status == pq.ExecStatus.PIPELINE_SYNC:
+            pgconn.exit_pipeline_mode()
+            return results
+    lost = pgconn.status == pq.ConnStatus.BAD
+    raise OperationalError(
+        ("the connection to the server was lost: " if lost else "libpq pipeline out of step: ")
+        + pgconn.get_error_message()
+    )
 
 
 def _sql(item: _Item) -> str:
     return item.decode() if isinstance(item, bytes) else item[0].compiled.string
 
 
-def _bound(
-    driver: psycopg.Connection[Any], item: _Item
-) -> tuple[bytes | None, bytes, list[Any] | None, Sequence[Any] | None]:
+def _bound(driver: psycopg.Connection[Any], item: _Item) -> _Bound:
     """What ``_send`` sends for ``item``: a prepared statement's name (prepared now if it
     is not yet), or None and the SQL; the dumped parameters and their formats."""
     if isinstance(item, bytes):
@@ -498,9 +508,9 @@ def _loaded(driver: psycopg.Connection[Any], plan: _Plan, result: PGresult) -> S
 def _state(driver: psycopg.Connection[Any]) -> _Driver:
     state = _drivers.get(driver)
     if state is None:
-        from psycopg.adapt import Transformer
+        from psycopg.adapt import PyFormat, Transformer
 
-        state = _drivers[driver] = _Driver(Transformer(driver))
+        state = _drivers[driver] = _Driver(Transformer(driver), PyFormat.AUTO)
     return state
 
 
@@ -509,16 +519,15 @@ def _prepare(
 ) -> tuple[bytes, list[Any], Sequence[Any]]:
     """The name ``plan`` is prepared under on ``driver`` for ``args``' types (prepared now
     if it is not yet), and ``args`` dumped with their formats."""
-    from psycopg import errors, pq
-    from psycopg.adapt import PyFormat
-
     state = _state(driver)
     transformer = state.transformer
-    dumped = transformer.dump_sequence(args, [PyFormat.AUTO] * len(args))
+    dumped = transformer.dump_sequence(args, [state.auto] * len(args))
     types = transformer.types or ()
     key = (plan.sql, tuple(types))
     name = state.prepared.get(key)
     if name is None:
+        from psycopg import errors, pq
+
         pgconn = driver.pgconn
         if len(state.prepared) >= MAX_PREPARED:  # as psycopg does: the oldest goes
             oldest = state.prepared.pop(next(iter(state.prepared)))

@@ -104,6 +104,37 @@ def test_a_dropped_connection_is_replaced_after_one_failure(make_store) -> None:
     assert backend_pid(store) != first
 
 
+@pytest.mark.parametrize("when", ["first statement", "commit"])
+def test_a_connection_dropped_in_a_pipelined_transaction_fails_it_and_is_replaced(
+    make_store,  # type: ignore[no-untyped-def]
+    when: str,
+) -> None:
+    # A harvest's write transaction sends its BEGIN with its first statement and its
+    # deferred writes with its COMMIT, each in one libpq pipeline: a connection lost before
+    # either is a StorageFailure that keeps nothing, and the pool hands out a fresh one.
+    store = make_store("postgresql", db_pool_size=1)
+    first = backend_pid(store)
+    write = text("INSERT INTO housekeeping_state (name, watermark) VALUES (:name, 1)")
+
+    def run() -> None:
+        with store.connection(opening=OPEN) as connection:
+            if when == "commit":
+                prepared.execute(connection, write, {"name": "sent"})
+            terminate(first)
+            if when == "first statement":
+                prepared.execute(connection, write, {"name": "never"})
+            prepared.later(connection, write, {"name": "deferred"})
+
+    with pytest.raises(StorageFailure) as failed:
+        run()
+    cause = failed.value.__cause__
+    assert isinstance(cause, DBAPIError) and cause.connection_invalidated
+    assert backend_pid(store) != first
+    with store.transaction() as session:
+        count = text("SELECT count(*) FROM housekeeping_state")
+        assert session.execute(count).scalar_one() == 0
+
+
 # --- the libpq path (PostgreSQL) ------------------------------------------------------
 
 SEVEN = select(literal(7).label("seven"))
