@@ -8,7 +8,6 @@ process would.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -88,9 +87,10 @@ def gleaner_process(
 
 
 def redis_url_for(worker_id: str) -> str:
-    """A Redis database of its own for this run's CLI tests (1-9; the worker tests use
-    10-15 and the bench 12-14)."""
-    return f"{REDIS_URL}/{1 + int(hashlib.sha256(f'cli-{worker_id}'.encode()).hexdigest(), 16) % 9}"
+    """The pytest-xdist worker's Redis database (``workers_harness.redis_db_for``)."""
+    from tests.workers_harness import redis_db_for
+
+    return f"{REDIS_URL}/{redis_db_for(worker_id)}"
 
 
 def dead_broker_url() -> str:

@@ -16,7 +16,7 @@ import redis
 from harvest.readers import read_path
 from harvest.readers.sessions import session_kind
 from store import Scope, Store
-from tests.workers_harness import REDIS_URL
+from tests.cli_harness import redis_url_for
 from workers.cli import main
 
 DATA = Path(__file__).parent / "data"
@@ -188,9 +188,12 @@ def test_harvest_reads_a_claude_code_session_on_stdin(
 
 
 def test_enqueue_reads_a_session_on_stdin(
-    cli_env: Store, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    cli_env: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    worker_id: str,
 ) -> None:
-    broker = f"{REDIS_URL}/9"
+    broker = redis_url_for(worker_id)
     monkeypatch.setenv("GLEANER_BROKER_URL", broker)
     monkeypatch.setattr(sys, "stdin", io.StringIO(SESSION.read_text()))
     queue = redis.Redis.from_url(broker)

@@ -18,7 +18,7 @@ from harvest.queue import record_jobs
 from store import Scope, Store
 from store import jobs as job_records
 from tests.test_harvest_job import transcript
-from tests.workers_harness import Cluster, cluster_env, wait_for
+from tests.workers_harness import Cluster, cluster_env, redis_db_for, wait_for
 
 OWNER = "ownerqx"
 MARKER = "zanzibarquux"  # a word only the owner's conversations hold
@@ -117,7 +117,7 @@ def test_worker_logs_carry_ids_and_counts_not_slugs_or_owners(
     url = recreate_pg_database(f"gleaner_forget_{worker_id}")
     store = Store(url, settings=test_settings())
     store.migrate()
-    cluster = Cluster(cluster_env(url, 3), tmp_path)
+    cluster = Cluster(cluster_env(url, redis_db_for(worker_id)), tmp_path)
     cluster.redis().flushdb()
     try:
         worker = cluster.start_worker(concurrency=1)

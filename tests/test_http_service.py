@@ -238,7 +238,7 @@ def test_with_a_broker_the_job_is_queued(
 ) -> None:
     if "sqlite" in api.database_url:
         pytest.skip("the queued path is the same on both databases: run once")
-    redis_db = redis_db_for(worker_id, 4)
+    redis_db = redis_db_for(worker_id)
     broker = f"{REDIS_URL}/{redis_db}"
     service = start_http(api.database_url, tmp_path, GLEANER_BROKER_URL=broker)
     try:

@@ -46,7 +46,7 @@ LONG_AGO = timedelta(hours=1)
 @pytest.fixture
 def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
     # Redis databases 4..9: the other worker tests take 10..15.
-    yield from fresh_cluster("leases", worker_id, tmp_path, first_redis_db=4)
+    yield from fresh_cluster("leases", worker_id, tmp_path)
 
 
 def open_store(cluster: Cluster, **overrides: Any) -> Store:

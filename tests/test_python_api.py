@@ -120,7 +120,7 @@ def test_the_transcript_is_redacted_before_it_is_recorded(
 def test_submit_with_a_broker_queues_the_job_id_only(
     make_store: Any, backend: str, worker_id: str
 ) -> None:
-    redis_db = redis_db_for(worker_id, 4)
+    redis_db = redis_db_for(worker_id)
     broker_url = f"{REDIS_URL}/{redis_db}"
     store = make_store(backend, broker_url=broker_url)
     gleaner = Gleaner(store=store)

@@ -210,10 +210,18 @@ def cluster_env(database_url: str, redis_db: int, **extra: str) -> dict[str, str
     }
 
 
-def redis_db_for(worker_id: str, first: int) -> int:
-    """A Redis database for one pytest-xdist worker among six from ``first``, so parallel
-    test processes do not share queues."""
-    return first + int(hashlib.sha256(worker_id.encode()).hexdigest(), 16) % 6
+def redis_db_for(worker_id: str) -> int:
+    """The Redis database of one pytest-xdist worker, for every test it runs (they run one
+    after another, each cluster flushing it before and after): database 1 + (N + c) % 11
+    for worker ``gwN`` (a run without xdist: N = 0) of the checkout whose hash is c
+    (``conftest.worker_id``). The workers of one run never share one (a hash of the whole
+    id, as before, gave two workers of three the same); two checkouts at once may. Eleven
+    workers at most: the bench keeps 12 to 14."""
+    worker, _, checkout = worker_id.partition("_")
+    index = int(worker[2:]) if worker.startswith("gw") else 0
+    if index >= 11:
+        raise RuntimeError(f"pytest-xdist worker {worker}: at most 11 have a Redis database")
+    return 1 + (index + int(hashlib.sha256(checkout.encode()).hexdigest(), 16)) % 11
 
 
 def migrated_pg_database(name: str) -> str:
@@ -240,14 +248,12 @@ def cluster_on(database_url: str, redis_db: int, tmp: Path) -> Iterator[Cluster]
         cluster.redis().flushdb()
 
 
-def fresh_cluster(
-    database: str, worker_id: str, tmp: Path, first_redis_db: int = 10
-) -> Iterator[Cluster]:
+def fresh_cluster(database: str, worker_id: str, tmp: Path) -> Iterator[Cluster]:
     """A fixture's body: a cluster on a fresh, migrated PostgreSQL database
-    ``gleaner_<database>_<worker_id>`` and the pytest-xdist worker's Redis database among the
-    six from ``first_redis_db`` (``yield from fresh_cluster(...)``)."""
+    ``gleaner_<database>_<worker_id>`` and the pytest-xdist worker's Redis database
+    (``redis_db_for``; ``yield from fresh_cluster(...)``)."""
     url = migrated_pg_database(f"gleaner_{database}_{worker_id}")
-    yield from cluster_on(url, redis_db_for(worker_id, first_redis_db), tmp)
+    yield from cluster_on(url, redis_db_for(worker_id), tmp)
 
 
 def cluster_store(cluster: Cluster) -> Iterator[Store]:
