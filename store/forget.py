@@ -30,7 +30,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from store import prepared
-from store.errors import StorageFailure
 from store.models import (
     ApiKey,
     ForgottenOwner,
@@ -107,12 +106,13 @@ def held_off(store: Store, scope: Scope) -> Iterator[Connection]:
     lock and then reads the owner's forget count (``generation_at_open``), a statement of
     its own so that it sees a forget that committed while the lock was awaited; both go to
     the server with the transaction's first statement (``Store.connection``)."""
-    postgres = store.dialect == "postgresql"
-    opening: list[tuple[Executable, Mapping[str, Any]]] = [
-        (_SHARED_LOCK, {"k": lock_key(scope)}),
-        (_GENERATION, {"owner_key": owner_key(scope)}),
-    ]
-    with store.connection(opening=opening if postgres else None) as held:
+    opening: list[tuple[Executable, Mapping[str, Any]]] | None = None
+    if store.dialect == "postgresql":
+        opening = [
+            (_SHARED_LOCK, {"k": lock_key(scope)}),
+            (_GENERATION, {"owner_key": owner_key(scope)}),
+        ]
+    with store.connection(opening=opening) as held:
         # The connection's info outlives the transaction (it goes back to the pool with it).
         held.info[HELD_OFF] = scope
         try:
@@ -125,10 +125,8 @@ def generation_at_open(session: Connection) -> int:
     """The owner's forget count as a ``held_off`` transaction on PostgreSQL read it, under
     the lock: no forget of the owner can commit before the transaction ends, so it holds
     to the end."""
-    rows = prepared.opened(session)
-    if not rows:
-        raise StorageFailure("the transaction's opening failed: it holds no forget count")
-    return int(rows[0][0])
+    ((generation,),) = prepared.opened(session)  # a failed opening raised in opened()
+    return int(generation)
 
 
 def is_held_off(session: Executor, scope: Scope) -> bool:

@@ -46,10 +46,9 @@ _KEY = (
     _LEDGER.c.transcript_hash == bindparam("digest"),
     _LEDGER.c.harvester_version == bindparam("version"),
 )
-_GENERATION = forget.GENERATION
 # What a harvest checks under the transcript's lock, in one statement.
 _STATE = select(
-    _GENERATION.label("generation"),
+    forget.GENERATION.label("generation"),
     exists().where(ForgottenTranscript.key == bindparam("tombstone")).label("tombstoned"),
     exists().where(*_KEY).label("harvested"),
 )
@@ -71,7 +70,7 @@ _RECORD = {
     .from_select(
         _COLUMNS,
         select(*(bindparam(c.name, type_=c.type) for c in _COLUMNS)).where(
-            bindparam("generation") == _GENERATION
+            bindparam("generation") == forget.GENERATION
         ),
     )
     .on_conflict_do_nothing()

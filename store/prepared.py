@@ -87,7 +87,7 @@ class _Driver:
 # What ``_send`` sends: a prepared statement with its parameters, or SQL without any; and
 # how it goes to libpq: the statement's name (None: SQL sent as it is), its SQL, the
 # parameters dumped and their formats.
-_Item = tuple["_Plan", Sequence[Any]] | bytes
+_Item = tuple["_Plan", list[Any]] | bytes
 _Bound = tuple[bytes | None, bytes, list[Any] | None, Sequence[Any] | None]
 
 
@@ -153,11 +153,10 @@ def execute(session: Executor, statement: Executable, params: Mapping[str, Any])
         raise _failure(connection, exc, sql, dict(params)) from exc
 
 
-def simple(session: Executor, sql: str) -> bytes | None:
+def simple(session: Executor, sql: str) -> None:
     """Send ``sql``, statements without parameters separated by semicolons, in one message
-    (the simple query protocol) in ``session``'s transaction; PostgreSQL only. Returns the
-    last statement's command tag. What a harvest opens its write transaction with: the
-    BEGIN and the forget lock (``Store.connection``)."""
+    (the simple query protocol) in ``session``'s transaction; PostgreSQL only. What rolls
+    back a transaction ``begin`` opened."""
     from psycopg import errors, pq
 
     connection = _connection(session)
@@ -169,8 +168,6 @@ def simple(session: Executor, sql: str) -> bytes | None:
             raise errors.error_from_result(result, encoding=driver.info.encoding)
     except connection.dialect.loaded_dbapi.Error as exc:
         raise _failure(connection, exc, sql, {}) from exc
-    tag: bytes | None = result.command_status
-    return tag
 
 
 def begin(connection: Connection, opening: Sequence[tuple[Executable, Mapping[str, Any]]]) -> None:
@@ -250,9 +247,7 @@ def end(connection: Connection, *, commit: bool) -> None:
         return
     if deferred.failed:
         _roll_back(connection)
-        raise StorageFailure(
-            "the transaction was rolled back, not committed: a statement in it failed"
-        )
+        raise StorageFailure(_NOT_COMMITTED)
     if deferred.opened is None and not deferred.later:
         return  # not one statement ran: the server never saw the transaction
     deferred_items: list[_Item] = [(plan, args) for plan, args, _ in deferred.later]
@@ -267,9 +262,7 @@ def end(connection: Connection, *, commit: bool) -> None:
             raise conflict() from failed.error
         raise failed.error from failed.error.orig
     if results[-1].command_status == b"ROLLBACK":
-        raise StorageFailure(
-            "the transaction was rolled back, not committed: a statement in it failed"
-        )
+        raise StorageFailure(_NOT_COMMITTED)
 
 
 def _roll_back(connection: Connection) -> None:
@@ -283,6 +276,7 @@ def _roll_back(connection: Connection) -> None:
 # with the connection: ``end`` takes it out).
 _DEFERRED = "gleaner.prepared_deferred"
 _BEGIN = b"BEGIN ISOLATION LEVEL READ COMMITTED"
+_NOT_COMMITTED = "the transaction was rolled back, not committed: a statement in it failed"
 
 
 def _opening(deferred: _Deferred) -> list[_Item]:
@@ -379,7 +373,7 @@ def _bound(driver: psycopg.Connection[Any], item: _Item) -> _Bound:
     if isinstance(item, bytes):
         return None, item, None, None
     plan, args = item
-    name, dumped, formats = _prepare(driver, plan, list(args))
+    name, dumped, formats = _prepare(driver, plan, args)
     return name, plan.sql, dumped, formats
 
 
