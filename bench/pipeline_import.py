@@ -24,6 +24,7 @@ from bench.pipeline_support import (
     note_count,
     wait_jobs,
 )
+from workers.cli.run import default_concurrency
 
 NAME = "pipe-import"
 # Why the ratio is missed, filled in from the run's own profile.
@@ -35,7 +36,7 @@ FINDING = (
     "the rare-term postings, so jobs stay flat as it grows (compare the pending count over "
     "time)"
 )
-CONCURRENCY = 2
+CONCURRENCY = default_concurrency()  # `gleaner worker`'s default: two prefork children a core
 
 
 def run(ctx: Context) -> None:

@@ -32,6 +32,7 @@ from bench.pipeline_support import (
     raw_http_cpu_ms,
     wait_jobs,
 )
+from workers.cli.run import default_concurrency
 
 NAME = "pipe-live"
 TARGET = 150  # transcripts per second on a 2-core host
@@ -52,7 +53,7 @@ FINDING = (
     "{litellm:.1f} ms) and a raw INSERT of the notes. On {cores} cores {target}/s leaves "
     "{budget:.1f} ms of CPU per transcript for everything"
 )
-CONCURRENCY = 2  # `gleaner worker` default: one prefork child per core
+CONCURRENCY = default_concurrency()  # `gleaner worker`'s default: two prefork children a core
 
 
 def run(ctx: Context) -> None:

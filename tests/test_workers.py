@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -241,3 +242,13 @@ def test_pending_jobs_whose_message_was_lost_are_sent_again(cluster: Cluster, st
     assert json.loads(swept.stdout)["requeued"] == 1
     wait_for(lambda: _done(store, lost) == 1, 60)
     assert "succeeded" in worker.text()
+
+
+def test_a_worker_started_without_concurrency_runs_two_children_per_core(
+    cluster: Cluster, store: Store
+) -> None:
+    worker = cluster.start_worker(queues="harvest", concurrency=None)
+    wait_for(lambda: len(worker.children()) == 2 * (os.cpu_count() or 1), 30)
+    files = write_natives(cluster.tmp / "in", 4, facts=1)
+    assert cluster.gleaner("enqueue", *map(str, files)).returncode == 0
+    wait_for(lambda: job_states(store).get("done", 0) == 4, 60)

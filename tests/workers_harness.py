@@ -31,7 +31,7 @@ class Worker:
     proc: subprocess.Popen[bytes]
     log: Path
     # What started it (None for beat): replace_stalled starts the same worker again.
-    started_as: tuple[str, int, str, dict[str, str]] | None = None
+    started_as: tuple[str, int | None, str, dict[str, str]] | None = None
 
     @property
     def pid(self) -> int:
@@ -86,14 +86,15 @@ class Cluster:
     def start_worker(
         self,
         queues: str = "harvest,housekeeping,import",
-        concurrency: int = 2,
+        concurrency: int | None = 2,
         *,
         pool: str = "prefork",
         wait: bool = True,
         **env: str,
     ) -> Worker:
-        """Start `gleaner worker`; with ``wait`` (the default) return once it is ready (else
-        call :meth:`wait_ready`, so several processes can start at once)."""
+        """Start `gleaner worker` (``concurrency`` None: its default); with ``wait`` (the
+        default) return once it is ready (else call :meth:`wait_ready`, so several processes
+        can start at once)."""
         log = self.tmp / f"worker-{len(self.workers)}.log"
         proc = subprocess.Popen(
             [
@@ -103,8 +104,7 @@ class Cluster:
                 "worker",
                 "--queues",
                 queues,
-                "--concurrency",
-                str(concurrency),
+                *([] if concurrency is None else ["--concurrency", str(concurrency)]),
                 "--pool",
                 pool,
                 "--loglevel",

@@ -12,6 +12,17 @@ from workers.cli.common import EXIT_FAILED, EXIT_OK, UsageError, require_broker
 NODE_NAME_OPTIONS = ("-n", "--hostname")
 
 
+# A harvest waits on its model call and on PostgreSQL's round trips and commits even when the
+# model answers at once: with one child per core a fifth of the CPU stayed idle in `bench`
+# (pipe-live), with two per core under a tenth, and the pipeline ran about 15% faster.
+CHILDREN_PER_CORE = 2
+
+
+def default_concurrency() -> int:
+    """``gleaner worker``'s default ``--concurrency``: two children (or threads) per core."""
+    return CHILDREN_PER_CORE * (os.cpu_count() or 1)
+
+
 def celery_options(args: argparse.Namespace) -> list[str]:
     """The options gleaner does not know, for Celery unchanged (gleaner's ``--`` dropped)."""
     extra = list(getattr(args, "celery_args", None) or [])
@@ -114,7 +125,13 @@ def register(sub: Any) -> None:
         help="comma-separated queues to serve; housekeeping is polled first, then harvest, "
         "then import (default: harvest,housekeeping,import)",
     )
-    worker.add_argument("--concurrency", type=int, default=2, help="worker processes/threads")
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=default_concurrency(),
+        help="worker processes (prefork) or threads; default: two per core "
+        f"({default_concurrency()} here), since a harvest also waits on its model and database",
+    )
     worker.add_argument(
         "--pool",
         choices=("prefork", "threads", "solo"),
