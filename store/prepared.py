@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import select
 import weakref
 from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
@@ -345,14 +346,16 @@ def _exchange(pgconn: Any, sends: list[_Bound]) -> list[PGresult]:
         else:
             pgconn.send_query_prepared(name, cast(Any, values), formats)
     pgconn.pipeline_sync()
+    poller = select.poll()
+    fd = pgconn.socket
     results = []
     for _ in sends:  # a query's one result here, which libpq ends with None
-        result = pgconn.get_result()
-        if result is None or pgconn.get_result() is not None:
+        result = _next_result(pgconn, poller, fd)
+        if result is None or _next_result(pgconn, poller, fd) is not None:
             break
         results.append(result)
     else:
-        sync = pgconn.get_result()
+        sync = _next_result(pgconn, poller, fd)
         if sync is not None and sync.status == pq.ExecStatus.PIPELINE_SYNC:
             pgconn.exit_pipeline_mode()
             return results
@@ -361,6 +364,20 @@ def _exchange(pgconn: Any, sends: list[_Bound]) -> list[PGresult]:
         ("the connection to the server was lost: " if lost else "libpq pipeline out of step: ")
         + pgconn.get_error_message()
     )
+
+
+def _next_result(pgconn: Any, poller: select.poll, fd: int) -> PGresult | None:
+    """libpq's next result on the pipelined connection ``pgconn`` (its socket ``fd``),
+    waited for in ``poll`` with the GIL released: psycopg's ``get_result`` holds it, so
+    waiting there on the server stopped every other thread of the process (the other
+    harvests of a threads pool, the lease heartbeat) for the round trip."""
+    while True:
+        unsent = pgconn.flush()  # psycopg's connections are non-blocking: 1 while data waits
+        if not unsent and not pgconn.is_busy():
+            return cast("PGresult | None", pgconn.get_result())
+        poller.register(fd, select.POLLIN | (select.POLLOUT if unsent else 0))
+        if any(events & ~select.POLLOUT for _, events in poller.poll()):
+            pgconn.consume_input()  # raises OperationalError if the connection broke
 
 
 def _sql(item: _Item) -> str:

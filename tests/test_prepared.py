@@ -3,6 +3,8 @@ and fail as SQLAlchemy fails."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -225,3 +227,33 @@ def test_at_most_max_prepared_statements_stay_prepared_on_a_connection(make_stor
         ).scalar_one()
         assert kept == prepared.MAX_PREPARED  # the oldest were closed as new ones came
         assert list(prepared.execute(connection, shapes[0], {})) == [(0,)]  # prepared again
+
+
+def test_other_threads_run_while_a_pipelined_transaction_waits_for_the_server(make_store) -> None:  # type: ignore[no-untyped-def]
+    # Under `--pool threads` one process runs dozens of harvests: a write transaction waiting
+    # on PostgreSQL's answer must not stop the others (nor the lease heartbeat) meanwhile.
+    store = make_store("postgresql")
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.001)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        time.sleep(0.05)
+        slow = [(text("SELECT pg_sleep(0.6)"), {})]
+        with store.connection(opening=slow) as connection:
+            started = time.monotonic()
+            (row,) = prepared.execute(connection, SEVEN, {})  # sent with the BEGIN and the sleep
+            waited = time.monotonic() - started
+    finally:
+        stop.set()
+        ticker.join()
+    assert row.seven == 7 and waited >= 0.6
+    during = [t for t in ticks if started <= t <= started + waited]
+    gaps = [b - a for a, b in zip([started, *during], [*during, started + waited], strict=True)]
+    assert max(gaps) < 0.3, f"the other thread stood still for {max(gaps):.2f} s"
