@@ -19,7 +19,10 @@ CHILDREN_PER_CORE = 2
 
 
 def default_concurrency() -> int:
-    """``gleaner worker``'s default ``--concurrency``: two children (or threads) per core."""
+    """``gleaner worker``'s default ``--concurrency``: two children (or threads) per core
+    this process may run on (a worker pinned by taskset or a cpuset counts its own cores)."""
+    if hasattr(os, "sched_getaffinity"):  # Linux; elsewhere every core counts
+        return CHILDREN_PER_CORE * len(os.sched_getaffinity(0))
     return CHILDREN_PER_CORE * (os.cpu_count() or 1)
 
 
@@ -125,12 +128,13 @@ def register(sub: Any) -> None:
         help="comma-separated queues to serve; housekeeping is polled first, then harvest, "
         "then import (default: harvest,housekeeping,import)",
     )
+    concurrency = default_concurrency()
     worker.add_argument(
         "--concurrency",
         type=int,
-        default=default_concurrency(),
+        default=concurrency,
         help="worker processes (prefork) or threads; default: two per core "
-        f"({default_concurrency()} here), since a harvest also waits on its model and database",
+        f"({concurrency} here), since a harvest also waits on its model and database",
     )
     worker.add_argument(
         "--pool",
