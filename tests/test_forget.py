@@ -108,6 +108,21 @@ def test_a_harvest_running_during_forget_writes_nothing(make_store, backend: str
     assert MARKER_TAIL not in every_value(store) and store.fingerprint(Scope.owner(OWNER))[0] == 0
 
 
+def test_a_harvest_task_returns_its_status_and_counts_and_nothing_that_names_anyone() -> None:
+    from workers.tasks import logged_result
+
+    outcome = {
+        "status": "harvested",
+        "notes_written": 2,
+        "model_calls": 1,
+        "owner": OWNER,
+        "conversation_id": f"{MARKER}-conv",
+        "slugs": [f"{MARKER}-slug"],
+        "error": MARKER,
+    }
+    assert logged_result(outcome) == "harvested notes_written=2 model_calls=1"
+
+
 @pytest.mark.slow
 def test_worker_logs_carry_ids_and_counts_not_slugs_or_owners(
     tmp_path: Path, worker_id: str
