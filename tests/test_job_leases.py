@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from harvest.queue import record_jobs
 from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
@@ -193,6 +193,23 @@ def test_a_claim_takes_pending_or_lost_jobs_never_failed_done_or_live_ones(store
     with store.transaction() as session:
         job_records.finish(session, job_id, {"status": "harvested"}, token="t5")
     assert claim("t5", redelivered=True) is None and row(store, job_id)["state"] == "done"
+
+
+def test_a_claim_on_postgresql_does_not_wait_for_the_disk_and_what_follows_does(
+    make_store: Any,
+) -> None:
+    store: Store = make_store("postgresql")
+    [job_id] = record(store, 1)
+    lease = timedelta(seconds=60)
+    with store.transaction() as session:  # seen inside a transaction: it is that one's alone
+        assert job_records.claim(session, job_id, lease=lease, token="t1")
+        assert session.execute(text("SHOW synchronous_commit")).scalar() == "off"
+    with store.statements() as connection:  # as run_job claims: the claim's own commit
+        assert job_records.claim(connection, job_id, lease=lease, token="t1")
+        assert connection.execute(text("SHOW synchronous_commit")).scalar() == "on"
+    with store.transaction() as session:  # the same pooled connection: back to waiting
+        assert session.execute(text("SHOW synchronous_commit")).scalar() == "on"
+    assert row(store, job_id)["attempts"] == 2
 
 
 # --- status --------------------------------------------------------------------------------
