@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol, TypeVar, overload
 
 from harvest.errors import HarvestError
 from harvest.extraction import Extraction, run_extraction, uses_model
@@ -33,7 +34,7 @@ PROVENANCES = ("compaction", "import")
 RECALL_TERMS = 200
 
 if TYPE_CHECKING:
-    from store import Executor
+    from store import Executor, TranscriptLock
 
 
 def harvester_version(settings: Settings) -> str:
@@ -141,30 +142,51 @@ def harvested_before(session: Executor, plan: Plan) -> bool:
 
 
 def look_up(
-    session: Executor, settings: Settings, plan: Plan, llm: HarvestLLM | None = None
-) -> Ready | None:
+    session: Executor,
+    settings: Settings,
+    plan: Plan,
+    llm: HarvestLLM | None = None,
+    *,
+    lock: TranscriptLock | None = None,
+) -> Ready | Held | None:
     """The ledger check under the transcript's lock: None when it was harvested (or
     forgotten) before, else what extraction needs.
 
-    That is at most ``harvest_known_keys`` of the owner's ``(topic_key, title)`` pairs,
-    those whose notes share the transcript's words (``recall_terms``) first, then the most
-    recently changed, read with the check (``store.ledger.check``). Shown to the model so a
-    fact that changes (a move, a new editor) reuses its key and replaces the old note, whose
-    text goes to history. None are read for the offline extractor, which keeps its own
-    fixed keys.
+    With ``lock`` (the transcript's, not taken yet) the lock is taken with the check, in one
+    round trip on PostgreSQL (``store.ledger.check_locked``); ``HELD`` when another worker
+    holds it (nothing checked). Without, the caller holds the lock already.
+
+    What extraction needs is at most ``harvest_known_keys`` of the owner's ``(topic_key,
+    title)`` pairs, those whose notes share the transcript's words (``recall_terms``) first,
+    then the most recently changed, read with the check (``store.ledger.check``). Shown to
+    the model so a fact that changes (a move, a new editor) reuses its key and replaces the
+    old note, whose text goes to history. None are read for the offline extractor, which
+    keeps its own fixed keys.
     """
     keys = settings.harvest_known_keys if uses_model(settings, llm) else 0
-    generation, done, found = ledger.check(
-        session,
-        plan.scope,
-        plan.digest,
-        plan.version,
-        recall_terms(plan) if keys else [],
-        keys=keys,
-    )
+    terms = recall_terms(plan) if keys else []
+    if lock is None:
+        checked = ledger.check(session, plan.scope, plan.digest, plan.version, terms, keys=keys)
+    else:
+        found = ledger.check_locked(
+            session, lock, plan.scope, plan.digest, plan.version, terms=terms, keys=keys
+        )
+        if found is None:
+            return HELD
+        checked = found
+    generation, done, notes = checked
     if done:
         return None
-    return Ready(tuple((note.topic_key, note.title) for note in found), generation)
+    return Ready(tuple((note.topic_key, note.title) for note in notes), generation)
+
+
+class Held(Enum):
+    """``look_up``'s answer when another worker holds the transcript's lock."""
+
+    HELD = "held"
+
+
+HELD = Held.HELD
 
 
 def recall_terms(plan: Plan) -> list[str]:
@@ -290,7 +312,7 @@ def run_harvest(
             plan = begun
             lock = store.transcript_lock(plan.scope, plan.digest)
             # None: not checked yet, the lock being held elsewhere
-            checked = _check(steps, session, settings, plan, llm) if lock.try_acquire() else None
+            checked = _check(steps, session, settings, plan, llm, lock=lock)
             if isinstance(checked, HarvestOutcome):
                 return checked
         steps.begun()
@@ -322,15 +344,42 @@ def run_harvest(
             lock.release()
 
 
+@overload
 def _check(
     steps: HarvestSteps[object],
     session: Executor,
     settings: Settings,
     plan: Plan,
     llm: HarvestLLM | None,
-) -> Ready | HarvestOutcome:
-    """``look_up`` under the lock; a transcript done before is settled (``skipped``)."""
-    ready = look_up(session, settings, plan, llm)
+) -> Ready | HarvestOutcome: ...
+
+
+@overload
+def _check(
+    steps: HarvestSteps[object],
+    session: Executor,
+    settings: Settings,
+    plan: Plan,
+    llm: HarvestLLM | None,
+    *,
+    lock: TranscriptLock,
+) -> Ready | HarvestOutcome | None: ...
+
+
+def _check(
+    steps: HarvestSteps[object],
+    session: Executor,
+    settings: Settings,
+    plan: Plan,
+    llm: HarvestLLM | None,
+    *,
+    lock: TranscriptLock | None = None,
+) -> Ready | HarvestOutcome | None:
+    """``look_up`` under the lock (taken with it when given: None when another worker holds
+    it); a transcript done before is settled (``skipped``)."""
+    ready = look_up(session, settings, plan, llm, lock=lock)
+    if ready is HELD:
+        return None
     return ready if ready is not None else _settle(steps, session, plan.outcome("skipped"))
 
 

@@ -15,7 +15,8 @@ connection, a session's being ``session.connection()``, and ``job_reports`` eith
 
 Everything else is internal and may change without notice: the one writer (``writer``,
 ``write_lookup``, ``term_index``, ``drafts``), dialect SQL (``sql``), advisory locks
-(``locks``, reached through ``Store.transcript_lock``), superseding (``supersede``), dedupe
+(``locks``, reached through ``Store.transcript_lock``, whose ``TranscriptLock`` is
+exported here), superseding (``supersede``), dedupe
 and its join (``dedupe``, ``overlap``, ``housekeeping``), ``mem``, ``tending``, ``api``
 (``Store`` is exported here), ``models``, ``tables`` (the Core tables the read commands
 use) and ``migrations``. ``tests/test_layout.py`` holds every package to this and to the
@@ -57,10 +58,12 @@ _LAZY = {
     "Settings": "store.settings",
     "load_settings": "store.settings",
     "Executor": "store.sql",
+    "TranscriptLock": "store.locks",
 }
 
 if TYPE_CHECKING:
     from store.api import Store
+    from store.locks import TranscriptLock
     from store.schemas import (
         LinkResult,
         Note,
@@ -107,6 +110,7 @@ __all__ = [
     "StorageFailure",
     "Store",
     "StoreError",
+    "TranscriptLock",
     "WriteResult",
     "format_error",
     "load_settings",

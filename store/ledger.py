@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection, Table, bindparam, exists, select, true
+from sqlalchemy import Connection, Executable, Table, bindparam, exists, select, true
 from sqlalchemy.dialects import postgresql, sqlite
 
 from store import forget, keyed, prepared
@@ -17,6 +17,7 @@ from store.schemas import Scope
 from store.sql import dialect_name
 
 if TYPE_CHECKING:
+    from store.locks import TranscriptLock
     from store.sql import Executor
 
 
@@ -95,24 +96,65 @@ def state(session: Executor, scope: Scope, digest: str, version: str) -> tuple[i
     return int(found), bool(tombstoned or harvested)
 
 
+Checked = tuple[int, bool, list[keyed.KeyedNote]]
+
+
 def check(
     session: Executor, scope: Scope, digest: str, version: str, terms: Sequence[str], *, keys: int
-) -> tuple[int, bool, list[keyed.KeyedNote]]:
+) -> Checked:
     """``state``, and when there is something to do, at most ``keys`` of the scope's keyed
     notes ranked by ``terms`` (``keyed.keyed_notes``). On PostgreSQL one statement: the
     harvest asks this under the transcript's lock, each round trip paid on every job."""
-    if keys <= 0 or dialect_name(session) != "postgresql":
+    if dialect_name(session) != "postgresql":
         generation, done = state(session, scope, digest, version)
         found = [] if done else keyed.keyed_notes(session, scope, terms, limit=keys)
         return generation, done, found
-    rows = prepared.execute(
-        session,
-        _CHECK,
-        {**_state_params(scope, digest, version), **keyed.keyed_params(scope, terms, keys)},
+    return _checked(
+        prepared.execute(session, *_check_statement(scope, digest, version, terms, keys)), keys
     )
+
+
+def check_locked(
+    session: Executor,
+    lock: TranscriptLock,
+    scope: Scope,
+    digest: str,
+    version: str,
+    *,
+    terms: Sequence[str],
+    keys: int,
+) -> Checked | None:
+    """``check`` once ``lock`` (the transcript's, not held yet) is taken here, or None when
+    someone else holds it (nothing checked). On PostgreSQL the lock and the check are one
+    round trip, on the lock's own connection: the check runs after the lock was granted, so
+    it sees any harvest of the transcript committed before."""
+    if not lock.pipelined:
+        return (
+            check(session, scope, digest, version, terms, keys=keys) if lock.try_acquire() else None
+        )
+    rows = lock.try_acquire_reading(*_check_statement(scope, digest, version, terms, keys))
+    return None if rows is None else _checked(rows, keys)
+
+
+def _check_statement(
+    scope: Scope, digest: str, version: str, terms: Sequence[str], keys: int
+) -> tuple[Executable, Mapping[str, object]]:
+    """PostgreSQL's one statement of ``check``: ``_STATE`` alone when no keys are wanted."""
+    if keys <= 0:
+        return _STATE, _state_params(scope, digest, version)
+    return _CHECK, {
+        **_state_params(scope, digest, version),
+        **keyed.keyed_params(scope, terms, keys),
+    }
+
+
+def _checked(rows: Sequence[Any], keys: int) -> Checked:
+    """``check``'s answer from the rows of ``_check_statement``'s statement."""
     generation, tombstoned, harvested = rows[0][:3]
     if tombstoned or harvested:
         return int(generation), True, []
+    if keys <= 0:  # ``_STATE``'s one row
+        return int(generation), False, []
     found = [keyed.KeyedNote(str(row.topic_key), row.title) for row in rows if row.topic_key]
     return int(generation), False, found
 

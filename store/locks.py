@@ -22,10 +22,11 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import Engine, TextClause, text
+from sqlalchemy import Engine, Executable, TextClause, text
 
 from store import prepared
 from store.errors import StorageFailure
@@ -54,7 +55,14 @@ class ProcessLocks:
         self._changed = threading.Condition()
         self.enabled = engine.dialect.name == "postgresql"
 
-    def _run(self, statement: TextClause, key: int) -> bool:
+    def _run(
+        self,
+        statement: TextClause,
+        key: int,
+        then: tuple[Executable, Mapping[str, Any]] | None = None,
+    ) -> tuple[bool, Sequence[Any]]:
+        """The lock statement's answer, and the rows of ``then`` sent right after it in the
+        same round trip (none without it)."""
         try:
             if self._connection is None or self._connection.closed:
                 # Outside the store's pool: a caller may hold the last pooled connection
@@ -63,10 +71,14 @@ class ProcessLocks:
                 cargs, cparams = dialect.create_connect_args(self._engine.url)
                 self._connection = dialect.connect(*cargs, **cparams)
                 self._connection.autocommit = True
-            ((held,),) = prepared.on_driver(
-                self._connection, self._engine.dialect, statement, {"key": key}
+            dialect = self._engine.dialect
+            if then is None:
+                ((held,),) = prepared.on_driver(self._connection, dialect, statement, {"key": key})
+                return bool(held), ()
+            ((held,),), rows = prepared.on_driver_each(
+                self._connection, dialect, [(statement, {"key": key}), then]
             )
-            return bool(held)
+            return bool(held), rows
         except self._engine.dialect.loaded_dbapi.Error as exc:
             # The session (and every lock on it) is gone; the next call reconnects.
             broken, self._connection = self._connection, None
@@ -80,10 +92,27 @@ class ProcessLocks:
         if not self.enabled:
             return True
         with self._changed:
-            if key in self._held or not self._run(_TRY_LOCK, key):
+            if key in self._held or not self._run(_TRY_LOCK, key)[0]:
                 return False
             self._held.add(key)
             return True
+
+    def try_acquire_reading(
+        self, key: int, statement: Executable, params: Mapping[str, Any]
+    ) -> Sequence[Any] | None:
+        """``try_acquire``, with ``statement`` (a read) run on the lock's connection in the
+        same round trip, right after the lock was taken; its rows, or None when the lock
+        was not taken (the read's rows, from before, are dropped). PostgreSQL only."""
+        if not self.enabled:
+            raise RuntimeError("try_acquire_reading needs PostgreSQL's advisory locks")
+        with self._changed:
+            if key in self._held:
+                return None
+            held, rows = self._run(_TRY_LOCK, key, (statement, params))
+            if not held:
+                return None
+            self._held.add(key)
+            return rows
 
     def acquire(self, key: int) -> None:
         """Block until this process holds ``key`` (other threads and processes wait)."""
@@ -150,6 +179,22 @@ class TranscriptLock:
     def try_acquire(self) -> bool:
         self.held = self.held or self._locks.try_acquire(self._key)
         return self.held
+
+    def try_acquire_reading(
+        self, statement: Executable, params: Mapping[str, Any]
+    ) -> Sequence[Any] | None:
+        """``try_acquire`` with a read in its round trip (``ProcessLocks.try_acquire_reading``):
+        the read's rows once the lock is taken, None when it is not."""
+        if self.held:
+            raise RuntimeError("the lock is held already: read on a connection of the store")
+        rows = self._locks.try_acquire_reading(self._key, statement, params)
+        self.held = rows is not None
+        return rows
+
+    @property
+    def pipelined(self) -> bool:
+        """True when ``try_acquire_reading`` works: the lock is PostgreSQL's."""
+        return self._locks.enabled
 
     def acquire(self) -> None:
         if not self.held:

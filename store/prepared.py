@@ -454,6 +454,37 @@ def on_driver(
     return _run(driver, plan, _arguments(plan, params))
 
 
+def on_driver_each(
+    driver: psycopg.Connection[Any],
+    dialect: Dialect,
+    statements: Sequence[tuple[Executable, Mapping[str, Any]]],
+) -> list[Sequence[Any]]:
+    """``on_driver`` for several statements in one round trip (libpq's pipeline mode), on an
+    autocommit psycopg connection; each one's rows. Up to the pipeline's one Sync they run in
+    one implicit transaction: a statement that fails undoes the ones before it (but for a
+    session-level advisory lock, which outlives a rollback) and raises the driver's error."""
+    from psycopg import errors, pq
+
+    if not driver.autocommit:
+        raise RuntimeError("on_driver_each runs on an autocommit connection")
+    plans = [_plan(statement, dialect) for statement, _ in statements]
+    sends: list[_Bound] = []
+    for plan, (_, params) in zip(plans, statements, strict=True):
+        name, dumped, formats = _prepare(driver, plan, _arguments(plan, params))
+        sends.append((name, plan.sql, dumped, formats))
+    found: list[Sequence[Any]] = []
+    for plan, result in zip(plans, _exchange(driver.pgconn, sends), strict=True):
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            failure = errors.error_from_result(result, encoding=driver.info.encoding)
+            if failure.sqlstate == _NO_SUCH_STATEMENT:
+                _state(driver).prepared.clear()  # deallocated: the caller's retry prepares again
+            raise failure
+        found.append(
+            _loaded(driver, plan, result) if result.status == pq.ExecStatus.TUPLES_OK else []
+        )
+    return found
+
+
 def _arguments(plan: _Plan, params: Mapping[str, Any]) -> list[Any]:
     """``params`` in ``$n`` order, through the statement's bind processors."""
     values = plan.compiled.construct_params(dict(params)) or {}

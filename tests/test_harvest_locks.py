@@ -269,3 +269,44 @@ def test_a_job_whose_transcript_is_held_elsewhere_waits_then_finds_its_ledger_ro
 def job_state(store: Store, job_id: str) -> str:
     with store.transaction() as session:
         return str(session.execute(select(Job.state).where(Job.id == job_id)).scalar_one())
+
+
+@pytest.mark.postgres
+def test_the_lock_and_the_ledger_check_are_one_round_trip_and_the_check_follows_the_lock(
+    stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from store import prepared
+
+    mine, theirs = stores
+    scope = Scope.owner("dora")  # no other test's owner
+    with mine.transaction() as session:
+        ledger.record(session, scope, ledger_entry("d0", "v1"), generation=0)
+    trips: list[int] = []
+    exchange = prepared._exchange
+    monkeypatch.setattr(
+        prepared,
+        "_exchange",
+        lambda pgconn, sends: trips.append(len(sends)) or exchange(pgconn, sends),
+    )
+
+    def check(store: Store, digest: str) -> ledger.Checked | None:
+        lock = store.transcript_lock(scope, digest)
+        with store.statements() as session:
+            found = ledger.check_locked(session, lock, scope, digest, "v1", terms=[], keys=5)
+        assert lock.held == (found is not None)
+        return found
+
+    held = theirs.transcript_lock(scope, "d1")
+    assert held.try_acquire()
+    assert check(mine, "d1") is None  # held elsewhere: nothing checked, nothing held
+    assert trips == [2]  # the lock and the check went together
+    # The other worker records the transcript before it lets go: the check, run after the
+    # lock was granted, sees the row.
+    with theirs.transaction() as session:
+        ledger.record(session, scope, ledger_entry("d1", "v1"), generation=0)
+    held.release()
+    assert check(mine, "d1") == (0, True, [])
+    assert check(mine, "d2") == (0, False, [])  # never harvested: to do, under the lock
+    assert check(mine, "d0") == (0, True, [])
+    assert trips == [2, 2, 2, 2]
+    assert not theirs.transcript_lock(scope, "d2").try_acquire()  # mine holds it now

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+import psycopg
 import pytest
 from sqlalchemy import literal, select, text
 from sqlalchemy.exc import DataError, DBAPIError
@@ -257,3 +258,30 @@ def test_other_threads_run_while_a_pipelined_transaction_waits_for_the_server(ma
     during = [t for t in ticks if started <= t <= started + waited]
     gaps = [b - a for a, b in zip([started, *during], [*during, started + waited], strict=True)]
     assert max(gaps) < 0.3, f"the other thread stood still for {max(gaps):.2f} s"
+
+
+def test_statements_sent_together_on_a_driver_connection_stand_or_fall_together(make_store) -> None:  # type: ignore[no-untyped-def]
+    store = make_store("postgresql")
+    job_id = add_job(store)
+    dialect = store.engine.dialect
+    bump = text("UPDATE jobs SET attempts = attempts + 1 WHERE id = :id RETURNING attempts")
+    lock = text("SELECT pg_try_advisory_lock(:key)")
+    with store.engine.connect() as connection:
+        driver = connection.connection.driver_connection
+        driver.autocommit = True
+        first, second = prepared.on_driver_each(
+            driver, dialect, [(bump, {"id": job_id}), (bump, {"id": job_id})]
+        )
+        assert [tuple(first[0]), tuple(second[0])] == [(1,), (2,)]  # in order, each its rows
+        with pytest.raises(psycopg.errors.DivisionByZero):  # the second fails: the first
+            prepared.on_driver_each(  # is undone with it, and the driver's error raised
+                driver, dialect, [(bump, {"id": job_id}), (select(literal(1) / 0), {})]
+            )
+        [[(held,)], [(attempts,)]] = prepared.on_driver_each(  # the connection works on
+            driver, dialect, [(lock, {"key": 7}), (bump, {"id": job_id})]
+        )
+        assert held and attempts == 3
+        driver.execute("SELECT pg_advisory_unlock_all()")
+        driver.autocommit = False
+    with store.transaction() as session:
+        assert session.get(Job, job_id).attempts == 3  # type: ignore[union-attr]
