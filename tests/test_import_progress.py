@@ -143,7 +143,10 @@ def test_no_wait_returns_queued_then_status_watch_follows_to_the_end(
     waiting = cli("status", "--import", import_id, "--json").json()
     assert (waiting["pending"], waiting["finished"], waiting["total"]) == (30, 0, 30)
 
-    cluster.start_worker(queues="import", concurrency=2)
+    # Not waited for: the watch must look before the worker can finish anything (30 jobs
+    # took less than the wait for a ready worker, and a watch that finds the import done
+    # prints its totals alone).
+    cluster.start_worker(queues="import", concurrency=2, wait=False)
     watched = cli("status", "--import", import_id, "--watch")
     assert watched.code == 0, watched.err
     assert f"import {import_id}: 30/30 finished (30 done, 0 failed" in watched.out
