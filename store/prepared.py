@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from psycopg.adapt import PyFormat
     from psycopg.pq.abc import PGresult
     from sqlalchemy.engine.interfaces import DBAPIModule
+    from sqlalchemy.sql.elements import BindParameter
 
     from store.sql import Executor
 
@@ -72,6 +73,9 @@ class _Plan:
     sql: bytes
     names: tuple[str, ...]
     processors: tuple[Callable[[Any], Any] | None, ...]
+    # Where each ``$n`` parameter comes from: its key and name in the caller's parameters,
+    # else its bind's own value (``_arguments``); None: ask ``construct_params`` each time.
+    sources: tuple[tuple[str, str, BindParameter[Any]], ...] | None = None
     row: Callable[[Sequence[Any]], tuple[Any, ...]] | None = None  # built from the first result
 
 
@@ -486,7 +490,29 @@ def on_driver_each(
 
 
 def _arguments(plan: _Plan, params: Mapping[str, Any]) -> list[Any]:
-    """``params`` in ``$n`` order, through the statement's bind processors."""
+    """``params`` in ``$n`` order, through the statement's bind processors.
+
+    Each value is found as SQLAlchemy's ``construct_params`` finds it (the bind's key in
+    ``params``, then its compiled name, then the bind's own value), without building the
+    dict of every bind: about a third of the time, on each of a job's dozen statements. A
+    required value missing goes to ``construct_params``, which raises its error."""
+    if plan.sources is None:
+        return _constructed(plan, params)
+    values = []
+    for (key, name, bind), process in zip(plan.sources, plan.processors, strict=True):
+        if key in params:
+            value = params[key]
+        elif name in params:
+            value = params[name]
+        elif bind.required:
+            return _constructed(plan, params)
+        else:
+            value = bind.effective_value
+        values.append(value if process is None else process(value))
+    return values
+
+
+def _constructed(plan: _Plan, params: Mapping[str, Any]) -> list[Any]:
     values = plan.compiled.construct_params(dict(params)) or {}
     return [
         value if process is None else process(value)
@@ -617,11 +643,14 @@ def _plan(statement: Executable, dialect: Dialect) -> _Plan:
             # A sequence of processors is for tuple-typed parameters, which no statement
             # sent here has.
             assert callable(processors.get(name, len)), f"tuple-typed parameter {name!r}"
+        binds = {name: bind for bind, name in compiled.bind_names.items()}
+        simple = not compiled.escaped_bind_names and all(n in binds for n in names)
         found = _plans[statement] = _Plan(
             compiled,
             compiled.string.encode(),
             names,
             tuple(cast(Callable[[Any], Any] | None, processors.get(n)) for n in names),
+            tuple((binds[n].key, n, binds[n]) for n in names) if simple else None,
         )
     return found
 

@@ -285,3 +285,35 @@ def test_statements_sent_together_on_a_driver_connection_stand_or_fall_together(
         driver.autocommit = False
     with store.transaction() as session:
         assert session.get(Job, job_id).attempts == 3  # type: ignore[union-attr]
+
+
+def test_parameters_are_found_as_sqlalchemy_finds_them() -> None:
+    from datetime import UTC, datetime
+
+    from sqlalchemy import bindparam
+    from sqlalchemy.dialects import postgresql
+    from sqlalchemy.exc import InvalidRequestError
+
+    from store import ledger
+
+    dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
+    now = datetime.now(UTC)
+    claim = {"job_id": "j1", "now": now, "expired": now, "token": "t1", "worker": "w:1"}
+    cases = [
+        (job_records._CLAIM_PG, {**claim, "redelivered": True}),  # literals: state, 1, off
+        (
+            ledger._STATE,
+            {"owner_key": "o", "tombstone": "t", "kind": "owner", "sid": "a"}
+            | {"digest": "d", "version": "v"},
+        ),
+        (select(literal(5) + bindparam("x", value=3)), {}),  # a bind's own value
+        (select(literal(5) + bindparam("x", value=3)), {"x": 4}),  # the caller's wins
+        (select(literal(5) + bindparam("x", callable_=lambda: 7)), {}),
+    ]
+    for statement, params in cases:
+        plan = prepared._plan(statement, dialect)
+        assert plan.sources is not None
+        assert prepared._arguments(plan, params) == prepared._constructed(plan, params)
+    missing = prepared._plan(select(literal(5) + bindparam("x")), dialect)
+    with pytest.raises(InvalidRequestError, match="required for bind parameter 'x'"):
+        prepared._arguments(missing, {})
