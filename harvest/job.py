@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from harvest.errors import HarvestError
 from harvest.extraction import Extraction, run_extraction, uses_model
@@ -148,13 +147,14 @@ def look_up(
     llm: HarvestLLM | None = None,
     *,
     lock: TranscriptLock | None = None,
-) -> Ready | Held | None:
+) -> Ready | None:
     """The ledger check under the transcript's lock: None when it was harvested (or
     forgotten) before, else what extraction needs.
 
     With ``lock`` (the transcript's, not taken yet) the lock is taken with the check, in one
-    round trip on PostgreSQL (``store.ledger.check_locked``); ``HELD`` when another worker
-    holds it (nothing checked). Without, the caller holds the lock already.
+    round trip on PostgreSQL (``store.ledger.check_locked``); when another worker holds it,
+    nothing is checked: None, and ``lock.held`` stays False. Without, the caller holds the
+    lock already.
 
     What extraction needs is at most ``harvest_known_keys`` of the owner's ``(topic_key,
     title)`` pairs, those whose notes share the transcript's words (``recall_terms``) first,
@@ -172,21 +172,12 @@ def look_up(
             session, lock, plan.scope, plan.digest, plan.version, terms=terms, keys=keys
         )
         if found is None:
-            return HELD
+            return None
         checked = found
     generation, done, notes = checked
     if done:
         return None
     return Ready(tuple((note.topic_key, note.title) for note in notes), generation)
-
-
-class Held(Enum):
-    """``look_up``'s answer when another worker holds the transcript's lock."""
-
-    HELD = "held"
-
-
-HELD = Held.HELD
 
 
 def recall_terms(plan: Plan) -> list[str]:
@@ -311,15 +302,16 @@ def run_harvest(
                 return begun
             plan = begun
             lock = store.transcript_lock(plan.scope, plan.digest)
+            ready = look_up(session, settings, plan, llm, lock=lock)
             # None: not checked yet, the lock being held elsewhere
-            checked = _check(steps, session, settings, plan, llm, lock=lock)
+            checked = _settled(steps, session, plan, ready) if lock.held else None
             if isinstance(checked, HarvestOutcome):
                 return checked
         steps.begun()
         if checked is None:  # another worker is harvesting the same transcript: wait, look again
             lock.acquire()
             with store.transaction() as session:
-                checked = _check(steps, session, settings, plan, llm)
+                checked = _settled(steps, session, plan, look_up(session, settings, plan, llm))
                 if isinstance(checked, HarvestOutcome):
                     return checked
         try:
@@ -344,42 +336,11 @@ def run_harvest(
             lock.release()
 
 
-@overload
-def _check(
-    steps: HarvestSteps[object],
-    session: Executor,
-    settings: Settings,
-    plan: Plan,
-    llm: HarvestLLM | None,
-) -> Ready | HarvestOutcome: ...
-
-
-@overload
-def _check(
-    steps: HarvestSteps[object],
-    session: Executor,
-    settings: Settings,
-    plan: Plan,
-    llm: HarvestLLM | None,
-    *,
-    lock: TranscriptLock,
-) -> Ready | HarvestOutcome | None: ...
-
-
-def _check(
-    steps: HarvestSteps[object],
-    session: Executor,
-    settings: Settings,
-    plan: Plan,
-    llm: HarvestLLM | None,
-    *,
-    lock: TranscriptLock | None = None,
-) -> Ready | HarvestOutcome | None:
-    """``look_up`` under the lock (taken with it when given: None when another worker holds
-    it); a transcript done before is settled (``skipped``)."""
-    ready = look_up(session, settings, plan, llm, lock=lock)
-    if ready is HELD:
-        return None
+def _settled(
+    steps: HarvestSteps[object], session: Executor, plan: Plan, ready: Ready | None
+) -> Ready | HarvestOutcome:
+    """``look_up``'s answer under the lock; a transcript done before is settled
+    (``skipped``)."""
     return ready if ready is not None else _settle(steps, session, plan.outcome("skipped"))
 
 
