@@ -241,7 +241,9 @@ def claim(
     ``token`` is the Celery task id of the message (a fresh id when None), ``worker`` the
     claiming process (``host:pid``), ``redelivered`` the broker's flag on the message. One
     statement: the row lock the UPDATE takes keeps a concurrent claim waiting until commit,
-    after which its condition is evaluated again on the claimed row.
+    after which its condition is evaluated again on the claimed row. On PostgreSQL its
+    commit does not wait for the disk (``_CLAIM_PG``): run it on its own (``Store.statements``,
+    as ``run_job`` does), never in a transaction that writes what must survive a crash.
     """
     now = utcnow()
     token = token or new_id()
