@@ -68,6 +68,19 @@ class Store:
         """Close the pooled connections (call in each forked worker child)."""
         self.engine.dispose()
 
+    def warm_up(self) -> None:
+        """Do once what a process would otherwise do on its first harvest job: configure
+        the ORM's mappers and, on PostgreSQL, compile the statements every job sends
+        (``store.prepared.hot``). A worker calls it before its pool forks, so each child
+        inherits the work. Connects to nothing."""
+        from sqlalchemy.orm import configure_mappers
+
+        # The modules whose statements a job sends: importing them marks those hot.
+        from store import forget, jobs, ledger, locks, prepared, similar, write_lookup  # noqa: F401
+
+        configure_mappers()
+        prepared.compile_hot(self.engine.dialect)
+
     @contextmanager
     def transaction(self) -> Iterator[Session]:
         """A session inside one transaction: committed on success, rolled back on any error."""

@@ -83,7 +83,7 @@ def _count(session: Session, statement: Executable) -> int:
     return int(cast("CursorResult[Any]", session.execute(statement)).rowcount)
 
 
-_SHARED_LOCK = text("SELECT pg_advisory_xact_lock_shared(:k)")  # built once: a job takes it
+_SHARED_LOCK = prepared.hot(text("SELECT pg_advisory_xact_lock_shared(:k)"))  # a job takes it
 # How many times the owner of ``:owner_key`` was forgotten (0: never).
 GENERATION = func.coalesce(
     select(ForgottenOwner.generation)
@@ -91,7 +91,7 @@ GENERATION = func.coalesce(
     .scalar_subquery(),
     0,
 )
-_GENERATION = select(GENERATION.label("generation"))
+_GENERATION = prepared.hot(select(GENERATION.label("generation")))
 
 
 # Where ``held_off`` marks its connection (``Connection.info``) while the transaction lasts:

@@ -207,7 +207,9 @@ _CLAIM = (
 # the job again; the flush of the harvest's write transaction, which waits as every
 # write's does, makes the claim durable with it. Each job no longer waits on a flush of
 # the disk (330 µs against 130 µs for such an UPDATE here: BENCHMARKS.md, session 12).
-_CLAIM_PG = _CLAIM.where(func.set_config("synchronous_commit", "off", True).is_not(None))
+_CLAIM_PG = prepared.hot(
+    _CLAIM.where(func.set_config("synchronous_commit", "off", True).is_not(None))
+)
 _FINISH = (
     update(JOBS)
     .where(JOBS.c.id == bindparam("job_id"))
@@ -222,7 +224,7 @@ _FINISH = (
     )
 )
 # Only while this delivery holds the job (a run presumed lost records nothing).
-_FINISH_HELD = _FINISH.where(JOBS.c.lease_token == bindparam("token"))
+_FINISH_HELD = prepared.hot(_FINISH.where(JOBS.c.lease_token == bindparam("token")))
 RELEASED = {"lease_token": None, "claimed_by": None, "heartbeat_at": None}
 
 

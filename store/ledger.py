@@ -48,16 +48,18 @@ _KEY = (
     _LEDGER.c.harvester_version == bindparam("version"),
 )
 # What a harvest checks under the transcript's lock, in one statement.
-_STATE = select(
-    forget.GENERATION.label("generation"),
-    exists().where(ForgottenTranscript.key == bindparam("tombstone")).label("tombstoned"),
-    exists().where(*_KEY).label("harvested"),
+_STATE = prepared.hot(
+    select(
+        forget.GENERATION.label("generation"),
+        exists().where(ForgottenTranscript.key == bindparam("tombstone")).label("tombstoned"),
+        exists().where(*_KEY).label("harvested"),
+    )
 )
 # The same, with the keyed notes the model is shown (``keyed.KEYED``) joined on: one row per
 # note, in their order (one row of nulls when there are none). PostgreSQL only (LATERAL).
 _CHECKED = _STATE.subquery("checked")
 _KEYS = keyed.KEYED.lateral("keys")
-_CHECK = (
+_CHECK = prepared.hot(
     select(_CHECKED, _KEYS.c.topic_key, _KEYS.c.title)
     .select_from(_CHECKED.outerjoin(_KEYS, true()))
     .order_by(_KEYS.c.shared.desc(), _KEYS.c.seq.desc())
@@ -81,8 +83,8 @@ _RECORD = {
 # The row as the COMMIT of a ``forget.held_off`` transaction writes it on PostgreSQL: the
 # forget count was checked under the lock, and a row already there (another harvest's)
 # breaks the unique key, which rolls the whole transaction back (``AlreadyRecorded``).
-_RECORD_AT_COMMIT = postgresql.insert(_LEDGER).values(
-    {c.name: bindparam(c.name, type_=c.type) for c in _COLUMNS}
+_RECORD_AT_COMMIT = prepared.hot(
+    postgresql.insert(_LEDGER).values({c.name: bindparam(c.name, type_=c.type) for c in _COLUMNS})
 )
 
 

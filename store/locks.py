@@ -40,8 +40,8 @@ MAX_POLL_SECONDS = 1.0
 # Sent on the driver's own connection, prepared (``store.prepared.on_driver``): two of these
 # run per harvest, and SQLAlchemy's statement handling would cost more CPU than the round
 # trip itself.
-_TRY_LOCK = text("SELECT pg_try_advisory_lock(:key)")
-_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
+_TRY_LOCK = prepared.hot(text("SELECT pg_try_advisory_lock(:key)"))
+_UNLOCK = prepared.hot(text("SELECT pg_advisory_unlock(:key)"))
 
 
 class ProcessLocks:

@@ -42,7 +42,7 @@ _BY_SLUGS, _BY_TOPIC_KEYS = (
     .with_for_update()
     for column in (Memory.slug, Memory.topic_key)
 )
-_TAKEN_SLUGS = select(Memory.slug).where(*_IN_SCOPE, one_of(Memory.slug, "wanted"))
+_TAKEN_SLUGS = prepared.hot(select(Memory.slug).where(*_IN_SCOPE, one_of(Memory.slug, "wanted")))
 _SESSION_TWIN = (
     select(Memory.id, Memory.slug)
     .where(

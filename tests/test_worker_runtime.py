@@ -10,9 +10,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from store import Store
+from tests.llm_server import answer, llm_server, note
 
 pytestmark = pytest.mark.postgres
 
@@ -78,3 +82,52 @@ def test_child_inherits_the_warm_store_with_its_own_connections(pg_url: str, mod
     done = _run(FORKED, pg_url, **env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["ok", "parent", "ok"], done.stdout + done.stderr
+
+
+# The worker's warm-up, then one harvest job through the model path in the same process (a
+# forked child inherits exactly this state): what the job still has to compile.
+WARMED_JOB = """
+from celery.signals import worker_init
+import workers.app  # noqa: F401  (as `gleaner worker` does before starting Celery)
+from harvest.queue import record_jobs, run_job
+from harvest.transcript import Transcript
+from store import prepared
+from store.models import Base
+from workers import runtime
+
+worker_init.send(sender=None)
+# SQLAlchemy's own flag: mappers added since the last configuration (none left).
+assert not Base.registry._new_mappers, "mappers not configured before the fork"
+store = runtime.store()
+transcript = Transcript.model_validate({
+    "conversation_id": "warm-1", "owner": "alice", "ended_at": "2024-05-01T10:00:00Z",
+    "messages": [{"role": "user", "content": "I always use vim with the dvorak keymap."}],
+})
+(job_id,) = record_jobs(store, [transcript], owner=None, provenance="compaction", queue="x")
+compiled = set(prepared._plans)  # the producer's INSERT of the job is not the worker's
+print(run_job(store, job_id)["status"])
+for statement in set(prepared._plans) - compiled:
+    print("compiled by the job:", " ".join(str(statement).split())[:30])
+"""
+
+
+def test_a_warm_worker_child_compiles_nothing_of_its_first_job_but_the_notes_insert(
+    make_store: Callable[..., Store],
+) -> None:
+    """Every statement a harvest job sends (the claim, the lock with the ledger check and
+    the known keys, the forget lock and count, the lookups, the ledger row, the outcome,
+    the unlock) is compiled in the main process before the pool forks; the notes' INSERT,
+    built per column set, is SQL text whose compile costs about 0.1 ms."""
+    store = make_store("postgresql")
+    with llm_server(answer([note("Uses vim with the dvorak keymap")])) as server:
+        done = _run(
+            WARMED_JOB,
+            store.database_url,
+            GLEANER_HARVEST_MODEL="openai/test-model",
+            GLEANER_HARVEST_API_BASE=server.api_base,
+            GLEANER_HARVEST_API_KEY="test-key",
+        )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "harvested", done.stdout + done.stderr
+    assert lines[1:] == ["compiled by the job: WITH new AS ( INSERT INTO memo"], lines

@@ -39,10 +39,12 @@ def _warm_up_before_forking(**_: object) -> None:
     # otherwise pay on its first task is paid once and inherited by every forked child,
     # including the ones that replace children: the harvest task's imports (the ORM and the
     # store's models, about 0.3 s of CPU), the engine with its database driver (psycopg's
-    # import, 0.2 s), the tokenizer file (0.2 s) and, for the litellm client, litellm's
-    # import (seconds).
+    # import, 0.2 s), the job's compiled statements, the tokenizer file (0.2 s) and, for the
+    # litellm client, litellm's import (seconds).
     import harvest.queue  # noqa: F401 - imported for its import chain
 
+    # The ORM's mappers and the job's statements, compiled once (about 35 ms a child).
+    store().warm_up()
     settings = store().settings
     if not settings.harvest_model:
         return  # the offline harvester counts no tokens
