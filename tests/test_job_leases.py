@@ -244,6 +244,26 @@ def test_status_shows_how_long_each_running_job_has_run_and_its_heartbeat(
 # --- the sweep, without workers -------------------------------------------------------------
 
 
+def test_a_sent_message_is_the_harvest_of_its_job_on_its_queue_with_its_args_shown(
+    cluster: Cluster, jobs_store: Store
+) -> None:
+    """send_jobs declares the queue once and gives each message its own ``argsrepr``
+    (what Flower and task events show): the message is still Celery's, for its job."""
+    from workers.enqueue import send_jobs
+
+    first, second = record(jobs_store, 2)
+    assert send_jobs(IMPORT_QUEUE, [first, second]) == 2
+    raw = cluster.redis().lrange(IMPORT_QUEUE, 0, -1)
+    messages = [json.loads(item) for item in reversed(raw)]  # LPUSH: the newest first
+    assert [m["headers"]["task"] for m in messages] == ["gleaner.harvest"] * 2
+    assert [m["headers"]["argsrepr"] for m in messages] == [repr([first]), repr([second])]
+    assert [m["headers"]["kwargsrepr"] for m in messages] == ["{}", "{}"]
+    assert [m["properties"]["delivery_info"]["routing_key"] for m in messages] == [
+        IMPORT_QUEUE
+    ] * 2
+    assert [_job_id(item) for item in reversed(raw)] == [first, second]
+
+
 def test_a_waiting_backlog_is_not_sent_again_but_a_lost_message_is(
     cluster: Cluster, jobs_store: Store
 ) -> None:
