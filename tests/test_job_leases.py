@@ -258,9 +258,7 @@ def test_a_sent_message_is_the_harvest_of_its_job_on_its_queue_with_its_args_sho
     assert [m["headers"]["task"] for m in messages] == ["gleaner.harvest"] * 2
     assert [m["headers"]["argsrepr"] for m in messages] == [repr([first]), repr([second])]
     assert [m["headers"]["kwargsrepr"] for m in messages] == ["{}", "{}"]
-    assert [m["properties"]["delivery_info"]["routing_key"] for m in messages] == [
-        IMPORT_QUEUE
-    ] * 2
+    assert [m["properties"]["delivery_info"]["routing_key"] for m in messages] == [IMPORT_QUEUE] * 2
     assert [_job_id(item) for item in reversed(raw)] == [first, second]
 
 
