@@ -22,7 +22,7 @@ from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Limits, Transcript, check_size
 from harvest.write import write_candidates
 from store import Scope, Settings, StorageFailure, Store, forget, ledger
-from store.errors import AlreadyRecorded, InvalidInput
+from store.errors import AlreadyRecorded, InvalidInput, SlugTaken
 from store.terms import content_terms
 from store.text import check_principal
 
@@ -213,13 +213,21 @@ class RecordedElsewhere(Exception):
 
 
 def record_harvest(
-    session: Executor, settings: Settings, plan: Plan, ready: Ready, found: Extraction
+    session: Executor,
+    settings: Settings,
+    plan: Plan,
+    ready: Ready,
+    found: Extraction,
+    *,
+    at_commit: bool = False,
 ) -> HarvestOutcome:
     """Write the notes, then the ledger row with the final counts, in the caller's
     transaction; raise RecordedElsewhere when the ledger row cannot be written (another
     worker recorded this transcript, or the owner was forgotten since the check), so the
     caller rolls the notes back. On PostgreSQL the row is written with the COMMIT, where a
     row another worker wrote first raises ``AlreadyRecorded`` instead, with nothing written.
+    With ``at_commit`` the new notes go with the COMMIT too (``write_candidates``), where a
+    slug another writer took since the lookup raises ``SlugTaken``, nothing written.
 
     The transaction is ``forget.held_off(store, plan.scope)``'s: a forget of the owner cannot
     commit from its start to its end, and the ledger row is written only while the owner's
@@ -234,6 +242,7 @@ def record_harvest(
         found.notes,
         transcript=plan.transcript,
         provenance=plan.provenance,
+        at_commit=at_commit,
     )
     counts = found.cost + written.counts
     entry = ledger.LedgerEntry(
@@ -320,9 +329,11 @@ def run_harvest(
                 with store.transaction() as session:
                     return _settle(steps, session, found)
             try:
-                with forget.held_off(store, plan.scope) as session:
-                    outcome = record_harvest(session, settings, plan, checked, found)
-                    return _settle(steps, session, outcome)
+                try:
+                    # The new notes go with the COMMIT: one round trip fewer.
+                    return _record(store, steps, plan, checked, found, at_commit=True)
+                except SlugTaken:  # rolled back: written again, new notes taking free slugs
+                    return _record(store, steps, plan, checked, found, at_commit=False)
             except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
                 with store.transaction() as session:
                     skipped = plan.outcome("skipped", found.cost, model=found.model)
@@ -334,6 +345,22 @@ def run_harvest(
     finally:
         if lock is not None:
             lock.release()
+
+
+def _record(
+    store: Store,
+    steps: HarvestSteps[object],
+    plan: Plan,
+    ready: Ready,
+    found: Extraction,
+    *,
+    at_commit: bool,
+) -> HarvestOutcome:
+    """``record_harvest`` and the outcome settled in one transaction that holds off a forget
+    of the owner."""
+    with forget.held_off(store, plan.scope) as session:
+        outcome = record_harvest(session, store.settings, plan, ready, found, at_commit=at_commit)
+        return _settle(steps, session, outcome)
 
 
 def _settled(

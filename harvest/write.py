@@ -33,6 +33,7 @@ def write_candidates(
     *,
     transcript: Transcript,
     provenance: str,
+    at_commit: bool = False,
 ) -> Written:
     """Write candidates as unpinned notes; one holding a fact the scope already holds does not
     add a twin.
@@ -47,10 +48,20 @@ def write_candidates(
       slug, so no note is ever overwritten by a different fact.
 
     Candidates go through ``notes.write_batch`` in segments that give the same outcome as
-    writing them one by one.
+    writing them one by one. ``at_commit``: the caller reads nothing after this in its
+    transaction, so the last segment's new notes may go with its COMMIT (``SlugTaken`` there
+    when another writer took one of their slugs meanwhile).
     """
     writer = _SegmentWriter(session, settings, scope, transcript=transcript, provenance=provenance)
     writer.kept = writer.keep(candidates)
+    # The first segment's slug lookup as it will most likely be (the kept candidates up to
+    # the first topic key, none a twin's rewrite) goes with the transaction's first round trip.
+    first: list[tuple[str, str | None]] = []
+    for candidate, text in writer.kept:
+        first.append((text.title, candidate.topic_key))
+        if candidate.topic_key is not None:
+            break
+    notes.look_ahead(session, scope, first)
     key_names = [c.topic_key for c, _ in writer.kept if c.topic_key is not None]
     protected = keyed.protected_keys(session, scope, key_names) if key_names else set()
     for position, (candidate, text) in enumerate(writer.kept):
@@ -95,7 +106,7 @@ def write_candidates(
         if candidate.topic_key is not None:
             writer.flush()  # its upsert may rewrite any note: later lookups must see the result
     if writer.items:
-        writer.flush()
+        writer.flush(at_commit=at_commit)  # nothing looks at the store after this one
     return writer.written()
 
 
@@ -151,7 +162,7 @@ class _SegmentWriter:
             kept.append((candidate.model_copy(update={"topics": topics, "topic_key": key}), text))
         return kept
 
-    def flush(self) -> None:
+    def flush(self, *, at_commit: bool = False) -> None:
         self.stale = True
         for result in notes.write_batch(
             self.session,
@@ -161,6 +172,7 @@ class _SegmentWriter:
             provenance=self.provenance,
             conversation_id=self.transcript.conversation_id,
             occurred_at=self.transcript.happened_at,
+            at_commit=at_commit,
         ):
             if result.outcome == "invalid":
                 self.dropped += 1  # e.g. a body over max_body_bytes: drop it

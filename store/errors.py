@@ -10,6 +10,7 @@ stable, machine-readable ``reason`` beside a human message::
         │   └── LinkRefused a link would break the supersedes rules (cycle, second superseder)
         ├── NotFound        the scope holds no note with that slug (also LookupError)
         ├── AlreadyRecorded another harvest recorded the transcript first; nothing was written
+        ├── SlugTaken       a new note's slug or topic key was taken at the commit; nothing written
         └── StorageFailure  the database failed; the transaction was rolled back (RuntimeError)
 """
 
@@ -68,6 +69,14 @@ class AlreadyRecorded(StoreError):
     another harvest first; the transaction was rolled back, notes and all."""
 
     reason = "already_recorded"
+
+
+class SlugTaken(StoreError):
+    """Raised when a harvest's commit finds a slug or topic key of its new notes taken by
+    another writer since the harvest looked them up (``store.writer``'s ``at_commit``); the
+    transaction was rolled back, notes and all, and the harvest writes them again."""
+
+    reason = "slug_taken"
 
 
 class StorageFailure(StoreError, RuntimeError):

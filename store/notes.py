@@ -23,6 +23,7 @@ from store.schemas import Note, Scope, WriteResult
 from store.settings import Settings
 from store.similar import similar_notes
 from store.text import check_text
+from store.write_lookup import look_ahead as _look_ahead
 from store.writer import Item, Written, write_items
 
 if TYPE_CHECKING:
@@ -132,6 +133,14 @@ class BatchResult:
     error: InvalidInput | None = None
 
 
+def look_ahead(session: Executor, scope: Scope, items: Sequence[tuple[str, str | None]]) -> None:
+    """Send the slug lookup of a ``write_batch`` of items with these ``(title, topic key)``
+    (none with an explicit slug) with the first round trip of the caller's transaction, one
+    ``store.forget.held_off`` opened on PostgreSQL: when the batch turns out so, its lookup
+    costs no round trip of its own (``store.prepared.ahead``); elsewhere nothing happens."""
+    _look_ahead(session, scope, items)
+
+
 def write_batch(
     session: Executor,
     settings: Settings,
@@ -142,12 +151,14 @@ def write_batch(
     conversation_id: str | None = None,
     occurred_at: datetime | None = None,
     allow_pin_untrusted: bool = False,
+    at_commit: bool = False,
 ) -> list[BatchResult]:
     """Write ``items`` as if by one ``write`` call each, in order, in a handful of statements.
 
     Every write rule holds per item (an invalid item is reported ``invalid`` and the rest are
     written); items interact as sequential writes would (``store.writer``). The caller owns
-    the transaction. ``similar`` is not computed.
+    the transaction. ``similar`` is not computed. ``at_commit``: new notes may be inserted
+    with the transaction's COMMIT (``store.writer.write_items``), their ``id`` then None.
     """
     scope = Scope.of(scope)
     if conversation_id is not None:
@@ -171,10 +182,11 @@ def write_batch(
         [item for _, item in valid],
         conversation_id=conversation_id,
         occurred_at=occurred_at,
+        at_commit=at_commit,
     )
     for (n, _), done in zip(valid, written, strict=True):
         outcome: Literal["created", "updated"] = (
             "created" if done.outcome == "created" else "updated"
         )
-        results[n] = BatchResult(outcome=outcome, slug=done.slug, id=done.id)
+        results[n] = BatchResult(outcome=outcome, slug=done.slug, id=done.id or None)
     return [r for r in results if r is not None]

@@ -6,6 +6,11 @@ and neither SQLAlchemy's multi-row VALUES nor a second round trip for the terms 
 the harvest's hot path. A slug a concurrent writer took is skipped (``ON CONFLICT DO
 NOTHING``), as the SQLAlchemy INSERT does, and so are its terms.
 
+``insert_notes_at_commit`` sends the same statement with the transaction's COMMIT, in its
+round trip (``store.prepared.later``), without ``ON CONFLICT DO NOTHING``: a slug or topic
+key another writer took since the lookup breaks its unique key there, and the whole
+transaction rolls back (``SlugTaken``) instead of skipping the note.
+
 What is stored is what ``store.writer``'s SQLAlchemy INSERT stores (tests compare the rows
 column by column): a ``None`` source is the JSON ``null``, as the ``JSON`` column type writes
 it, and ``updated_seq`` comes from the sequence, in the batch's order.
@@ -23,6 +28,7 @@ from sqlalchemy import JSON, TextClause, text
 from sqlalchemy.dialects import postgresql
 
 from store import prepared
+from store.errors import SlugTaken
 from store.schemas import Scope
 from store.tables import MEMORIES
 
@@ -40,20 +46,46 @@ def insert_notes(
     and each inserted row's ``terms`` (by slug); returns the ``(id, slug)`` rows inserted, by
     slug (a slug missing from it was taken meanwhile)."""
     columns = tuple(rows[0])
+    found = prepared.execute(session, _statement(columns), _params(scope, columns, rows, terms))
+    return {row.slug: row for row in found}
+
+
+def insert_notes_at_commit(
+    session: Executor,
+    scope: Scope,
+    rows: Sequence[Mapping[str, Any]],
+    terms: Mapping[str, Sequence[str]],
+) -> None:
+    """``insert_notes`` with the COMMIT of ``session``'s transaction (one
+    ``store.prepared.begin`` opened): every row is inserted then, or the transaction rolls
+    back and its end raises ``SlugTaken`` (a slug or topic key was taken meanwhile)."""
+    columns = tuple(rows[0])
+    prepared.later(
+        session,
+        _statement(columns, strict=True),
+        _params(scope, columns, rows, terms),
+        conflict=lambda: SlugTaken(
+            f"a slug or topic key of {len(rows)} new note(s) was taken by another writer "
+            "before the commit; nothing was written"
+        ),
+    )
+
+
+def _params(
+    scope: Scope,
+    columns: tuple[str, ...],
+    rows: Sequence[Mapping[str, Any]],
+    terms: Mapping[str, Sequence[str]],
+) -> dict[str, Any]:
     # Arrays of values rather than objects: the column names are not repeated per row.
     payload = [[_plain(row[name]) for name in columns] for row in rows]
     term_rows = [[slug, term] for slug, found in terms.items() for term in found]
-    found = prepared.execute(
-        session,
-        _statement(columns),
-        {
-            "rows": json.dumps(payload),
-            "terms": json.dumps(term_rows),
-            "kind": scope.kind,
-            "sid": scope.id,
-        },
-    )
-    return {row.slug: row for row in found}
+    return {
+        "rows": json.dumps(payload),
+        "terms": json.dumps(term_rows),
+        "kind": scope.kind,
+        "sid": scope.id,
+    }
 
 
 def _plain(value: Any) -> Any:
@@ -61,8 +93,9 @@ def _plain(value: Any) -> Any:
 
 
 @functools.cache
-def _statement(columns: tuple[str, ...]) -> TextClause:
-    """The statement for rows with these ``columns``, built once per column set."""
+def _statement(columns: tuple[str, ...], *, strict: bool = False) -> TextClause:
+    """The statement for rows with these ``columns``, built once per column set; a
+    ``strict`` one fails on a slug or topic key already taken instead of skipping its row."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
 
     def value(position: int, name: str) -> str:
@@ -79,7 +112,7 @@ def _statement(columns: tuple[str, ...]) -> TextClause:
         " nextval('memories_updated_seq_seq')"
         " FROM jsonb_array_elements(CAST(:rows AS jsonb)) WITH ORDINALITY AS a(v, n)"
         " ORDER BY n"
-        " ON CONFLICT DO NOTHING RETURNING id, slug),"
+        f"{'' if strict else ' ON CONFLICT DO NOTHING'} RETURNING id, slug),"
         " terms AS ("
         " INSERT INTO memory_terms (memory_id, term, scope_kind, scope_id)"
         " SELECT new.id, t.v->>1, :kind, :sid"

@@ -26,7 +26,9 @@ statement, and the statements ``later`` defers (the ledger row, the job's outcom
 whose rows nobody reads) go with its COMMIT. A deferred statement that fails aborts the
 transaction there, so the COMMIT behind it is never run: nothing of it is written. Any
 other statement run on the connection meanwhile (SQLAlchemy's own, an executemany) first
-sends the BEGIN and the opening, so it runs inside the transaction.
+sends the BEGIN and the opening, so it runs inside the transaction. A read the transaction
+will make later can be sent ahead with the BEGIN (``ahead``): its ``execute`` is then
+answered without a round trip of its own, unless a write went to the server in between.
 """
 
 from __future__ import annotations
@@ -110,6 +112,10 @@ class _Deferred:
     later: list[tuple[_Plan, list[Any], Callable[[], BaseException] | None]] = field(
         default_factory=list
     )
+    # Reads sent with the BEGIN (``ahead``), and their rows once sent, each kept until the
+    # ``execute`` of the same statement with the same arguments takes it or a write drops it.
+    ahead: list[tuple[_Plan, list[Any]]] = field(default_factory=list)
+    answers: list[tuple[_Plan, list[Any], Sequence[Any]]] = field(default_factory=list)
     # The BEGIN, the opening or the statement sent with them failed: as the server does
     # for an aborted transaction, every later statement is refused and the COMMIT rolls back
     # (the failure may have come before anything was sent, when there is no transaction on
@@ -175,6 +181,11 @@ def execute(session: Executor, statement: Executable, params: Mapping[str, Any])
         results = _sent(connection, deferred, [(plan, _arguments(plan, params))])
         deferred.opened = _opened(connection, deferred, results)
         return _rows(connection, plan, results[-1])
+    if deferred is not None and deferred.answers:
+        plan = _plan(statement, dialect)
+        found = _answer(deferred, plan, _arguments(plan, params))
+        if found is not None:
+            return found
     driver = connection.connection.driver_connection
     assert driver is not None
     try:
@@ -210,6 +221,42 @@ def begin(connection: Connection, opening: Sequence[tuple[Executable, Mapping[st
     connection.info[_DEFERRED] = _Deferred([(plan, _arguments(plan, p)) for plan, p in plans])
 
 
+def ahead(session: Executor, statement: Executable, params: Mapping[str, Any]) -> None:
+    """Send ``statement``, a read, with the BEGIN of ``session``'s transaction (one ``begin``
+    opened, nothing sent yet), in its round trip. The ``execute`` of the same statement
+    with the same parameters later in the transaction is answered with its rows, without a
+    round trip, unless a write went to the server in between (a read sent earlier in the
+    transaction sees what a read sent later would, but for what other transactions commit
+    meanwhile, which READ COMMITTED lets any statement miss). Anywhere else (SQLite, no
+    ``begin``, a transaction under way) nothing is sent: that ``execute`` runs as usual."""
+    if not isinstance(session, Connection):
+        return
+    deferred: _Deferred | None = session.info.get(_DEFERRED)
+    if deferred is None or deferred.opened is not None or deferred.failed:
+        return
+    plan = _plan(statement, session.dialect)
+    deferred.ahead.append((plan, _arguments(plan, params)))
+
+
+def _answer(deferred: _Deferred, plan: _Plan, args: list[Any]) -> Sequence[Any] | None:
+    """The rows sent ahead for ``plan`` with ``args`` (taken: an answer serves once), or
+    None; a statement that may write drops every answer."""
+    for index, (sent, sent_args, rows) in enumerate(deferred.answers):
+        if sent is plan and sent_args == args:
+            del deferred.answers[index]
+            return rows
+    if not _reads(plan.sql):
+        deferred.answers.clear()
+    return None
+
+
+def _reads(sql: bytes | str) -> bool:
+    """True for a statement that changes no row: a SELECT (one with FOR UPDATE only locks).
+    Anything else counts as a write, a CTE too: the safe side."""
+    start = sql.lstrip()[:6]
+    return (start.upper() if isinstance(start, str) else start.upper().decode()) == "SELECT"
+
+
 def opened(session: Executor) -> Sequence[Any]:
     """The rows of the last opening statement of ``session``'s transaction (``begin``),
     sending the BEGIN and the opening now if no statement has yet."""
@@ -225,11 +272,19 @@ def _sent(connection: Connection, deferred: _Deferred, items: list[_Item]) -> li
     """Send the BEGIN and the opening, then ``items``, in one round trip. Should one fail,
     the transaction is left aborted as a failed statement leaves it (what runs after fails
     too; its COMMIT rolls back) and the error raised."""
+    ahead = deferred.ahead
     try:
-        return _send(connection, [*_opening(deferred), *items])
+        results = _send(connection, [*_opening(deferred), *ahead, *items])
     except _Failed as failed:
         deferred.opened, deferred.failed = (), True
         raise failed.error from failed.error.orig
+    first = 1 + len(deferred.opening)  # after the BEGIN and the opening
+    deferred.answers = [
+        (plan, args, _rows(connection, plan, result))
+        for (plan, args), result in zip(ahead, results[first : first + len(ahead)], strict=True)
+    ]
+    deferred.ahead = []
+    return [*results[:first], *results[first + len(ahead) :]]
 
 
 def _opened(connection: Connection, deferred: _Deferred, results: list[PGresult]) -> Sequence[Any]:
@@ -444,12 +499,14 @@ def _sends_opening_first(engine: Engine) -> None:
     if engine in _listening:
         return
 
-    def before(connection: Connection, *_: Any) -> None:
+    def before(connection: Connection, _cursor: Any, statement: str, *_: Any) -> None:
         deferred: _Deferred | None = connection.info.get(_DEFERRED)
         if deferred is not None and deferred.opened is None:
             opened(connection)
         elif deferred is not None:
             deferred.check()
+        if deferred is not None and deferred.answers and not _reads(statement):
+            deferred.answers.clear()  # what was read ahead may have changed
 
     event.listen(engine, "before_cursor_execute", before)
     _listening.add(engine)

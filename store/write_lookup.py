@@ -67,6 +67,20 @@ def session_twin(
     return None if row is None else (int(row[0]), str(row[1]))
 
 
+def look_ahead(session: Executor, scope: Scope, items: Sequence[tuple[str, str | None]]) -> None:
+    """Send the taken-slug lookup that ``lookup`` makes for a batch of these ``(title, topic
+    key)`` items (none with an explicit slug) with the BEGIN of the caller's transaction
+    (``store.prepared.ahead``): when the batch turns out so, the lookup costs no round trip
+    of its own. A batch of one is inserted first, its slugs listed only on a conflict."""
+    derived = sorted({base_slug_of(title, key) for title, key in items})
+    if len(items) > 1 and len(derived) <= ID_CHUNK:
+        prepared.ahead(session, _TAKEN_SLUGS, _taken_params(scope, derived))
+
+
+def _taken_params(scope: Scope, wanted: list[str]) -> dict[str, Any]:
+    return {"kind": scope.kind, "sid": scope.id, "wanted": wanted}
+
+
 def lookup(
     session: Executor, scope: Scope, items: Sequence[Item], *, bases: bool = True
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], set[str]]:
@@ -92,7 +106,7 @@ def lookup(
     busy: set[str] = set()
     for start in range(0, len(derived) if bases else 0, ID_CHUNK):
         taken_rows = prepared.execute(
-            session, _TAKEN_SLUGS, {**in_scope, "wanted": derived[start : start + ID_CHUNK]}
+            session, _TAKEN_SLUGS, _taken_params(scope, derived[start : start + ID_CHUNK])
         )
         busy.update(str(slug) for (slug,) in taken_rows)
     taken |= busy

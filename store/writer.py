@@ -24,11 +24,11 @@ from typing import Any, Literal, cast
 
 from sqlalchemy import Table, bindparam, delete, update
 
-from store import history
+from store import history, prepared
 from store.drafts import Draft, base_slug_of, draft_columns
 from store.errors import StorageFailure
 from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
-from store.pg_insert import insert_notes
+from store.pg_insert import insert_notes, insert_notes_at_commit
 from store.schemas import Scope
 from store.sql import Executor, dialect_insert, dialect_name, next_seqs, seq_expression
 from store.term_index import insert_terms
@@ -98,9 +98,17 @@ def write_items(
     occurred_at: datetime | None = None,
     session_id: str | None = None,
     rows: bool = False,
+    at_commit: bool = False,
 ) -> list[Written]:
     """Write ``items`` in order (see the module's docstring); one ``Written`` per item, with
-    the note's row as written when ``rows`` (a single write shows it to its caller)."""
+    the note's row as written when ``rows`` (a single write shows it to its caller).
+
+    ``at_commit``: the caller reads nothing in its transaction after this, nor the ids of
+    new notes. On PostgreSQL, in a transaction ``store.prepared.begin`` opened, new notes are
+    then inserted with its COMMIT, in the same round trip (``pg_insert.insert_notes_at_commit``):
+    their ``Written.id`` is 0, and a slug or topic key another writer took meanwhile rolls
+    the transaction back there (``SlugTaken``), where a write at once would have taken the
+    next free slug."""
     results: dict[int, Written] = {}
     pending = list(range(len(items)))
     lost: set[str] = set()
@@ -127,7 +135,7 @@ def write_items(
         numbered = [op for op in plan.ops if not (inline and op.inserted)]
         for op, seq in zip(numbered, next_seqs(session, len(numbered)), strict=True):
             op.values["updated_seq"] = seq
-        retry = _apply(session, scope, plan.ops, rows=rows)
+        retry = _apply(session, scope, plan.ops, rows=rows, at_commit=at_commit)
         for op in plan.ops:
             if op in retry:
                 continue
@@ -279,10 +287,13 @@ _TEXT_KEYS = (
 )
 
 
-def _apply(session: Executor, scope: Scope, ops: list[_Op], *, rows: bool) -> list[_Op]:
+def _apply(
+    session: Executor, scope: Scope, ops: list[_Op], *, rows: bool, at_commit: bool = False
+) -> list[_Op]:
     """Write the planned rows and their terms; return the inserts a concurrent writer beat.
 
-    With ``rows`` each op gets its row as written (RETURNING every column).
+    With ``rows`` each op gets its row as written (RETURNING every column); with
+    ``at_commit`` (``write_items``) the inserts may go with the COMMIT.
     """
     now = utcnow()
     updates = [op for op in ops if not op.inserted]
@@ -311,6 +322,14 @@ def _apply(session: Executor, scope: Scope, ops: list[_Op], *, rows: bool) -> li
     dialect = dialect_name(session)
     # PostgreSQL, rows not wanted (a harvest's batch): notes and terms in one statement.
     lean = not rows and dialect == "postgresql"
+    # ... and sent with the COMMIT, saving their round trip, unless a version of a new note
+    # needs its id now.
+    late = (
+        at_commit
+        and lean
+        and prepared.deferring(session)
+        and not any(op.versions for op in inserts)
+    )
     for start in range(0, len(inserts), BATCH_CHUNK):
         chunk = inserts[start : start + BATCH_CHUNK]
         values = [
@@ -326,6 +345,9 @@ def _apply(session: Executor, scope: Scope, ops: list[_Op], *, rows: bool) -> li
             }
             for op in chunk
         ]
+        if late:
+            insert_notes_at_commit(session, scope, values, {op.slug: _terms(op) for op in chunk})
+            continue
         if lean:
             terms = {op.slug: _terms(op) for op in chunk}
             returned = insert_notes(session, scope, values, terms)

@@ -180,3 +180,59 @@ def test_a_deferred_write_that_fails_at_the_commit_keeps_nothing(make_store) -> 
     with store.connection(opening=OPEN) as connection:  # the connection is fit for use
         prepared.later(connection, DEFERRED, {"name": "next"})
     assert sorted(names(store)) == ["kept", "next"]
+
+
+NAMES = select(HousekeepingState.name).where(HousekeepingState.name.like(bindparam("like")))
+
+
+def count_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Round trips the short path sends from now on (a pipeline or a single statement)."""
+    trips: list[int] = []
+    exchange, run = prepared._exchange, prepared._run
+    monkeypatch.setattr(
+        prepared, "_exchange", lambda *a, **k: trips.append(len(a[1])) or exchange(*a, **k)
+    )
+    monkeypatch.setattr(prepared, "_run", lambda *a, **k: trips.append(1) or run(*a, **k))
+    return trips
+
+
+def test_a_read_sent_ahead_is_answered_without_a_round_trip_until_a_write(
+    make_store,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = make_store("postgresql")
+    with store.connection(opening=OPEN) as connection:
+        prepared.execute(connection, DEFERRED, {"name": "a-1"})
+    trips = count_trips(monkeypatch)
+    with store.connection(opening=OPEN) as connection:
+        prepared.ahead(connection, NAMES, {"like": "a-%"})
+        prepared.ahead(connection, NAMES, {"like": "b-%"})
+        assert prepared.execute(connection, text("SELECT 2"), {}) == [(2,)]
+        assert trips == [5]  # the BEGIN, the opening, both reads and the statement
+        # Another transaction commits meanwhile: an answer sent ahead may miss it, as a
+        # READ COMMITTED read sent a moment sooner would.
+        with store.connection(opening=OPEN) as other:
+            prepared.execute(other, DEFERRED, {"name": "a-2"})
+        assert [row.name for row in prepared.execute(connection, NAMES, {"like": "a-%"})] == ["a-1"]
+        assert trips == [5, 3, 1]  # the other's two; this one answered without a round trip
+        assert prepared.execute(connection, NAMES, {"like": "a-%"}) != []  # an answer serves once
+        assert trips == [5, 3, 1, 1]
+        # A write sent on the connection drops what was read ahead: the read goes out again.
+        prepared.execute(connection, DEFERRED, {"name": "b-1"})
+        found = prepared.execute(connection, NAMES, {"like": "b-%"})
+        assert [row.name for row in found] == ["b-1"] and trips == [5, 3, 1, 1, 1, 1]
+    # SQLAlchemy's own writes on the connection drop answers too; other parameters miss.
+    with store.connection(opening=OPEN) as connection:
+        prepared.ahead(connection, NAMES, {"like": "c-%"})
+        prepared.ahead(connection, NAMES, {"like": "a-%"})
+        assert prepared.execute(connection, NAMES, {"like": "zz"}) == []
+        connection.execute(insert(HousekeepingState).values(name="c-1", watermark=1))
+        assert [row.name for row in prepared.execute(connection, NAMES, {"like": "c-%"})] == ["c-1"]
+    # Once the transaction is under way, or outside one, nothing is sent ahead.
+    with store.connection(opening=OPEN) as connection:
+        prepared.execute(connection, text("SELECT 1"), {})
+        prepared.ahead(connection, NAMES, {"like": "a-%"})
+        assert len(prepared.execute(connection, NAMES, {"like": "a-%"})) == 2
+    with store.statements() as connection:
+        prepared.ahead(connection, NAMES, {"like": "a-%"})
+        assert len(prepared.execute(connection, NAMES, {"like": "a-%"})) == 2
