@@ -135,10 +135,10 @@ _plans: weakref.WeakKeyDictionary[Executable, _Plan] = weakref.WeakKeyDictionary
 # The statements every harvest job sends (``hot``), compiled by ``compile_hot``.
 _hot: list[Executable] = []
 
-S = TypeVar("S", bound=Executable)
+_Statement = TypeVar("_Statement", bound=Executable)
 
 
-def hot(statement: S) -> S:
+def hot(statement: _Statement) -> _Statement:
     """Mark ``statement`` as one every harvest job sends; returns it. ``compile_hot``
     compiles the marked statements in a worker's main process before its pool forks, so no
     child pays for it on its first job: about 35 ms of CPU per child in ``bench`` pipe-live,

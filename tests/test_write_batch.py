@@ -312,6 +312,21 @@ def test_postgresql_batch_insert_stores_what_a_single_write_stores(make_store) -
 
     batch, singles = rows(ALICE), rows(BOB)
     assert batch == singles
+    # Inserted with the COMMIT of a transaction like a harvest's: the same rows again.
+    carol = Scope.owner("carol")
+    with store.connection(opening=[(text("SELECT 1"), {})]) as connection:
+        late = notes.write_batch(
+            connection,
+            store.settings,
+            carol,
+            items,
+            conversation_id="c",
+            occurred_at=WHEN,
+            at_commit=True,
+        )
+        assert [(r.outcome, r.id) for r in late] == [("created", None)] * 3  # ids not read
+        assert rows(carol) == []  # not sent before the COMMIT
+    assert rows(carol) == singles
     assert [row["slug"] for row in batch] == ["plain", "web", "tk"]  # seq in item order
     assert batch[0]["source_text"] == "null" and not batch[0]["sql_null"]
     assert batch[1]["source"] == {"url": "https://x", "note": "n"}
