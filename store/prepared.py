@@ -147,15 +147,12 @@ def hot(statement: _Statement) -> _Statement:
     return statement
 
 
-def compile_hot(dialect: Dialect) -> int:
+def compile_hot(dialect: Dialect) -> None:
     """Compile every statement marked ``hot`` for ``dialect``'s PostgreSQL database (a
-    no-op on any other); returns how many were compiled now."""
-    if dialect.name != "postgresql":
-        return 0
-    fresh = [statement for statement in _hot if statement not in _plans]
-    for statement in fresh:
-        _plan(statement, dialect)
-    return len(fresh)
+    no-op on any other)."""
+    if dialect.name == "postgresql":
+        for statement in _hot:
+            _plan(statement, dialect)  # a lookup for one compiled already
 
 
 _drivers: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Driver] = weakref.WeakKeyDictionary()

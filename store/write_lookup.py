@@ -6,7 +6,7 @@ Built once: only the parameters change from batch to batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, or_, select
@@ -72,9 +72,17 @@ def look_ahead(session: Executor, scope: Scope, items: Sequence[tuple[str, str |
     key)`` items (none with an explicit slug) with the BEGIN of the caller's transaction
     (``store.prepared.ahead``): when the batch turns out so, the lookup costs no round trip
     of its own. A batch of one is inserted first, its slugs listed only on a conflict."""
-    derived = sorted({base_slug_of(title, key) for title, key in items})
-    if len(items) > 1 and len(derived) <= ID_CHUNK:
+    if len(items) < 2:
+        return
+    derived = _derived(items)
+    if len(derived) <= ID_CHUNK:
         prepared.ahead(session, _TAKEN_SLUGS, _taken_params(scope, derived))
+
+
+def _derived(items: Iterable[tuple[str, str | None]]) -> list[str]:
+    """The derived slug bases a batch looks up, one per ``(title, topic key)`` of an item
+    without an explicit slug: ``lookup`` and ``look_ahead`` ask the same."""
+    return sorted({base_slug_of(title, key) for title, key in items})
 
 
 def _taken_params(scope: Scope, wanted: list[str]) -> dict[str, Any]:
@@ -89,9 +97,7 @@ def lookup(
     derived bases and their ``-N`` forms."""
     explicit = sorted({i.draft.slug for i in items if i.draft.slug is not None})
     keys = sorted({i.topic_key for i in items if i.draft.slug is None and i.topic_key})
-    derived = sorted(
-        {base_slug_of(i.draft.title, i.topic_key) for i in items if i.draft.slug is None}
-    )
+    derived = _derived((i.draft.title, i.topic_key) for i in items if i.draft.slug is None)
     in_scope = {"kind": scope.kind, "sid": scope.id}
     by_slug: dict[str, dict[str, Any]] = {}
     by_topic: dict[str, dict[str, Any]] = {}
