@@ -20,6 +20,33 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 # and the caller's retry (a StorageFailure) gets fresh ones.
 PING_AFTER_IDLE_SECONDS = 1.0
 
+# A PostgreSQL peer that vanished without closing (host down, network cut) is noticed in
+# about a minute, not the operating system's two hours: on the client, libpq's keepalives
+# (a call waiting on a dead server fails, and a threads pool's harvest with it); on the
+# server, the session's (the backend of a lost worker ends, with its transcript locks and
+# open transaction, so a recovered job does not wait on them). A URL's own libpq values
+# win; the server's are only ever shortened.
+CLIENT_KEEPALIVES = {
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",  # ms: data sent and never acknowledged
+}
+SERVER_KEEPALIVES = {
+    "tcp_keepalives_idle": 30,
+    "tcp_keepalives_interval": 10,
+    "tcp_keepalives_count": 3,
+    "tcp_user_timeout": 60_000,
+}
+# One round trip a new connection. pg_settings shows the value in effect (the operating
+# system's for 0); on a Unix socket they all read 0 and setting them does nothing.
+_SHORTEN_SERVER_KEEPALIVES = (
+    "SELECT set_config(s.name, d.value::text, false) FROM pg_settings AS s "
+    "JOIN unnest(%s::text[], %s::bigint[]) AS d(name, value) USING (name) "
+    "WHERE s.setting::bigint = 0 OR s.setting::bigint > d.value"
+)
+
 
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     """Create an engine for a ``sqlite:///`` or ``postgresql+psycopg://`` URL.
@@ -32,6 +59,10 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
+        # In the URL, so every connection made from it has them (the lock connection too).
+        parsed = parsed.update_query_dict(
+            {key: value for key, value in CLIENT_KEEPALIVES.items() if key not in parsed.query}
+        )
         # psycopg's own automatic preparation is off: once it has prepared a statement, a
         # rollback makes it DEALLOCATE ALL on the connection, which would drop the hot
         # statements ``store.prepared`` keeps prepared there too (those are the ones run
@@ -43,6 +74,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
             connect_args={"prepare_threshold": None},
         )
         _ping_when_idle(engine)
+        event.listen(
+            engine.pool, "connect", lambda dbapi_connection, _: shorten_keepalives(dbapi_connection)
+        )
         return engine
     engine = create_engine(parsed, connect_args={"timeout": 30})
     memory = parsed.database in (None, "", ":memory:")
@@ -64,6 +98,17 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def shorten_keepalives(connection: Any) -> None:
+    """Bring the server's keepalives of the new psycopg ``connection`` down to
+    ``SERVER_KEEPALIVES`` (a shorter one the server has stays)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _SHORTEN_SERVER_KEEPALIVES, (list(SERVER_KEEPALIVES), list(SERVER_KEEPALIVES.values()))
+        )
+    if not connection.autocommit:
+        connection.commit()  # set_config of a rolled-back transaction would not hold
 
 
 def _ping_when_idle(engine: Engine) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Executable, TextClause, text
 
-from store import prepared
+from store import db, prepared
 from store.errors import StorageFailure
 from store.schemas import Scope
 from store.sql import scope_key
@@ -71,6 +71,7 @@ class ProcessLocks:
                 cargs, cparams = dialect.create_connect_args(self._engine.url)
                 self._connection = dialect.connect(*cargs, **cparams)
                 self._connection.autocommit = True
+                db.shorten_keepalives(self._connection)
             dialect = self._engine.dialect
             if then is None:
                 ((held,),) = prepared.on_driver(self._connection, dialect, statement, {"key": key})
