@@ -19,7 +19,8 @@ NAMES = sorted(db.SERVER_KEEPALIVES)
 @pytest.fixture
 def open_store(pg_url: str) -> Iterator[object]:
     """Factory: a store on the test database through ``pg_url`` plus ``query``."""
-    if make_url(pg_url).host in (None, "") or make_url(pg_url).host.startswith("/"):
+    host = make_url(pg_url).host or ""
+    if not host or host.startswith("/"):
         pytest.skip("keepalives apply to TCP connections: GLEANER_TEST_PG_URL is a socket")
     opened: list[Store] = []
 
