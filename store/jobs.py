@@ -33,6 +33,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from store import prepared
@@ -223,8 +224,9 @@ _FINISH = (
         completion_tokens=JOBS.c.completion_tokens + bindparam("completion"),
     )
 )
-# Only while this delivery holds the job (a run presumed lost records nothing).
-_FINISH_HELD = prepared.hot(_FINISH.where(JOBS.c.lease_token == bindparam("token")))
+# Only while this delivery holds the running job: a run presumed lost records nothing, and
+# an outcome already recorded (done or failed) is never turned into another.
+_FINISH_HELD = prepared.hot(_FINISH.where(JOBS.c.lease_token == bindparam("token"), IS_RUNNING))
 RELEASED = {"lease_token": None, "claimed_by": None, "heartbeat_at": None}
 
 
@@ -299,13 +301,15 @@ def fail(
     error: str,
     token: str | None = None,
     result: dict[str, Any] | None = None,
-) -> None:
+) -> bool:
     """Mark a job failed for good, keeping its transcript and the reason; with ``token``,
-    only while that delivery still holds it (a run presumed lost records nothing). With
-    ``result`` (the failed run's report) its model usage is added to the job's."""
+    only while that delivery still holds the running job (a run presumed lost records
+    nothing; a soft time limit that fires after the harvest committed leaves it done). With
+    ``result`` (the failed run's report) its model usage is added to the job's. Returns
+    whether the job was marked."""
     stmt = update(Job).where(Job.id == job_id)
     if token is not None:
-        stmt = stmt.where(Job.lease_token == token)
+        stmt = stmt.where(Job.lease_token == token, Job.state == RUNNING)
     cost = _cost(result)
     values: dict[str, Any] = {
         "state": FAILED,
@@ -317,7 +321,7 @@ def fail(
     }
     if result is not None:
         values["result"] = result
-    session.execute(stmt.values(**values))
+    return bool(cast("CursorResult[Any]", session.execute(stmt.values(**values))).rowcount)
 
 
 def worker_lost_error(crashes: int) -> str:

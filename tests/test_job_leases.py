@@ -195,6 +195,28 @@ def test_a_claim_takes_pending_or_lost_jobs_never_failed_done_or_live_ones(store
     assert claim("t5", redelivered=True) is None and row(store, job_id)["state"] == "done"
 
 
+def test_an_outcome_once_recorded_is_never_turned_into_another(store: Store) -> None:
+    """A soft time limit that fires after the harvest committed (or a late retry of the same
+    delivery) finds the job done or failed: its outcome stands."""
+    done, failed = record(store, 2)
+    lease = timedelta(seconds=60)
+    with store.transaction() as session:
+        assert job_records.claim(session, done, lease=lease, token="t1")
+        assert job_records.claim(session, failed, lease=lease, token="t2")
+    with store.transaction() as session:
+        job_records.finish(session, done, {"status": "harvested", "model_calls": 1}, token="t1")
+        assert job_records.fail(session, failed, "model_permanent: no", token="t2")
+    with store.transaction() as session:
+        assert not job_records.fail(session, done, "time_limit: too late", token="t1")
+        job_records.finish(session, failed, {"status": "harvested", "model_calls": 1}, token="t2")
+    kept = row(store, done)
+    assert (kept["state"], kept["last_error"], kept["model_calls"]) == ("done", None, 1)
+    assert kept["result"]["status"] == "harvested"
+    stays = row(store, failed)
+    assert (stays["state"], stays["last_error"]) == ("failed", "model_permanent: no")
+    assert stays["model_calls"] == 0
+
+
 def test_a_claim_on_postgresql_does_not_wait_for_the_disk_and_what_follows_does(
     make_store: Any,
 ) -> None:

@@ -52,13 +52,16 @@ def harvest(self: Task, job_id: str) -> str | None:
         # Over the time limit: running it again would end the same way.
         limit = store.settings.task_soft_time_limit
         with store.transaction() as session:
-            jobs.fail(
+            failed = jobs.fail(
                 session,
                 job_id,
                 f"time_limit: the harvest ran past GLEANER_TASK_SOFT_TIME_LIMIT ({limit} s); "
                 "it is not run again until `gleaner retry`",
                 request.id,
             )
+        if not failed:  # its outcome was committed before the limit fired: it stands
+            log.warning("job %s reached the soft time limit after its outcome was recorded", job_id)
+            return None
         log.warning("job %s stopped at the soft time limit: failed", job_id)
         return "failed error=time_limit"
     if result is None:
