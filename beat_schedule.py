@@ -12,9 +12,10 @@ def schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """The beat schedule: decay hourly, dedupe every 10 minutes, lost-job sweep each minute
     (more often when GLEANER_JOB_LEASE_SECONDS or GLEANER_REQUEUE_AFTER_SECONDS is shorter,
     so a lost job waits at most about one lease more)."""
+    from workers.app import WORKER_LIMITS
     from workers.tasks import decay, dedupe, requeue_stale
 
-    return {
+    every = {
         "decay": {"task": decay.name, "schedule": timedelta(hours=1)},
         "dedupe": {"task": dedupe.name, "schedule": timedelta(minutes=10)},
         "requeue-stale-jobs": {
@@ -24,3 +25,6 @@ def schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             ),
         },
     }
+    for entry in every.values():
+        entry["options"] = dict(WORKER_LIMITS)  # the worker's limits, not beat's
+    return every

@@ -150,6 +150,7 @@ class Gleaner:
     def _send(self, queue: str, job_id: str) -> None:
         """Put the job on its queue. A broker that cannot be reached leaves the job pending;
         the sweep (``gleaner beat``) sends it again once the broker is back."""
+        from workers.app import WORKER_LIMITS
         from workers.enqueue import HARVEST_TASK
 
         with self._celery_lock:
@@ -160,7 +161,9 @@ class Gleaner:
         try:
             # The task as bound to this object's app (as workers.enqueue.send_jobs sends it
             # on the current app): two Gleaners on two brokers in one process stay apart.
-            self._celery.tasks[HARVEST_TASK].apply_async(args=[job_id], queue=queue)
+            self._celery.tasks[HARVEST_TASK].apply_async(
+                args=[job_id], queue=queue, **WORKER_LIMITS
+            )
         except Exception as exc:
             # kombu and redis raise their own trees; the job itself is safe in the database.
             raise Unavailable(

@@ -79,6 +79,7 @@ def test_beat_schedule_names_registered_tasks_routed_to_housekeeping() -> None:
         assert entry["task"] in app.tasks
         assert ROUTES[entry["task"]]["queue"] == "housekeeping"
         assert isinstance(entry["schedule"], timedelta)
+        assert entry["options"] == {"time_limit": None, "soft_time_limit": None}  # the worker's
     assert entries["decay"]["task"] == tasks.decay.name
     assert entries["dedupe"]["task"] == tasks.dedupe.name
     assert app.conf.beat_schedule == entries

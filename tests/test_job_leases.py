@@ -280,8 +280,20 @@ def test_a_sent_message_is_the_harvest_of_its_job_on_its_queue_with_its_args_sho
     assert [m["headers"]["task"] for m in messages] == ["gleaner.harvest"] * 2
     assert [m["headers"]["argsrepr"] for m in messages] == [repr([first]), repr([second])]
     assert [m["headers"]["kwargsrepr"] for m in messages] == ["{}", "{}"]
+    # No time limit travels: the worker applies its own, whatever the sender's settings.
+    assert (
+        all(harvest_app_limits())
+        and [m["headers"]["timelimit"] for m in messages] == [[None, None]] * 2
+    )
     assert [m["properties"]["delivery_info"]["routing_key"] for m in messages] == [IMPORT_QUEUE] * 2
     assert [_job_id(item) for item in reversed(raw)] == [first, second]
+
+
+def harvest_app_limits() -> tuple[int, int]:
+    """The sending app's own limits (set: they would travel without WORKER_LIMITS)."""
+    from workers.tasks import harvest
+
+    return harvest.app.conf.task_soft_time_limit, harvest.app.conf.task_time_limit
 
 
 def test_a_waiting_backlog_is_not_sent_again_but_a_lost_message_is(

@@ -132,6 +132,9 @@ def test_submit_with_a_broker_queues_the_job_id_only(
     try:
         mine = [m for m in client.lrange("harvest", 0, -1) if job_id.encode() in m]
         assert len(mine) == 1 and SECRET.encode() not in mine[0]
+        # The store's settings set time limits; the message carries none (the worker's own).
+        assert store.settings.task_soft_time_limit
+        assert json.loads(mine[0])["headers"]["timelimit"] == [None, None]
     finally:
         for message in mine:
             client.lrem("harvest", 0, message)

@@ -11,6 +11,7 @@ Reliability choices (see README, "Running workers"):
   ``QUEUES`` order: ``housekeeping`` first (a few short tasks an hour, among them the
   lost-job sweep, which must not wait behind a backlog), then ``harvest`` before ``import``,
   so a bulk import never starves live conversations.
+- Time limits are the worker's: messages are sent with ``WORKER_LIMITS``.
 - JSON only, no pickle: messages carry job ids and small dicts.
 - Task events (what Flower shows) follow GLEANER_TASK_EVENTS; ``gleaner worker -E`` turns
   them on for one worker.
@@ -37,6 +38,12 @@ ROUTES = {
     "gleaner.dedupe": {"queue": HOUSEKEEPING_QUEUE},
     "gleaner.requeue_stale": {"queue": HOUSEKEEPING_QUEUE},
 }
+
+
+# Sent with every message: no time limit travels with it, so each worker applies its own
+# (Celery copies the sending app's task_*time_limit into each message, where it would
+# override the worker's settings).
+WORKER_LIMITS: dict[str, None] = {"time_limit": None, "soft_time_limit": None}
 
 
 def make_celery(settings: Settings | None = None) -> Celery:

@@ -72,6 +72,7 @@ def send_jobs(queue: str, job_ids: Iterable[str]) -> int:
     from kombu.exceptions import KombuError
     from redis.exceptions import RedisError
 
+    from workers.app import WORKER_LIMITS
     from workers.tasks import harvest
 
     ids = list(job_ids)
@@ -95,6 +96,7 @@ def send_jobs(queue: str, job_ids: Iterable[str]) -> int:
                             declare=[],
                             argsrepr=repr([job_id]),
                             kwargsrepr="{}",
+                            **WORKER_LIMITS,
                         )
                 sent += len(chunk)
     except (KombuError, RedisError, OSError) as exc:
