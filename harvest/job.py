@@ -22,7 +22,7 @@ from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Limits, Transcript, check_size
 from harvest.write import write_candidates
 from store import Scope, Settings, StorageFailure, Store, forget, ledger
-from store.errors import AlreadyRecorded, InvalidInput, SlugTaken
+from store.errors import AlreadyRecorded, InvalidInput, NoteChanged, SlugTaken
 from store.terms import content_terms
 from store.text import check_principal
 
@@ -329,11 +329,7 @@ def run_harvest(
                 with store.transaction() as session:
                     return _settle(steps, session, found)
             try:
-                try:
-                    # The new notes go with the COMMIT: one round trip fewer.
-                    return _record(store, steps, plan, checked, found, at_commit=True)
-                except SlugTaken:  # rolled back: written again, new notes taking free slugs
-                    return _record(store, steps, plan, checked, found, at_commit=False)
+                return _record_racing(store, steps, plan, checked, found)
             except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
                 with store.transaction() as session:
                     skipped = plan.outcome("skipped", found.cost, model=found.model)
@@ -345,6 +341,28 @@ def run_harvest(
     finally:
         if lock is not None:
             lock.release()
+
+
+# Writes of one harvest that lose a race with another writer (a slug taken at the COMMIT, a
+# note changed under a rewrite) before the job is retried later instead.
+WRITE_RACES = 3
+
+
+def _record_racing(
+    store: Store, steps: HarvestSteps[object], plan: Plan, ready: Ready, found: Extraction
+) -> HarvestOutcome:
+    """``_record``, first with the new notes sent with the COMMIT (one round trip fewer),
+    again at once when another writer won a race (rolled back, nothing written): new notes
+    then take free slugs, and every rewrite is decided again on what is stored now."""
+    for attempt in range(WRITE_RACES):
+        try:
+            return _record(store, steps, plan, ready, found, at_commit=attempt == 0)
+        except (SlugTaken, NoteChanged) as exc:
+            lost = exc
+    raise StorageFailure(
+        f"the harvest's notes lost {WRITE_RACES} races with other writers in a row ({lost})",
+        reason="write_races",
+    )
 
 
 def _record(

@@ -11,6 +11,7 @@ from harvest.transcript import Transcript
 from store import Scope, Settings, keyed, normalize_topics, notes, similar, strip_private
 from store.similar import Twin
 from store.terms import FactText, adds_to, jaccard, similarity_terms
+from store.writer import Expect
 
 if TYPE_CHECKING:
     from store import Executor
@@ -46,6 +47,9 @@ def write_candidates(
       history, reason ``harvest_same_fact``); a candidate that adds nothing, or whose twin is
       pinned or person-written, is skipped. Any other candidate is a new note under a fresh
       slug, so no note is ever overwritten by a different fact.
+    - Whatever a rewrite was decided on is checked again once the note's row is locked
+      (``store.writer.Expect``): a note pinned, person-written or rewritten since raises
+      ``NoteChanged`` and nothing is written; the caller decides again.
 
     Candidates go through ``notes.write_batch`` in segments that give the same outcome as
     writing them one by one. ``at_commit``: the caller reads nothing after this in its
@@ -73,6 +77,9 @@ def write_candidates(
             "pinned": False,
         }
         reason = None
+        # What the decision below reads is read without a lock; the writer checks it again
+        # on the locked row (a person may pin or rewrite the note meanwhile).
+        expect = Expect()
         if candidate.topic_key is not None:
             if candidate.topic_key in protected:
                 writer.skipped += 1
@@ -93,6 +100,7 @@ def write_candidates(
                     writer.skipped += 1
                     continue
                 attrs["slug"], reason = note.slug, "harvest_same_fact"
+                expect = Expect(text=(held.title, held.body, held.topics))
                 writer.targets.add(note.id)
             writer.seen.append(terms)
         writer.items.append(
@@ -101,6 +109,7 @@ def write_candidates(
                 note_type=candidate.type,
                 topic_key=candidate.topic_key,
                 reason=reason,
+                expect=expect,
             )
         )
         if candidate.topic_key is not None:

@@ -11,6 +11,7 @@ stable, machine-readable ``reason`` beside a human message::
         ├── NotFound        the scope holds no note with that slug (also LookupError)
         ├── AlreadyRecorded another harvest recorded the transcript first; nothing was written
         ├── SlugTaken       a new note's slug or topic key was taken at the commit; nothing written
+        ├── NoteChanged     a note a harvest would rewrite changed since it was read; none written
         └── StorageFailure  the database failed; the transaction was rolled back (RuntimeError)
 """
 
@@ -94,3 +95,11 @@ def format_error(error: BaseException) -> str:
     if isinstance(reason, str):
         return f"{reason}: {error}"
     return f"internal_error: {type(error).__name__}: {error}"
+
+
+class NoteChanged(StoreError):
+    """Raised when a harvest's rewrite of a stored note finds the note, once locked, no
+    longer as the harvest read it: pinned or person-written since, or holding other text
+    (``store.writer.Expect``). The caller rolls back and decides again on what is stored."""
+
+    reason = "note_changed"

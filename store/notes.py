@@ -24,7 +24,7 @@ from store.settings import Settings
 from store.similar import similar_notes
 from store.text import check_text
 from store.write_lookup import look_ahead as _look_ahead
-from store.writer import Item, Written, write_items
+from store.writer import Expect, Item, Written, write_items
 
 if TYPE_CHECKING:
     from store.sql import Executor
@@ -121,6 +121,8 @@ class BatchItem:
     topic_key: str | None = None
     # Why an update replaces a note's text (history); default slug_upsert / topic_key_upsert.
     reason: str | None = None
+    # A harvest's rewrite of a note it read without a lock: what it assumed of that note.
+    expect: Expect | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,9 @@ def write_batch(
         except InvalidInput as exc:
             results[n] = BatchResult(outcome="invalid", error=exc)
             continue
-        valid.append((n, Item(draft, resolved, item.note_type, item.topic_key, item.reason)))
+        valid.append(
+            (n, Item(draft, resolved, item.note_type, item.topic_key, item.reason, item.expect))
+        )
     written = write_items(
         session,
         scope,

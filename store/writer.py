@@ -26,7 +26,7 @@ from sqlalchemy import Table, bindparam, delete, update
 
 from store import history, prepared
 from store.drafts import Draft, base_slug_of, draft_columns
-from store.errors import StorageFailure
+from store.errors import NoteChanged, StorageFailure
 from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
 from store.pg_insert import insert_notes, insert_notes_at_commit
 from store.schemas import Scope
@@ -44,6 +44,17 @@ Outcome = Literal["created", "updated", "deduped"]
 
 
 @dataclass(frozen=True)
+class Expect:
+    """What a harvest decided from a read without a lock, checked against the stored note
+    once its row is locked, before anything is written over it: the note is neither pinned
+    nor person-written (``user``), and with ``text`` it is live and still holds that
+    ``(title, body, topics)``. A note found otherwise raises ``NoteChanged``; a note gone
+    since is written anew only when no ``text`` was expected."""
+
+    text: tuple[str, str, str] | None = None
+
+
+@dataclass(frozen=True)
 class Item:
     """One validated note to write, with what the caller adds to its attrs."""
 
@@ -53,6 +64,8 @@ class Item:
     topic_key: str | None = None
     # Why an update replaces a note's text (history); default slug_upsert / topic_key_upsert.
     reason: str | None = None
+    # A harvest's rewrite of a note it read unlocked: what it assumed of that note.
+    expect: Expect | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,7 @@ class _Op:
     values: dict[str, Any]
     items: list[int]  # positions of the items folded into this row, in order
     row_id: int | None = None
+    status: str = LIVE  # the stored note's, when this op updates one
     revive: bool = False  # an archived note rewritten is live again
     inserted: bool = False
     # The note's text as the last write left it (``history.VERSIONED`` columns), and the
@@ -182,6 +196,7 @@ def _plan(
                 {},
                 [],
                 row_id=row_id,
+                status=row["status"],
                 revive=row["status"] == ARCHIVED,
                 current={c.key: row[c.key] for c in history.VERSIONED},
             )
@@ -214,6 +229,7 @@ def _plan(
             if target is None and item.topic_key in by_topic_row:
                 target = update_op(by_topic_row[item.topic_key])
                 by_topic[item.topic_key] = by_slug[target.slug] = target
+        _check_expected(item.expect, target, draft.slug or item.topic_key)
         if target is not None:
             _write_over(target, scope, item, values, conversation_id=conversation_id, now=now)
             target.items.append(n)
@@ -245,6 +261,28 @@ def _plan(
         if item.topic_key is not None:
             by_topic.setdefault(item.topic_key, op)
     return _Plan(ops, deduped)
+
+
+def _check_expected(expect: Expect | None, target: _Op | None, name: str | None) -> None:
+    """Raise ``NoteChanged`` unless the note ``target`` writes over (as locked, or as this
+    batch left it) is what the harvest that decided to write over it read."""
+    current = None if target is None else target.current
+    if expect is None:
+        return
+    if target is None or current is None:
+        if expect.text is None:
+            return  # a topic key no note holds any more: the note is written anew
+        why = "it is gone"
+    elif current["pinned"] or current["provenance"] == "user":
+        why = "it was pinned or written by a person since"
+    elif expect.text is not None and (
+        target.status != LIVE
+        or (current["title"], current["body"], current["topics"] or "") != expect.text
+    ):
+        why = "it holds other text since, or is no longer live"
+    else:
+        return
+    raise NoteChanged(f"the note {name!r} was not rewritten: {why}; nothing was written")
 
 
 def _write_over(
