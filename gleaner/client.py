@@ -116,15 +116,27 @@ class Gleaner:
         The transcript is redacted before it is recorded. With a broker the job is sent to
         the ``harvest`` queue (a worker harvests it); without one it is harvested here before
         this returns. Either way ``job(id)`` follows it. A ``Conversation`` from ``read``
-        keeps the owner settled there (``owner`` must then be None).
+        keeps the owner settled there (``owner`` must then be None); one whose transcript
+        names another owner than its own is refused (``bad_owner``) unless ``read`` put it
+        there (``reassign_owner=True``).
         """
         from harvest.queue import record_jobs
         from harvest.queues import LIVE_QUEUE
+        from store.text import check_principal
 
         if isinstance(conversation, Conversation):
             if owner is not None or reassign_owner:
                 raise InvalidRequest(
                     "a read conversation keeps the owner settled by read()", reason="bad_owner"
+                )
+            named = conversation.transcript.owner
+            with translated():  # the one owner rule: compared as read() settles a name
+                named = None if named is None else check_principal(named)
+            if named not in (None, conversation.owner) and not conversation.reassigned:
+                raise InvalidRequest(
+                    "the conversation's transcript names another owner than the Conversation: "
+                    "read it with reassign_owner=True to put it in that scope",
+                    reason="bad_owner",
                 )
             found = conversation
         else:

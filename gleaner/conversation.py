@@ -31,6 +31,9 @@ class Conversation:
     owner: str
     conversation_id: str
     transcript: Transcript
+    # ``read(..., reassign_owner=True)`` put a transcript that names another owner in
+    # ``owner``'s scope; without it ``submit`` refuses such a pair (built by hand, mixed up).
+    reassigned: bool = False
 
 
 def read_conversation(
@@ -73,7 +76,10 @@ def read_conversation(
     with translated():
         name = resolve_owner(transcript, owner, reassign_owner=reassign_owner)
     return Conversation(
-        owner=name, conversation_id=transcript.conversation_id, transcript=transcript
+        owner=name,
+        conversation_id=transcript.conversation_id,
+        transcript=transcript,
+        reassigned=reassign_owner,
     )
 
 

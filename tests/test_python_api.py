@@ -15,7 +15,7 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from gleaner import Gleaner, InvalidRequest, NotFound, TooLarge, Unavailable
+from gleaner import Conversation, Gleaner, InvalidRequest, NotFound, TooLarge, Unavailable
 from store import Store
 from tests.samples import native
 from tests.workers_harness import REDIS_URL, redis_db_for
@@ -101,6 +101,28 @@ def test_the_owner_rule(gleaner: Gleaner) -> None:
     read = gleaner.read(native(3, owner="\uff43\uff41\uff52\uff4f\uff4c"))  # full-width: NFKC
     assert read.owner == "carol"
     assert gleaner.job(gleaner.submit(read)).owner == "carol"
+    reassigned = gleaner.read(native(8, owner="bob"), owner="alice", reassign_owner=True)
+    assert gleaner.job(gleaner.submit(reassigned)).owner == "alice"
+
+
+def test_a_conversation_built_with_another_owner_than_its_transcript_is_refused(
+    gleaner: Gleaner, store: Store
+) -> None:
+    bobs = gleaner.read(native(9, owner="bob"))
+    mixed_up = Conversation(
+        owner="alice", conversation_id=bobs.conversation_id, transcript=bobs.transcript
+    )
+    with pytest.raises(InvalidRequest) as caught:
+        gleaner.submit(mixed_up)
+    assert caught.value.reason == "bad_owner" and "reassign_owner=True" in str(caught.value)
+    assert _jobs(store) == []
+    # Named the same way, or named by nobody: the Conversation's owner stands.
+    same = Conversation(
+        owner="bob", conversation_id=bobs.conversation_id, transcript=bobs.transcript
+    )
+    assert gleaner.job(gleaner.submit(same)).owner == "bob"
+    nameless = bobs.transcript.model_copy(update={"owner": None, "conversation_id": "n1"})
+    assert gleaner.job(gleaner.submit(Conversation("carol", "n1", nameless))).owner == "carol"
 
 
 def test_the_transcript_is_redacted_before_it_is_recorded(
