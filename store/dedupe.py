@@ -97,13 +97,15 @@ class _Row:
     updated_at: datetime
     confidence: float | None
     text: FactText
+    keyed: bool  # holds a topic key: saves and harvests upsert through it, so it stays live
     seq: int
 
     @property
-    def rank(self) -> tuple[bool, datetime, float, int]:
-        """Keeper order, best highest: pinned, then newer, then more confident, then higher id."""
+    def rank(self) -> tuple[bool, bool, datetime, float, int]:
+        """Keeper order, best highest: pinned, then keyed, then newer, then more confident,
+        then higher id."""
         confidence = -1.0 if self.confidence is None else self.confidence
-        return (self.pinned, self.updated_at, confidence, self.id)
+        return (self.pinned, self.keyed, self.updated_at, confidence, self.id)
 
 
 def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[int, int, float]]:
@@ -111,9 +113,11 @@ def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[i
 
     ``rows`` holds the positions that have an edge (one missing, deleted mid-run, is left
     out). Notes are visited best first (``_Row.rank``); one nobody has claimed is a keeper and
-    claims every unclaimed, unpinned, lower-ranked note it is similar to. So a loser's keeper
-    is the best surviving note similar to it (never one it only reaches through a third note),
-    pinned notes are never claimed, and keepers outrank losers (no cycles).
+    claims every unclaimed, unpinned, unkeyed, lower-ranked note it is similar to. So a
+    loser's keeper is the best surviving note similar to it (never one it only reaches
+    through a third note), pinned notes and notes holding a topic key are never claimed (a
+    later save or harvest under that key upserts that note: superseded, it would be hidden),
+    and keepers outrank losers (no cycles).
     """
     group_of = {p: g for g in found.edges for p in found.groups[g] if p in rows}
     involved = sorted(group_of, key=lambda p: rows[p].rank, reverse=True)
@@ -134,6 +138,7 @@ def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[i
                     loser in place
                     and place[loser] > place[keeper]
                     and not rows[loser].pinned
+                    and not rows[loser].keyed
                     and loser not in claimed
                 ):
                     # The score says near-duplicate; only the same fact is superseded.
@@ -173,6 +178,7 @@ _DETAILS = select(
     Memory.title,
     Memory.body,
     Memory.topics,
+    Memory.topic_key.is_not(None),
 ).where(one_of(Memory.id, "ids"))
 
 
@@ -252,12 +258,19 @@ def _plan_pairs(session: Session, waiting: Sequence[_Found], id_chunk: int) -> l
     """Read the details of every waiting scope's notes (``id_chunk`` ids per statement) and
     pair each duplicate with its keeper. A note deleted since its scope was read is left out."""
     ids = sorted(note_id for found in waiting for note_id, _ in found.notes.values())
-    details: dict[int, tuple[str, bool, datetime, float | None, FactText]] = {}
+    details: dict[int, tuple[str, bool, datetime, float | None, FactText, bool]] = {}
     for start in range(0, len(ids), id_chunk):
         result = session.connection().execute(_DETAILS, {"ids": ids[start : start + id_chunk]})
         details.update(
             {
-                row[0]: (row[1], bool(row[2]), row[3], row[4], FactText(row[5], row[6], row[7]))
+                row[0]: (
+                    row[1],
+                    bool(row[2]),
+                    row[3],
+                    row[4],
+                    FactText(row[5], row[6], row[7]),
+                    bool(row[8]),
+                )
                 for row in result
             }
         )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Integer, bindparam, func, select
 
 from store import prepared
-from store.models import LIVE, Memory, MemoryTerm
+from store.models import LIVE, SUPERSEDED, Memory, MemoryTerm
 from store.schemas import Scope
 from store.similar import TERM_CHUNK
 from store.sql import ID_CHUNK, one_of
@@ -19,7 +19,7 @@ from store.sql import ID_CHUNK, one_of
 if TYPE_CHECKING:
     from store.sql import Executor
 
-_KEY_HOLDERS = select(Memory.topic_key, Memory.pinned, Memory.provenance).where(
+_KEY_HOLDERS = select(Memory.topic_key, Memory.pinned, Memory.provenance, Memory.status).where(
     Memory.scope_kind == bindparam("kind"),
     Memory.scope_id == bindparam("sid"),
     one_of(Memory.topic_key, "keys"),
@@ -27,8 +27,9 @@ _KEY_HOLDERS = select(Memory.topic_key, Memory.pinned, Memory.provenance).where(
 
 
 def protected_keys(session: Executor, scope: Scope, keys: Sequence[str]) -> set[str]:
-    """The topic keys of ``keys`` held by a pinned or person-written (``user``) note: no
-    harvested text may rewrite those, whatever key it names."""
+    """The topic keys of ``keys`` held by a pinned, person-written (``user``) or superseded
+    note: no harvested text may rewrite those, whatever key it names (a superseded note is
+    hidden, and was declared replaced)."""
     wanted = sorted(set(keys))
     held: set[str] = set()
     for start in range(0, len(wanted), ID_CHUNK):
@@ -36,7 +37,11 @@ def protected_keys(session: Executor, scope: Scope, keys: Sequence[str]) -> set[
             _KEY_HOLDERS,
             {"kind": scope.kind, "sid": scope.id, "keys": wanted[start : start + ID_CHUNK]},
         )
-        held.update(str(key) for key, pinned, provenance in rows if pinned or provenance == "user")
+        held.update(
+            str(key)
+            for key, pinned, provenance, status in rows
+            if pinned or provenance == "user" or status == SUPERSEDED
+        )
     return held
 
 

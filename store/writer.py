@@ -27,7 +27,7 @@ from sqlalchemy import Table, bindparam, delete, update
 from store import history, prepared
 from store.drafts import Draft, base_slug_of, draft_columns
 from store.errors import NoteChanged, StorageFailure
-from store.models import ARCHIVED, LIVE, Memory, MemoryTerm, utcnow
+from store.models import ARCHIVED, LIVE, SUPERSEDED, Memory, MemoryTerm, utcnow
 from store.pg_insert import insert_notes, insert_notes_at_commit
 from store.schemas import Scope
 from store.sql import Executor, dialect_insert, dialect_name, next_seqs, seq_expression
@@ -47,7 +47,7 @@ Outcome = Literal["created", "updated", "deduped"]
 class Expect:
     """What a harvest decided from a read without a lock, checked against the stored note
     once its row is locked, before anything is written over it: the note is neither pinned
-    nor person-written (``user``), and with ``text`` it is live and still holds that
+    nor person-written (``user``) nor superseded, and with ``text`` it is live and holds that
     ``(title, body, topics)``. A note found otherwise raises ``NoteChanged``; a note gone
     since is written anew only when no ``text`` was expected."""
 
@@ -273,8 +273,8 @@ def _check_expected(expect: Expect | None, target: _Op | None, name: str | None)
         if expect.text is None:
             return  # a topic key no note holds any more: the note is written anew
         why = "it is gone"
-    elif current["pinned"] or current["provenance"] == "user":
-        why = "it was pinned or written by a person since"
+    elif current["pinned"] or current["provenance"] == "user" or target.status == SUPERSEDED:
+        why = "it was pinned, written by a person or superseded since"
     elif expect.text is not None and (
         target.status != LIVE
         or (current["title"], current["body"], current["topics"] or "") != expect.text

@@ -241,6 +241,31 @@ def test_pinned_keeper_wins_and_pinned_duplicates_both_stay(store: Store) -> Non
     }
 
 
+def put_keyed(store: Store, title: str, key: str) -> str:
+    """A note saved under a topic key (``mem_save``); its slug."""
+    saved = store.mem_save("alice", f"body of {title}", type="decision", title=title, topic_key=key)
+    with store.engine.connect() as conn:
+        return str(conn.execute(select(Memory.slug).where(Memory.id == saved.id)).scalar_one())
+
+
+def test_a_note_holding_a_topic_key_is_kept_never_superseded(store: Store) -> None:
+    """Later saves and harvests under a key upsert the note holding it: superseded, what
+    they write would be hidden. So a keyed note outranks its newer unkeyed twin, and two
+    keyed twins both stay."""
+    keyed = put_keyed(store, BASE, "ops/deploy")
+    age(store, keyed, 30)
+    newer = put(store, NEAR)
+    first = put_keyed(store, "always run the migrations before restarting the workers", "ops/a")
+    age(store, first, 2)
+    second = put_keyed(store, "always run the migrations before restarting the workers now", "b")
+
+    result = store.dedupe()
+
+    assert pairs(result) == [(keyed, newer)]
+    status = {slug: s for slug, (s, _, _) in notes(store).items()}
+    assert status == {keyed: "live", newer: "superseded", first: "live", second: "live"}
+
+
 def test_below_threshold_and_other_scopes_are_untouched(store: Store) -> None:
     put(store, BASE)
     put(store, FAR)

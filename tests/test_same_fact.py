@@ -418,6 +418,26 @@ def test_harvest_never_rewrites_a_pinned_or_person_written_note_through_its_key(
     assert "club" not in dump.lower()
 
 
+def test_harvest_never_writes_into_a_superseded_note_through_its_key(
+    make_store, backend, server
+) -> None:
+    """A note declared replaced (``supersedes``) is hidden from search: what a harvest wrote
+    into it under its key would never be seen. The candidate is skipped instead."""
+    store = make_store(backend, **model_settings(server))
+    key = "preference/editor"
+    server.script(
+        answer([note("Uses Vim", body="Edits in Vim.", topic_key=key)]),
+        answer([note("Uses Helix", body="Edits in Helix now.", topic_key=key)]),
+    )
+    harvest_transcript(store, transcript("vim", cid="c1"))
+    store.write(ALICE, {"title": "Editor of choice", "body": "Uses Emacs."}, provenance="user")
+    store.link(ALICE, "editor-of-choice", "preference-editor", "supersedes")
+    report = harvest_transcript(store, transcript("helix", cid="c2"))
+    assert (report.notes_written, report.notes_updated, report.notes_skipped) == (0, 0, 1)
+    hidden = store.read(ALICE, "preference-editor")
+    assert (hidden.memory.body, hidden.superseded_by) == ("Edits in Vim.", "editor-of-choice")
+
+
 # Owners ----------------------------------------------------------------------------------------
 
 
