@@ -228,6 +228,12 @@ def test_a_read_sent_ahead_is_answered_without_a_round_trip_until_a_write(
         assert prepared.execute(connection, NAMES, {"like": "zz"}) == []
         connection.execute(insert(HousekeepingState).values(name="c-1", watermark=1))
         assert [row.name for row in prepared.execute(connection, NAMES, {"like": "c-%"})] == ["c-1"]
+    # A write that is the transaction's first statement goes after the reads sent ahead,
+    # in their round trip: it drops their answers too.
+    with store.connection(opening=OPEN) as connection:
+        prepared.ahead(connection, NAMES, {"like": "d-%"})
+        prepared.execute(connection, DEFERRED, {"name": "d-1"})
+        assert [row.name for row in prepared.execute(connection, NAMES, {"like": "d-%"})] == ["d-1"]
     # Once the transaction is under way, or outside one, nothing is sent ahead.
     with store.connection(opening=OPEN) as connection:
         prepared.execute(connection, text("SELECT 1"), {})
