@@ -280,7 +280,7 @@ def _sent(connection: Connection, deferred: _Deferred, items: list[_Item]) -> li
         (plan, args, _rows(connection, plan, result))
         for (plan, args), result in zip(ahead, results[first : first + len(ahead)], strict=True)
     ]
-    if not all(_reads(plan.sql) for plan, _ in items):
+    if not all(_reads(item if isinstance(item, bytes) else item[0].sql) for item in items):
         deferred.answers = []  # a write sent after those reads may have changed their rows
     deferred.ahead = []
     return [*results[:first], *results[first + len(ahead) :]]
