@@ -82,11 +82,20 @@ class ProcessLocks:
             return bool(held), rows
         except self._engine.dialect.loaded_dbapi.Error as exc:
             # The session (and every lock on it) is gone; the next call reconnects.
-            broken, self._connection = self._connection, None
-            if broken is not None:
-                broken.close()
-            self._held.clear()
+            self._drop()
             raise StorageFailure(f"database error while locking a transcript: {exc}") from exc
+        except BaseException:
+            # Interrupted mid-round-trip (a soft time limit, say): whether the lock or the
+            # unlock ran is unknown. Closing the session releases every lock it held, so no
+            # lock stays held on the server with nobody here knowing to release it.
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        broken, self._connection = self._connection, None
+        if broken is not None:
+            broken.close()
+        self._held.clear()
 
     def try_acquire(self, key: int) -> bool:
         """Take ``key`` if nobody (no thread here, no other process) holds it."""

@@ -118,6 +118,34 @@ def test_a_lost_lock_connection_is_a_storage_failure_and_reconnects(
     assert stores[1].transcript_lock(ALICE, DIGEST).try_acquire()
 
 
+class Interrupted(BaseException):
+    """Stands for Celery's soft time limit, raised in the middle of a round trip."""
+
+
+@pytest.mark.postgres
+def test_a_lock_interrupted_mid_release_is_not_left_held_by_nobody(
+    stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from store import prepared
+
+    mine = stores[0].transcript_lock(ALICE, DIGEST)
+    assert mine.try_acquire()
+
+    def interrupted(*_args: object, **_kwargs: object) -> None:
+        raise Interrupted()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(prepared, "on_driver", interrupted)
+        with pytest.raises(Interrupted):
+            mine.release()
+    # The unlock never ran, but its session was closed: the other process takes the lock.
+    theirs = stores[1].transcript_lock(ALICE, DIGEST)
+    assert theirs.try_acquire()
+    theirs.release()
+    assert mine.try_acquire()  # and this one reconnects
+    mine.release()
+
+
 @pytest.mark.postgres
 def test_a_harvest_transaction_holds_off_a_forget_from_its_first_statement(
     stores: tuple[Store, Store],
