@@ -11,7 +11,6 @@ from harvest.transcript import Transcript
 from store import Scope, Settings, keyed, normalize_topics, notes, similar, strip_private
 from store.similar import Twin
 from store.terms import FactText, adds_to, jaccard, similarity_terms
-from store.writer import Expect
 
 if TYPE_CHECKING:
     from store import Executor
@@ -48,7 +47,7 @@ def write_candidates(
       pinned or person-written, is skipped. Any other candidate is a new note under a fresh
       slug, so no note is ever overwritten by a different fact.
     - Whatever a rewrite was decided on is checked again once the note's row is locked
-      (``store.writer.Expect``): a note pinned, person-written or rewritten since raises
+      (``notes.Expect``): a note pinned, person-written or rewritten since raises
       ``NoteChanged`` and nothing is written; the caller decides again.
 
     Candidates go through ``notes.write_batch`` in segments that give the same outcome as
@@ -79,7 +78,7 @@ def write_candidates(
         reason = None
         # What the decision below reads is read without a lock; the writer checks it again
         # on the locked row (a person may pin or rewrite the note meanwhile).
-        expect = Expect()
+        expect = notes.Expect()
         if candidate.topic_key is not None:
             if candidate.topic_key in protected:
                 writer.skipped += 1
@@ -100,7 +99,7 @@ def write_candidates(
                     writer.skipped += 1
                     continue
                 attrs["slug"], reason = note.slug, "harvest_same_fact"
-                expect = Expect(text=(held.title, held.body, held.topics))
+                expect = notes.Expect(text=(held.title, held.body, held.topics))
                 writer.targets.add(note.id)
             writer.seen.append(terms)
         writer.items.append(

@@ -24,7 +24,11 @@ from store.settings import Settings
 from store.similar import similar_notes
 from store.text import check_text
 from store.write_lookup import look_ahead as _look_ahead
-from store.writer import Expect, Item, Written, write_items
+from store.writer import Expect as _Expect
+from store.writer import Item, Written, write_items
+
+# What a harvest's rewrite of a stored note assumed of it (``BatchItem.expect``).
+Expect = _Expect
 
 if TYPE_CHECKING:
     from store.sql import Executor
