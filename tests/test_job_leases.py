@@ -217,6 +217,32 @@ def test_an_outcome_once_recorded_is_never_turned_into_another(store: Store) -> 
     assert stays["model_calls"] == 0
 
 
+def test_a_harvest_that_raises_a_defect_is_failed_with_it_and_not_run_again(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not left running for its lease to call it a lost worker and run it (and its model
+    calls) again up to GLEANER_JOB_MAX_CRASHES times."""
+    import harvest.queue
+    from workers import runtime
+    from workers.tasks import harvest as harvest_task
+
+    store: Store = make_store("postgresql")
+    [job_id] = record(store, 1)
+    monkeypatch.setattr(runtime, "_store", store)
+
+    def defect(*_args: object, **_kwargs: object) -> None:
+        raise KeyError("speaker")
+
+    monkeypatch.setattr(harvest.queue, "plan_harvest", defect)
+    result = harvest_task.apply(args=[job_id], task_id="delivery-1")
+    assert result.failed() and isinstance(result.result, KeyError)
+    failed = row(store, job_id)
+    assert (failed["state"], failed["crashes"], failed["attempts"]) == ("failed", 0, 1)
+    assert failed["last_error"].startswith("internal_error: KeyError: 'speaker'")
+    again = harvest_task.apply(args=[job_id], task_id="delivery-2")  # a stray message
+    assert again.successful() and row(store, job_id)["attempts"] == 1
+
+
 def test_a_claim_on_postgresql_does_not_wait_for_the_disk_and_what_follows_does(
     make_store: Any,
 ) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Task, shared_task
 from celery.utils.log import get_task_logger
@@ -11,6 +11,9 @@ from celery.utils.log import get_task_logger
 from harvest.outcome import COUNTERS
 from store import StorageFailure
 from workers import runtime
+
+if TYPE_CHECKING:
+    from store import Store
 
 log = get_task_logger(__name__)
 
@@ -64,10 +67,30 @@ def harvest(self: Task, job_id: str) -> str | None:
             return None
         log.warning("job %s stopped at the soft time limit: failed", job_id)
         return "failed error=time_limit"
+    except Exception as exc:
+        # A defect, not a fault of the database or the model (those are handled above and
+        # inside): a run again would end the same way and pay for the model again, and the
+        # lease would call it a lost worker. Failed at once with its type; Celery logs the
+        # traceback.
+        internal_error(store, job_id, exc, request.id)
+        raise
     if result is None:
         log.info("job %s is finished, gone or running elsewhere: nothing to do", job_id)
         return None
     return logged_result(result)
+
+
+def internal_error(store: Store, job_id: str, exc: Exception, token: str | None) -> None:
+    """Fail the job this delivery holds with ``internal_error`` and the exception's type and
+    message; with the database unreachable, its lease recovers it later instead."""
+    from store import jobs
+
+    error = f"internal_error: {type(exc).__name__}: {exc}; not run again until `gleaner retry`"
+    try:
+        with store.transaction() as session:
+            jobs.fail(session, job_id, error, token)
+    except StorageFailure:
+        log.warning("job %s: could not record its internal error; its lease will", job_id)
 
 
 def logged_result(result: dict[str, Any]) -> str:
