@@ -343,8 +343,8 @@ def run_harvest(
             lock.release()
 
 
-# Writes of one harvest that lose a race with another writer (a slug taken at the COMMIT, a
-# note changed under a rewrite) before the job is retried later instead.
+# How often in a row one harvest's write may lose a race with another writer (a slug taken
+# at the COMMIT, a note changed under a rewrite) before the job is left to a retry later.
 WRITE_RACES = 3
 
 

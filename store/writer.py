@@ -266,9 +266,9 @@ def _plan(
 def _check_expected(expect: Expect | None, target: _Op | None, name: str | None) -> None:
     """Raise ``NoteChanged`` unless the note ``target`` writes over (as locked, or as this
     batch left it) is what the harvest that decided to write over it read."""
-    current = None if target is None else target.current
     if expect is None:
         return
+    current = None if target is None else target.current
     if target is None or current is None:
         if expect.text is None:
             return  # a topic key no note holds any more: the note is written anew
