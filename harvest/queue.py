@@ -6,6 +6,7 @@ message (which carries only a job id) ever holds ``<private>`` text.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Iterable
@@ -22,6 +23,8 @@ from store import jobs as job_records
 
 if TYPE_CHECKING:
     from store import Executor
+
+log = logging.getLogger(__name__)
 
 
 def new_jobs(
@@ -118,10 +121,18 @@ class _JobRun:
 
     def begin(self, session: Executor) -> Plan | HarvestOutcome | None:
         settings = self.store.settings
+        lease = timedelta(seconds=settings.job_lease_seconds)
+        if self.redelivered and _still_running_here(session, self.job_id, self.token, lease):
+            log.warning(
+                "job %s: its message came back while its run goes on in this host's process "
+                "that holds it (the broker gave it back: a connection lost, say); left to it",
+                self.job_id,
+            )
+            return None
         job = job_records.claim(
             session,
             self.job_id,
-            lease=timedelta(seconds=settings.job_lease_seconds),
+            lease=lease,
             token=self.token,
             worker=_this_process(),
             redelivered=self.redelivered,
@@ -170,3 +181,33 @@ class _JobRun:
 def _this_process() -> str:
     """Who holds a claim: ``host:pid`` (kept on the job for operators, never in output)."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _still_running_here(session: Executor, job_id: str, token: str, lease: timedelta) -> bool:
+    """Whether the job's run under this very delivery goes on in a live process of this
+    host. The broker gives a message back when its worker is lost (then the claim is taken
+    back at once), but also when the connection that took it broke while its run went on,
+    which a second run of the same delivery must not take over. Only a process of this
+    host can be seen alive; a claim held on another host is taken over as before."""
+    held = job_records.holder(session, job_id)
+    if held is None or held.token != token or held.claimed_by is None:
+        return False
+    if not held.leased(lease):
+        return False  # its lease ran out: lost, whatever process holds it
+    host, _, pid = held.claimed_by.rpartition(":")
+    return host == socket.gethostname() and pid.isdigit() and _alive(int(pid))
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive, and not ours to judge
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc: kill(0) said it exists

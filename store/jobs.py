@@ -17,7 +17,7 @@ import logging
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import (
@@ -228,6 +228,30 @@ _FINISH = (
 # an outcome already recorded (done or failed) is never turned into another.
 _FINISH_HELD = prepared.hot(_FINISH.where(JOBS.c.lease_token == bindparam("token"), IS_RUNNING))
 RELEASED = {"lease_token": None, "claimed_by": None, "heartbeat_at": None}
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a running job: its delivery's ``token``, the claiming process
+    (``host:pid``) and its last heartbeat."""
+
+    token: str | None
+    claimed_by: str | None
+    heartbeat_at: datetime | None
+
+    def leased(self, lease: timedelta) -> bool:
+        """Whether its last heartbeat is younger than ``lease`` (else its worker is lost)."""
+        return self.heartbeat_at is not None and self.heartbeat_at >= utcnow() - lease
+
+
+def holder(session: Executor, job_id: str) -> Holder | None:
+    """The holder of ``job_id`` while it is running; None when it is not running."""
+    found = session.execute(
+        select(JOBS.c.lease_token, JOBS.c.claimed_by, JOBS.c.heartbeat_at).where(
+            JOBS.c.id == job_id, IS_RUNNING
+        )
+    ).first()
+    return None if found is None else Holder(found[0], found[1], found[2])
 
 
 def claim(

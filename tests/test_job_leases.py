@@ -217,6 +217,54 @@ def test_an_outcome_once_recorded_is_never_turned_into_another(store: Store) -> 
     assert stays["model_calls"] == 0
 
 
+def test_a_message_given_back_while_its_run_goes_on_here_leaves_the_run_alone(
+    make_store: Any,
+) -> None:
+    """Redis gives a message back when the connection that took it broke, though its run
+    goes on: the same delivery must not run twice. A holder that died (its child killed,
+    say) or one on another host is taken over at once, as before."""
+    import socket
+    import subprocess
+
+    from harvest.queue import run_job
+
+    store: Store = make_store("postgresql")
+    lease = timedelta(seconds=60)
+    here = socket.gethostname()
+    gone = subprocess.Popen(["true"])  # a process that ran and is gone
+    gone.wait()
+    holders = {
+        f"{here}:{os.getpid()}": None,  # alive: left to it
+        f"{here}:{gone.pid}": "harvested",  # dead: taken over
+        "another-host:1": "harvested",  # not seen from here: taken over
+    }
+    for n, (worker, outcome) in enumerate(holders.items()):
+        [job_id] = record(store, 1, start=n)
+        with store.transaction() as session:
+            assert job_records.claim(session, job_id, lease=lease, token="t1", worker=worker)
+        result = run_job(store, job_id, token="t1", redelivered=True)
+        job = row(store, job_id)
+        if outcome is None:
+            assert result is None
+            assert (job["state"], job["attempts"], job["crashes"]) == ("running", 1, 0)
+        else:
+            assert result is not None and result["status"] == outcome, worker
+            assert (job["state"], job["attempts"], job["crashes"]) == ("done", 2, 1)
+    # Its lease ran out: the live holder is lost to the job whatever it still does.
+    mine = f"{here}:{os.getpid()}"
+    [late] = record(store, 1, start=99)
+    with store.transaction() as session:
+        assert job_records.claim(session, late, lease=lease, token="t1", worker=mine)
+    expired = utcnow() - timedelta(seconds=store.settings.job_lease_seconds + 1)
+    set_columns(store, [late], heartbeat_at=expired)
+    assert run_job(store, late, token="t1", redelivered=True) is not None
+    # A retry of the same delivery (not given back by the broker) takes its claim back.
+    [retried] = record(store, 1, start=120)
+    with store.transaction() as session:
+        assert job_records.claim(session, retried, lease=lease, token="t2", worker=mine)
+    assert run_job(store, retried, token="t2") is not None
+
+
 def test_a_harvest_that_raises_a_defect_is_failed_with_it_and_not_run_again(
     make_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
