@@ -153,10 +153,10 @@ class Gleaner:
         if self.queued:
             self._send(LIVE_QUEUE, job_id)
         else:
-            from harvest.queue import run_job
+            from harvest.queue import run_job_here
 
             with translated():
-                run_job(self.store, job_id)
+                run_job_here(self.store, job_id)
         return job_id
 
     def _send(self, queue: str, job_id: str) -> None:

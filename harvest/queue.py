@@ -18,7 +18,7 @@ from harvest.job import Plan, plan_harvest, resolve_owner, run_harvest
 from harvest.outcome import HarvestOutcome
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Transcript
-from store import Store, format_error, job_leases
+from store import StorageFailure, Store, format_error, job_leases
 from store import jobs as job_records
 
 if TYPE_CHECKING:
@@ -105,6 +105,34 @@ def run_job(
     finally:
         run.close()
     return None if outcome is None else outcome.as_dict()
+
+
+def run_job_here(store: Store, job_id: str) -> dict[str, Any] | None:
+    """``run_job`` in this process, where nothing retries or recovers it (no queue, no
+    lease sweep): a run that raises (the database failed, a defect, an interrupt) marks the
+    job failed with the reason, so it is never left running and ``gleaner retry`` runs it
+    again; the error is raised on. With the database still unreachable the mark fails too
+    and the job stays ``running`` until a retry of the whole call."""
+    token = job_records.new_id()
+    try:
+        return run_job(store, job_id, token=token)
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            error = format_error(exc)
+        else:
+            error = f"interrupted: the run was stopped ({type(exc).__name__})"
+        try:
+            with store.transaction() as session:
+                job_records.fail(
+                    session,
+                    job_id,
+                    f"{error}; not run again until `gleaner retry`",
+                    token,
+                    unclaimed_too=True,
+                )
+        except StorageFailure:
+            log.warning("job %s: could not record why its run ended", job_id)
+        raise
 
 
 class _JobRun:

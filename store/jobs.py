@@ -325,15 +325,21 @@ def fail(
     error: str,
     token: str | None = None,
     result: dict[str, Any] | None = None,
+    *,
+    unclaimed_too: bool = False,
 ) -> bool:
     """Mark a job failed for good, keeping its transcript and the reason; with ``token``,
     only while that delivery still holds the running job (a run presumed lost records
     nothing; a soft time limit that fires after the harvest committed leaves it done). With
-    ``result`` (the failed run's report) its model usage is added to the job's. Returns
-    whether the job was marked."""
+    ``result`` (the failed run's report) its model usage is added to the job's;
+    ``unclaimed_too`` fails a pending job too (a run in this process that raised before its
+    claim held). Returns whether the job was marked."""
     stmt = update(Job).where(Job.id == job_id)
     if token is not None:
-        stmt = stmt.where(Job.lease_token == token, Job.state == RUNNING)
+        held = and_(Job.lease_token == token, Job.state == RUNNING)
+        # A run in this process whose claim was rolled back with the error (SQLite: the
+        # claim shares the first step's transaction) left the job pending.
+        stmt = stmt.where(or_(held, Job.state == PENDING) if unclaimed_too else held)
     cost = _cost(result)
     values: dict[str, Any] = {
         "state": FAILED,

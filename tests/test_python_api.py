@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 from gleaner import Conversation, Gleaner, InvalidRequest, NotFound, TooLarge, Unavailable
 from store import Store
+from tests.cli_harness import Cli
 from tests.samples import native
 from tests.workers_harness import REDIS_URL, redis_db_for
 
@@ -50,6 +51,35 @@ def test_submit_in_process_harvests_and_the_job_reports_it(gleaner: Gleaner) -> 
     again = gleaner.job(gleaner.submit(native(1, owner="alice")))
     assert again.state == "done" and again.harvest_status == "skipped"
     assert again.notes_written == 0
+
+
+def test_a_run_in_process_that_raises_leaves_its_job_failed_for_retry_not_running(
+    gleaner: Gleaner,
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No queue retries an in-process run and no sweep runs there: a run that raises (a
+    defect here; a database failure or an interrupt alike) marks its job failed with the
+    reason, so `gleaner retry` runs it again."""
+    import harvest.queue
+
+    def defect(*_args: object, **_kwargs: object) -> None:
+        raise KeyError("speaker")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(harvest.queue, "plan_harvest", defect)
+        with pytest.raises(KeyError):
+            gleaner.submit(native(1, owner="alice"))
+    with store.engine.connect() as conn:
+        job_id, state, error = conn.execute(text("SELECT id, state, last_error FROM jobs")).one()
+    assert state == "failed" and error.startswith("internal_error: KeyError: 'speaker'")
+
+    cli = Cli(monkeypatch, capsys)  # `gleaner retry`, in process: no broker set
+    cli.env(GLEANER_DATABASE_URL=store.engine.url.render_as_string(hide_password=False))
+    retried = cli("retry", job_id)
+    assert retried.code == 0 and f"{job_id}: harvested" in retried.out
+    assert gleaner.job(job_id).state == "done"
 
 
 def test_formats_as_the_cli_reads_them(gleaner: Gleaner) -> None:

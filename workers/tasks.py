@@ -83,12 +83,12 @@ def harvest(self: Task, job_id: str) -> str | None:
 def internal_error(store: Store, job_id: str, exc: Exception, token: str | None) -> None:
     """Fail the job this delivery holds with ``internal_error`` and the exception's type and
     message; with the database unreachable, its lease recovers it later instead."""
-    from store import jobs
+    from store import format_error, jobs
 
-    error = f"internal_error: {type(exc).__name__}: {exc}; not run again until `gleaner retry`"
+    error = f"{format_error(exc)}; not run again until `gleaner retry`"
     try:
         with store.transaction() as session:
-            jobs.fail(session, job_id, error, token)
+            jobs.fail(session, job_id, error, token, unclaimed_too=True)
     except StorageFailure:
         log.warning("job %s: could not record its internal error; its lease will", job_id)
 

@@ -226,11 +226,11 @@ def cmd_retry(args: argparse.Namespace) -> int:
             raise broker_down(exc, len(reset), "reset to pending") from None
         print(f"re-enqueued {len(reset)} job(s)")
         return EXIT_OK
-    from harvest.queue import run_job
+    from harvest.queue import run_job_here
 
     failed = 0
     for job_id, _ in reset:
-        result = run_job(store, job_id)
+        result = run_job_here(store, job_id)
         status = (result or {}).get("status", "done")
         failed += status == "failed"
         print(f"{job_id}: {status}")
