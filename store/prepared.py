@@ -675,12 +675,16 @@ def _prepare(
     dumped = transformer.dump_sequence(args, [state.auto] * len(args))
     types = transformer.types or ()
     key = (plan.sql, tuple(types))
-    name = state.prepared.get(key)
-    if name is None:
+    name = state.prepared.pop(key, None)
+    if name is not None:
+        # Used now: the newest, so preparing the next statement of the same pipeline can
+        # never evict it before the pipeline is sent.
+        state.prepared[key] = name
+    else:
         from psycopg import errors, pq
 
         pgconn = driver.pgconn
-        if len(state.prepared) >= MAX_PREPARED:  # as psycopg does: the oldest goes
+        if len(state.prepared) >= MAX_PREPARED:  # the least recently used goes
             oldest = state.prepared.pop(next(iter(state.prepared)))
             if pq.version() >= 170000:  # protocol-level Close: PgBouncer 1.21+ passes it on
                 pgconn.close_prepared(oldest)

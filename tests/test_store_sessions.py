@@ -242,3 +242,22 @@ def test_a_read_sent_ahead_is_answered_without_a_round_trip_until_a_write(
     with store.statements() as connection:
         prepared.ahead(connection, NAMES, {"like": "a-%"})
         assert len(prepared.execute(connection, NAMES, {"like": "a-%"})) == 2
+
+
+def test_a_pipeline_never_sends_a_statement_its_own_preparing_evicted(
+    make_store,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection keeps at most MAX_PREPARED statements prepared; the least recently used
+    goes. A transaction's first round trip prepares every statement it sends before sending
+    any: one in use there must not be the one that goes."""
+    store = make_store("postgresql", db_pool_size=1)
+    monkeypatch.setattr(prepared, "MAX_PREPARED", 2)
+    first, second = text("SELECT 1 AS first"), text("SELECT 2 AS second")
+    with store.connection(opening=[(first, {})]) as connection:  # prepares first, then second
+        assert prepared.execute(connection, second, {}) == [(2,)]
+    # first (the oldest prepared) and a third, new one, in one round trip: preparing the
+    # third makes room by dropping second, not first.
+    with store.connection(opening=[(first, {})]) as connection:
+        assert prepared.execute(connection, text("SELECT 3 AS third"), {}) == [(3,)]
+        assert prepared.opened(connection) == [(1,)]
