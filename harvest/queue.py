@@ -117,22 +117,30 @@ def run_job_here(store: Store, job_id: str) -> dict[str, Any] | None:
     try:
         return run_job(store, job_id, token=token)
     except BaseException as exc:
-        if isinstance(exc, Exception):
-            error = format_error(exc)
-        else:
-            error = f"interrupted: the run was stopped ({type(exc).__name__})"
-        try:
-            with store.transaction() as session:
-                job_records.fail(
-                    session,
-                    job_id,
-                    f"{error}; not run again until `gleaner retry`",
-                    token,
-                    unclaimed_too=True,
-                )
-        except StorageFailure:
-            log.warning("job %s: could not record why its run ended", job_id)
+        fail_run(store, job_id, exc, token)
         raise
+
+
+def fail_run(store: Store, job_id: str, exc: BaseException, token: str | None) -> None:
+    """Fail the job whose run under ``token`` raised ``exc`` (or which it left pending,
+    its claim rolled back with the error), with the reason: ``format_error``'s for an
+    exception, ``interrupted`` for an interrupt. With the database unreachable nothing is
+    marked; a worker's lease recovers its job later."""
+    if isinstance(exc, Exception):
+        error = format_error(exc)
+    else:
+        error = f"interrupted: the run was stopped ({type(exc).__name__})"
+    try:
+        with store.transaction() as session:
+            job_records.fail(
+                session,
+                job_id,
+                f"{error}; not run again until `gleaner retry`",
+                token,
+                unclaimed_too=True,
+            )
+    except StorageFailure:
+        log.warning("job %s: could not record why its run ended", job_id)
 
 
 class _JobRun:

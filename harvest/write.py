@@ -78,11 +78,12 @@ def write_candidates(
         reason = None
         # What the decision below reads is read without a lock; the writer checks it again
         # on the locked row (a person may pin or rewrite the note meanwhile).
-        expect = notes.Expect()
+        expect: notes.Expect | None = None
         if candidate.topic_key is not None:
             if candidate.topic_key in protected:
                 writer.skipped += 1
                 continue
+            expect = notes.Expect()  # the key's note, if any, still neither pinned nor a person's
         else:
             terms = similarity_terms(text.title, text.topics)
             # A near-duplicate of an earlier candidate must see that one written, as

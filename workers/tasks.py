@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Task, shared_task
 from celery.utils.log import get_task_logger
@@ -11,9 +11,6 @@ from celery.utils.log import get_task_logger
 from harvest.outcome import COUNTERS
 from store import StorageFailure
 from workers import runtime
-
-if TYPE_CHECKING:
-    from store import Store
 
 log = get_task_logger(__name__)
 
@@ -40,7 +37,7 @@ def harvest(self: Task, job_id: str) -> str | None:
     """
     from celery.exceptions import SoftTimeLimitExceeded
 
-    from harvest.queue import run_job
+    from harvest.queue import fail_run, run_job
     from store import jobs
 
     request = self.request
@@ -72,25 +69,12 @@ def harvest(self: Task, job_id: str) -> str | None:
         # inside): a run again would end the same way and pay for the model again, and the
         # lease would call it a lost worker. Failed at once with its type; Celery logs the
         # traceback.
-        internal_error(store, job_id, exc, request.id)
+        fail_run(store, job_id, exc, request.id)
         raise
     if result is None:
         log.info("job %s is finished, gone or running elsewhere: nothing to do", job_id)
         return None
     return logged_result(result)
-
-
-def internal_error(store: Store, job_id: str, exc: Exception, token: str | None) -> None:
-    """Fail the job this delivery holds with ``internal_error`` and the exception's type and
-    message; with the database unreachable, its lease recovers it later instead."""
-    from store import format_error, jobs
-
-    error = f"{format_error(exc)}; not run again until `gleaner retry`"
-    try:
-        with store.transaction() as session:
-            jobs.fail(session, job_id, error, token, unclaimed_too=True)
-    except StorageFailure:
-        log.warning("job %s: could not record its internal error; its lease will", job_id)
 
 
 def logged_result(result: dict[str, Any]) -> str:
