@@ -13,6 +13,7 @@ from harvest.job import harvest_transcript, resolve_owner
 from harvest.llm import HarvestLLM
 from harvest.outcome import Counts, HarvestOutcome
 from harvest.readers import iter_paths, read_path
+from harvest.redact import redact_text
 from harvest.transcript import Limits, Transcript
 from store import Store, StoreError, format_error, load_settings
 
@@ -64,7 +65,8 @@ def read_all(
         try:
             result = read_path(path, limits=limits)
         except HarvestError as exc:
-            summary.fail(str(path), f"{exc.reason}: {exc}")
+            # The reason names the path too.
+            summary.fail(redact_text(str(path)), redact_text(f"{exc.reason}: {exc}"))
             continue
         found.extend(result.transcripts)
         for label, reason in result.errors:
@@ -78,7 +80,8 @@ def check_owners(transcripts: Iterable[Transcript], owner: str | None) -> None:
         return
     missing = [t for t in transcripts if not t.owner]
     if missing:
-        where = missing[0].source_path or missing[0].conversation_id
+        # Not yet redacted: the path is shown under the privacy rule (the id already is).
+        where = redact_text(missing[0].source_path or missing[0].conversation_id)
         raise HarvestError(
             f"{len(missing)} conversation(s) carry no owner (e.g. {where}): pass --owner NAME",
             reason="no_owner",

@@ -10,6 +10,7 @@ from harvest.batch import Summary, judge_owners, read_all
 from harvest.errors import HarvestError
 from harvest.queue import record_jobs
 from harvest.queues import IMPORT_QUEUE
+from harvest.redact import redact_text
 from harvest.transcript import Limits, Transcript
 from store import Settings, Store
 from store import jobs as job_records
@@ -58,7 +59,7 @@ def plan_import(
     with store.transaction() as session:
         import_id = job_records.create_import(
             session,
-            source=str(path),
+            source=redact_text(str(path)),
             owner=owner or "(transcript owners)",
             provenance=provenance,
             unreadable=len(summary.failures),

@@ -91,10 +91,15 @@ def _content_hash(messages: Sequence[Message]) -> str:
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def messages_hash(messages: Sequence[Message]) -> str:
+    """sha256 hex of what ``messages`` say once redacted (see transcript_hash)."""
+    return _content_hash(redact_messages(messages))
+
+
 def transcript_hash(t: Transcript) -> str:
     """sha256 hex of what was said: the redacted roles and contents, in order.
 
     Ids, titles, timestamps, owner and source are left out, so one conversation read from any
     format (or re-exported later) hashes the same; edge whitespace of a turn does not count.
     """
-    return _content_hash(redact_messages(t.messages))
+    return messages_hash(t.messages)

@@ -16,7 +16,7 @@ from store.notes import save_draft
 from store.schemas import SaveResult, Scope
 from store.settings import Settings
 from store.sql import dialect_insert
-from store.text import check_principal, check_text, strip_private
+from store.text import check_no_private, check_principal, check_text, strip_private
 
 SUMMARY_TYPE = "summary"
 MAX_TOPIC_KEY_CHARS = 255
@@ -62,6 +62,11 @@ def _principal(value: str) -> str:
     return check_principal(value, "user_id")
 
 
+def _public_key(value: str | None) -> str | None:
+    # A key is stored, derived into the slug and shown to the harvest model as given.
+    return None if value is None else check_no_private(value, "topic_key", "bad_topic_key")
+
+
 def _allowed_type(value: str, info: ValidationInfo) -> str:
     """One of the configured observation types; ``summary`` only for the session summary."""
     context = info.context or {}
@@ -99,6 +104,7 @@ class Observation(BaseModel):
         str | None,
         text_field("topic_key", MAX_TOPIC_KEY_CHARS, optional=True),
         _not_blank("topic_key", "bad_topic_key", " (pass None for none)"),
+        AfterValidator(_public_key),
     ] = None
 
 

@@ -22,7 +22,7 @@ from store.models import Memory
 from store.schemas import Note, Scope, WriteResult
 from store.settings import Settings
 from store.similar import similar_notes
-from store.text import check_text
+from store.text import check_no_private, check_text
 from store.write_lookup import look_ahead as _look_ahead
 from store.writer import Expect as _Expect
 from store.writer import Item, Written, write_items
@@ -60,6 +60,8 @@ def write(
     check_pin(draft, resolved, allow_pin_untrusted=allow_pin_untrusted)
     if conversation_id is not None:
         conversation_id = check_text(conversation_id, "conversation_id", max_bytes=255)
+    if topic_key is not None:
+        check_no_private(topic_key, "topic_key", "bad_topic_key")
     (written,) = write_items(
         session,
         scope,
@@ -178,6 +180,7 @@ def write_batch(
             check_pin(draft, resolved, allow_pin_untrusted=allow_pin_untrusted)
             if item.topic_key is not None:
                 check_text(item.topic_key, "topic_key", max_bytes=255)
+                check_no_private(item.topic_key, "topic_key", "bad_topic_key")
         except InvalidInput as exc:
             results[n] = BatchResult(outcome="invalid", error=exc)
             continue

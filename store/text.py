@@ -178,6 +178,18 @@ def snippet(body: str, query_words: Sequence[str], width: int = 160) -> str:
     return ("…" if start > 0 else "") + text[start:end] + ("…" if end < len(text) else "")
 
 
+def check_no_private(value: str, field: str, reason: str) -> str:
+    """``value`` unchanged, or InvalidInput when it holds a ``<private>`` span or tag: for
+    text that is stored and shown as given (keys, names), which redaction would change."""
+    if strip_private(value) != value:
+        raise InvalidInput(
+            f"{field} holds a <private> tag: it is stored and shown as given, so it may "
+            "hold no private text",
+            reason=reason,
+        )
+    return value
+
+
 def check_text(value: object, field: str, *, max_bytes: int | None = None) -> str:
     """Return ``value`` as str if it is valid UTF-8 without NUL (and within ``max_bytes``).
 
@@ -238,7 +250,9 @@ def check_principal(value: object, field: str = "owner") -> str:
             f"{field} is not valid UTF-8 (a lone surrogate)", reason="bad_owner"
         ) from None
     name = unicodedata.normalize("NFKC", value)
-    shown = ascii(name[:40])
+    # Quoted in the refusals below, which reach logs, HTTP answers and the CLI: never a
+    # private span (a refused name is not checked for tags until the end).
+    shown = ascii(strip_private(name)[:40])
     if not name.strip():
         raise InvalidInput(f"{field} is empty", reason="bad_owner")
     if name != name.strip():

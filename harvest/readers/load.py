@@ -89,16 +89,17 @@ def kind_of(obj: object) -> str | None:
 
 
 def _label(base: str, obj: object) -> str:
-    """``base`` and the conversation's id, under the privacy rule and cut to 255 characters
-    (a label is printed and stored whether or not the conversation could be read)."""
+    """``base`` (a path) and the conversation's id, each under the privacy rule, the id cut
+    to 255 characters (a label is printed and stored whether or not the conversation could
+    be read)."""
     for key in ("conversation_id", "uuid", "id"):
         value = obj.get(key) if isinstance(obj, Mapping) else None
         if isinstance(value, str | int) and not isinstance(value, bool) and value != "":
             shown = redact_text(str(value))
             if len(shown) > _MAX_LABEL_ID_CHARS:
                 shown = shown[:_MAX_LABEL_ID_CHARS] + "…"
-            return f"{base} {shown}"
-    return base
+            return f"{redact_text(base)} {shown}"
+    return redact_text(base)
 
 
 def _too_deep(what: str) -> TranscriptFormatError:
@@ -176,7 +177,7 @@ def _read_value(value: object, path: Path, default_owner: str | None, limits: Li
             # A bare list of chat messages: one OpenAI-style conversation.
             _read_one(
                 result,
-                str(path),
+                redact_text(str(path)),
                 "openai",
                 value,
                 path=path,
@@ -205,7 +206,7 @@ def _read_lines(
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        label = f"{path}:{number}"
+        label = redact_text(f"{path}:{number}")
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -303,7 +304,7 @@ def _read_session(
     try:
         events = session_events(text)
     except TranscriptFormatError as exc:
-        result.errors.append((str(path), _refusal(exc, "")))
+        result.errors.append((redact_text(str(path)), _refusal(exc, "")))
         return result
     label = _label(str(path), {"id": session_id(events)})
     _read_one(result, label, kind, events, path=path, default_owner=default_owner, limits=limits)

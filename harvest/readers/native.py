@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from harvest.readers._common import (
     parse_time,
     text_of,
 )
+from harvest.redact import messages_hash, redact_text
 from harvest.transcript import (
     DEFAULT_LIMITS,
     Limits,
@@ -100,10 +100,15 @@ def read_native(
     )
 
 
-def openai_id(obj: object, path: Path) -> str:
-    """A stable id for a conversation that has none: a hash of its file and its content."""
-    canonical = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    digest = hashlib.sha256(f"{path.resolve()}\n{canonical}".encode()).hexdigest()
+def openai_id(messages: list[Message], path: Path) -> str:
+    """A stable id for a conversation that has none: a hash of its file and of what it says.
+
+    Both redacted first: the id is stored and shown, and a hash of private text would let a
+    short secret (a PIN) be found by trying every value.
+    """
+    said = messages_hash(messages)
+    place = redact_text(str(path.resolve()))
+    digest = hashlib.sha256(f"{place}\n{said}".encode("utf-8", "surrogatepass")).hexdigest()
     return f"openai-{digest[:24]}"
 
 
@@ -123,7 +128,7 @@ def read_openai(
     messages = _messages(raw, strict_roles=False, limits=limits)
     check_size(messages, limits)  # before the id hashes the whole conversation
     return build(
-        conversation_id=openai_id(obj, path),
+        conversation_id=openai_id(messages, path),
         owner=default_owner,
         messages=messages,
         source_format=source_format,

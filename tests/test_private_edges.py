@@ -1,0 +1,104 @@
+"""Private text never escapes through what is stored or shown as given: topic keys, the
+refusal of a bad owner, the id of a conversation that has none, and import paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from harvest.batch import Summary, check_owners, read_all
+from harvest.errors import HarvestError
+from harvest.imports import plan_import
+from harvest.readers import read_path
+from store import InvalidInput, Scope, Store, notes
+from store.tables import IMPORTS
+from store.text import check_principal
+from tests.cli_harness import Cli, cli
+
+__all__ = ["cli"]  # the fixture, used by name
+
+SECRET = "7391"  # short: a hash of it alone would be found by trying every PIN
+PRIVATE = f"<private>{SECRET}</private>"
+ALICE = Scope.owner("alice")
+
+
+def test_mem_save_refuses_a_topic_key_holding_private_text(store: Store) -> None:
+    # A key is stored, made into the slug and shown to the harvest model as given.
+    with pytest.raises(InvalidInput) as caught:
+        store.mem_save(
+            "alice", "Door code noted.", type="decision", title="Door", topic_key=f"door/{PRIVATE}"
+        )
+    assert caught.value.reason == "bad_topic_key"
+    assert SECRET not in str(caught.value)
+    assert store.fingerprint(ALICE) == (0, 0)
+    with store.transaction() as session, pytest.raises(InvalidInput, match="<private> tag"):
+        notes.write(
+            session, store.settings, ALICE, {"title": "Door", "body": "b"}, topic_key=PRIVATE
+        )
+    batch = store._run(
+        notes.write_batch,
+        store.settings,
+        ALICE,
+        [notes.BatchItem({"title": "Door", "body": "b"}, topic_key=f"x {PRIVATE}")],
+    )
+    assert [r.outcome for r in batch] == ["invalid"]
+    assert store.fingerprint(ALICE) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [f"{PRIVATE} ", f" {PRIVATE}", f"{PRIVATE}\u200b", f"<private>{SECRET}", PRIVATE],
+)
+def test_a_refused_owner_is_never_quoted_with_its_private_text(owner: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        check_principal(owner)
+    assert caught.value.reason == "bad_owner"
+    assert SECRET not in str(caught.value)
+
+
+def test_the_cli_refuses_such_an_owner_without_echoing_it(cli: Cli, tmp_path: Path) -> None:
+    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/g.db")
+    ran = cli("search", "--owner", f"{PRIVATE} ", "anything")
+    assert ran.code == 2 and "trailing space" in ran.err
+    assert SECRET not in ran.err + ran.out
+
+
+def openai_file(path: Path, pin: str) -> Path:
+    said = [
+        {"role": "user", "content": f"My door code is <private>{pin}</private>; I prefer tea."},
+        {"role": "assistant", "content": "Noted: tea."},
+    ]
+    path.write_text(json.dumps({"messages": said}))
+    return path
+
+
+def test_an_openai_conversation_id_says_nothing_of_its_private_text(tmp_path: Path) -> None:
+    path = tmp_path / "chat.json"
+    first = read_path(openai_file(path, SECRET)).transcripts[0].conversation_id
+    other = read_path(openai_file(path, "0000")).transcripts[0].conversation_id
+    assert first.startswith("openai-") and first == other  # only redacted text counts
+    path.write_text(path.read_text().replace("tea", "coffee"))
+    assert read_path(path).transcripts[0].conversation_id != first  # what was said counts
+
+
+def test_import_paths_are_stored_and_shown_redacted(store: Store, tmp_path: Path) -> None:
+    folder = tmp_path / f"export {PRIVATE}"
+    folder.mkdir(parents=True)  # "</private>" holds a slash: two folders
+    openai_file(folder / "chat.json", "1111")
+    (folder / "broken.json").write_text(json.dumps([{"role": "user"}, {"nothing": 1}]))
+    summary = Summary()
+    found = read_all([folder], summary)
+    assert len(found) == 1 and summary.failures
+    assert SECRET not in json.dumps(summary.failures)
+    with pytest.raises(HarvestError) as caught:
+        check_owners(found, None)
+    assert caught.value.reason == "no_owner" and SECRET not in str(caught.value)
+    planned = plan_import(store, folder, owner="alice")
+    with store.transaction() as session:
+        (source,) = session.execute(
+            select(IMPORTS.c.source).where(IMPORTS.c.id == planned.import_id)
+        ).scalars()
+    assert "[REDACTED]" in source and SECRET not in source
