@@ -102,3 +102,21 @@ def test_import_paths_are_stored_and_shown_redacted(store: Store, tmp_path: Path
             select(IMPORTS.c.source).where(IMPORTS.c.id == planned.import_id)
         ).scalars()
     assert "[REDACTED]" in source and SECRET not in source
+
+
+def test_a_private_span_opened_inside_an_injected_index_stays_open() -> None:
+    from harvest.redact import redact_messages, redact_text
+    from harvest.transcript import Message
+
+    block = '<gleaner-memory-index scope="owner:alice" notes="1" seq="1">\n- Tea <private>'
+    opened = f"{block}</gleaner-memory-index> my PIN is {SECRET}</private> and I like tea."
+    assert redact_text(opened) == "[REDACTED] and I like tea."
+    balanced = f"{block}x</private></gleaner-memory-index> I like tea."
+    assert redact_text(balanced) == " I like tea."  # no trace of the block
+    closing = "<private>my PIN <gleaner-memory-index>a</private></gleaner-memory-index> " + SECRET
+    assert SECRET not in redact_text(closing)  # a close inside the block closes nothing
+    said = [
+        Message(role="system", content=f"{block}</gleaner-memory-index>"),
+        Message(role="user", content=f"my PIN is {SECRET}</private> Tea, please."),
+    ]
+    assert SECRET not in json.dumps([m.content for m in redact_messages(said)])
