@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 
 from harvest.transcript import Message, Transcript
-from store.index import INDEX_BLOCK
+from store.index import strip_index_text
 from store.text import REDACTED, redact_private, strip_private
 
 # Bump when the canonical form changes, so old and new hashes cannot collide by accident.
@@ -18,24 +17,13 @@ _MAX_ID_CHARS = 255
 REDACTED_ID_PREFIX = "redacted-"
 
 
-def _kept_open(block: re.Match[str]) -> str:
-    # An injected block goes, but a <private> it leaves open stays open (fail closed): the
-    # text after it is private, as it would be had the block been read. A balanced span
-    # inside a block leaves no trace, and a closing tag there closes nothing outside it.
-    return "<private>" if redact_private(block.group(0))[1] else ""
-
-
-def strip_index(text: str) -> str:
-    """``text`` without the memory-index blocks Gleaner injected (see _kept_open)."""
-    return INDEX_BLOCK.sub(_kept_open, text)
-
-
 def redact_text(text: str) -> str:
     """``text`` without injected memory-index blocks and with ``<private>`` spans redacted.
 
-    The index goes first so a private tag inside an injected block leaves no trace.
+    The index goes first so a private span inside an injected block leaves no trace (one
+    it leaves open stays open: see ``store.index.strip_index_text``).
     """
-    return strip_private(strip_index(text))
+    return strip_private(strip_index_text(text))
 
 
 def redact_messages(messages: Sequence[Message]) -> list[Message]:
@@ -49,7 +37,7 @@ def redact_messages(messages: Sequence[Message]) -> list[Message]:
     kept: list[Message] = []
     depth = 0
     for message in messages:
-        redacted, depth = redact_private(strip_index(message.content), depth)
+        redacted, depth = redact_private(strip_index_text(message.content), depth)
         if not redacted.strip():
             continue
         # Messages are frozen: one without a span is shared, not copied (most turns).

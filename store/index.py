@@ -10,6 +10,7 @@ from sqlalchemy import Connection, func, select
 
 from store.schemas import Scope
 from store.tables import LIVE, MEMORIES
+from store.text import redact_private
 
 INDEX_OPEN = "<gleaner-memory-index"
 INDEX_CLOSE = "</gleaner-memory-index>"
@@ -80,5 +81,14 @@ def index_text(
 
 
 def strip_index_text(text: str) -> str:
-    """Remove every memory index block Gleaner injected into a prompt."""
-    return INDEX_BLOCK.sub("", text)
+    """Remove every memory index block Gleaner injected into a prompt.
+
+    A ``<private>`` a block leaves open stays open (fail closed): the text after it is
+    private, as it would be had the block been read. A balanced span inside a block leaves
+    no trace, and a closing tag there closes nothing outside it.
+    """
+    return INDEX_BLOCK.sub(_kept_open, text)
+
+
+def _kept_open(block: re.Match[str]) -> str:
+    return "<private>" if redact_private(block.group(0))[1] else ""

@@ -267,6 +267,4 @@ def check_principal(value: object, field: str = "owner") -> str:
             f"{field} {shown} holds an invisible or control character (U+{ord(bad):04X})",
             reason="bad_owner",
         )
-    if strip_private(name) != name:
-        raise InvalidInput(f"{field} holds a <private> tag", reason="bad_owner")
-    return name
+    return check_no_private(name, field, "bad_owner")

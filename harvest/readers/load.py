@@ -203,10 +203,11 @@ def _read_lines(
     """JSON Lines, one conversation a line; None when no line holds a conversation at all."""
     result = ReadResult()
     recognised = 0
+    where = redact_text(str(path))  # once, not a line
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        label = redact_text(f"{path}:{number}")
+        label = f"{where}:{number}"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
