@@ -13,7 +13,7 @@ from sqlalchemy import bindparam, or_, select
 
 from store import history, prepared
 from store.drafts import base_slug_of
-from store.models import Memory
+from store.models import SUPERSEDED, Memory
 from store.schemas import Scope
 from store.sql import ID_CHUNK, one_of
 
@@ -35,13 +35,16 @@ def free_slug(base: str, taken: set[str]) -> str:
 _IN_SCOPE = (Memory.scope_kind == bindparam("kind"), Memory.scope_id == bindparam("sid"))
 # Built once: only the parameters change from batch to batch. The rows an item may update
 # are locked, so a concurrent upsert of the same key waits for this transaction.
-_BY_SLUGS, _BY_TOPIC_KEYS = (
-    select(*history.VERSIONED, Memory.status, column.label("wanted_value"))
+_BY_SLUGS, _BY_TOPIC_KEYS, _BY_IDS = (
+    select(*history.VERSIONED, Memory.status, Memory.superseded_by_id, column.label("wanted_value"))
     .where(*_IN_SCOPE, one_of(column, "wanted"))
     .order_by(Memory.id)
     .with_for_update()
-    for column in (Memory.slug, Memory.topic_key)
+    for column in (Memory.slug, Memory.topic_key, Memory.id)
 )
+# A key's note found superseded: the row's field naming the slug of the note that holds the
+# key (the write lands on the note that replaced it, ``_follow_superseders``).
+SUPERSEDED_HOLDER = "superseded_holder"
 _TAKEN_SLUGS = prepared.hot(select(Memory.slug).where(*_IN_SCOPE, one_of(Memory.slug, "wanted")))
 _SESSION_TWIN = (
     select(Memory.id, Memory.slug)
@@ -93,8 +96,9 @@ def lookup(
     session: Executor, scope: Scope, items: Sequence[Item], *, bases: bool = True
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], set[str]]:
     """The scope's rows holding the items' explicit slugs and topic keys (locked; what
-    history keeps of each, and ``status``), and (with ``bases``) every slug taken among the
-    derived bases and their ``-N`` forms."""
+    history keeps of each, ``status`` and ``superseded_by_id``; for a key whose note is
+    superseded, the note that replaced it: ``_follow_superseders``), and (with ``bases``)
+    every slug taken among the derived bases and their ``-N`` forms."""
     explicit = sorted({i.draft.slug for i in items if i.draft.slug is not None})
     keys = sorted({i.topic_key for i in items if i.draft.slug is None and i.topic_key})
     derived = _derived((i.draft.title, i.topic_key) for i in items if i.draft.slug is None)
@@ -106,6 +110,7 @@ def lookup(
             rows = session.execute(stmt, {**in_scope, "wanted": wanted[start : start + ID_CHUNK]})
             for row in rows:
                 found[str(row.wanted_value)] = dict(row._mapping)
+    _follow_superseders(session, scope, by_topic)
     taken: set[str] = set(by_slug)
     # Most bases are free: look them up exactly (an index probe each), and only for the
     # taken ones list their -N forms.
@@ -129,3 +134,40 @@ def lookup(
             ).scalars()
         )
     return by_slug, by_topic, taken
+
+
+def _follow_superseders(
+    session: Executor, scope: Scope, by_topic: dict[str, dict[str, Any]]
+) -> None:
+    """Put in place of each superseded key holder the note at the end of its supersede chain
+    (locked), marked with ``SUPERSEDED_HOLDER``: what a write under the key means is the fact
+    the holder stood for, and a person declared that note its replacement; written into the
+    hidden holder, it would never be found. The key stays with its holder. A chain is
+    followed within the scope only (links never leave it) and never round a loop; where it
+    cannot go on, its last note is the target."""
+    pending = {
+        key: row
+        for key, row in by_topic.items()
+        if row["status"] == SUPERSEDED and row["superseded_by_id"] is not None
+    }
+    holders = {key: str(row["slug"]) for key, row in pending.items()}
+    seen = {key: {int(row["id"])} for key, row in pending.items()}
+    in_scope = {"kind": scope.kind, "sid": scope.id}
+    while pending:
+        wanted = sorted({int(row["superseded_by_id"]) for row in pending.values()})
+        successors: dict[int, dict[str, Any]] = {}
+        for start in range(0, len(wanted), ID_CHUNK):
+            for found in session.execute(
+                _BY_IDS, {**in_scope, "wanted": wanted[start : start + ID_CHUNK]}
+            ):
+                successors[int(found.id)] = dict(found._mapping)
+        following: dict[str, dict[str, Any]] = {}
+        for key, row in pending.items():
+            successor = successors.get(int(row["superseded_by_id"]))
+            if successor is None or int(successor["id"]) in seen[key]:
+                continue
+            seen[key].add(int(successor["id"]))
+            by_topic[key] = {**successor, "wanted_value": key, SUPERSEDED_HOLDER: holders[key]}
+            if successor["status"] == SUPERSEDED and successor["superseded_by_id"] is not None:
+                following[key] = successor
+        pending = following

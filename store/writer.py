@@ -33,7 +33,7 @@ from store.schemas import Scope
 from store.sql import Executor, dialect_insert, dialect_name, next_seqs, seq_expression
 from store.term_index import insert_terms
 from store.terms import similarity_terms
-from store.write_lookup import free_slug, lookup, session_twin
+from store.write_lookup import SUPERSEDED_HOLDER, free_slug, lookup, session_twin
 
 # Rows per multi-row INSERT: well under SQLite's bound-parameter limit (25 columns a row).
 BATCH_CHUNK = 400
@@ -197,7 +197,9 @@ def _plan(
                 [],
                 row_id=row_id,
                 status=row["status"],
-                revive=row["status"] == ARCHIVED,
+                # A superseded note whose superseder is gone replaces nothing any more.
+                revive=row["status"] == ARCHIVED
+                or (row["status"] == SUPERSEDED and row["superseded_by_id"] is None),
                 current={c.key: row[c.key] for c in history.VERSIONED},
             )
             ops.append(by_row[row_id])
@@ -229,7 +231,14 @@ def _plan(
             if target is None and item.topic_key in by_topic_row:
                 target = update_op(by_topic_row[item.topic_key])
                 by_topic[item.topic_key] = by_slug[target.slug] = target
-        _check_expected(item.expect, target, draft.slug or item.topic_key)
+        _check_expected(
+            item.expect,
+            target,
+            draft.slug or item.topic_key,
+            # A key whose note is superseded: the target is the note that replaced it.
+            replaced=draft.slug is None
+            and SUPERSEDED_HOLDER in by_topic_row.get(item.topic_key or "", {}),
+        )
         if target is not None:
             _write_over(target, scope, item, values, conversation_id=conversation_id, now=now)
             target.items.append(n)
@@ -263,9 +272,12 @@ def _plan(
     return _Plan(ops, deduped)
 
 
-def _check_expected(expect: Expect | None, target: _Op | None, name: str | None) -> None:
+def _check_expected(
+    expect: Expect | None, target: _Op | None, name: str | None, *, replaced: bool = False
+) -> None:
     """Raise ``NoteChanged`` unless the note ``target`` writes over (as locked, or as this
-    batch left it) is what the harvest that decided to write over it read."""
+    batch left it) is what the harvest that decided to write over it read. ``replaced``: the
+    note holding the key is superseded, ``target`` the note that replaced it."""
     if expect is None:
         return
     current = None if target is None else target.current
@@ -273,7 +285,12 @@ def _check_expected(expect: Expect | None, target: _Op | None, name: str | None)
         if expect.text is None:
             return  # a topic key no note holds any more: the note is written anew
         why = "it is gone"
-    elif current["pinned"] or current["provenance"] == "user" or target.status == SUPERSEDED:
+    elif (
+        replaced
+        or current["pinned"]
+        or current["provenance"] == "user"
+        or target.status == SUPERSEDED
+    ):
         why = "it was pinned, written by a person or superseded since"
     elif expect.text is not None and (
         target.status != LIVE

@@ -181,3 +181,42 @@ def test_storage_failure_is_runtime_error(tmp_path) -> None:  # type: ignore[no-
     with pytest.raises(RuntimeError) as caught:
         broken.mem_save("alice", "c", type="decision", title="t")
     assert isinstance(caught.value, StorageFailure)
+
+
+def test_a_key_whose_note_was_superseded_updates_the_note_that_replaced_it(store: Store) -> None:
+    key = "architecture/frontend"
+    first = store.mem_save("alice", "Use React.", type="decision", title="Frontend", topic_key=key)
+    holder = row(store, first.id).slug
+    store.write(ALICE, {"title": "Frontend choice", "body": "Use Svelte.", "slug": "ui"})
+    store.link(ALICE, "ui", holder, "supersedes")
+    again = store.mem_save(
+        "alice", "Use Svelte 5 with runes.", type="decision", title="Frontend now", topic_key=key
+    )
+    # Written into the hidden holder, the fact would never be found again.
+    assert again.outcome == "updated" and again.topic_key == key
+    replaced = store.read(ALICE, "ui").memory
+    assert again.id == replaced.id != first.id
+    assert (replaced.title, replaced.body, replaced.status) == (
+        "Frontend now",
+        "Use Svelte 5 with runes.",
+        "live",
+    )
+    assert [hit.memory.slug for hit in store.search(ALICE, "runes")] == ["ui"]
+    assert [v.body for v in store.history(ALICE, "ui")] == ["Use Svelte."]
+    # The holder keeps its text, its key and its superseder.
+    kept = store.read(ALICE, holder)
+    assert (kept.memory.body, kept.memory.status, kept.superseded_by) == (
+        "Use React.",
+        "superseded",
+        "ui",
+    )
+    assert row(store, first.id).topic_key == key
+    # A chain is followed to its end.
+    store.write(ALICE, {"title": "Frontend final", "body": "Use plain HTML.", "slug": "ui-final"})
+    store.link(ALICE, "ui-final", "ui", "supersedes")
+    last = store.mem_save(
+        "alice", "Use HTML and htmx.", type="decision", title="Frontend last", topic_key=key
+    )
+    assert last.id == store.read(ALICE, "ui-final").memory.id
+    assert store.read(ALICE, "ui").memory.body == "Use Svelte 5 with runes."
+    assert store.fingerprint(ALICE)[0] == 1

@@ -133,3 +133,28 @@ def test_an_unchanged_twin_is_still_rewritten_in_one_go(store: Store, server: LL
     assert seen and calls == ["locking read"]
     assert (report.notes_written, report.notes_updated) == (0, 1)
     assert note_row(store, "likes-short-answers")["body"] == SAYS_MORE["body"]
+
+
+def test_a_keyed_note_superseded_by_a_person_meanwhile_is_not_rewritten(
+    store: Store, server: LLMServer
+) -> None:
+    key = "preference/answer-length"
+    server.script(
+        answer([note("Short answers", body="Wants short answers.", topic_key=key)]),
+        answer([note("Long answers", body="Wants long answers now.", topic_key=key)]),
+    )
+    harvest_transcript(store, transcript("short please", cid="c1"))
+    store.write(ALICE, {"title": "Answer style", "body": "Answers as bullet lists.", "slug": "b"})
+    supersede = (
+        "UPDATE memories SET status = 'superseded', "
+        "superseded_by_id = (SELECT id FROM memories WHERE slug = 'b') "
+        f"WHERE topic_key = '{key}'"
+    )
+    seen = before_the_locking_read(store, change(store, supersede))
+    report = harvest_transcript(store, transcript("long now", cid="c2"))
+    assert seen
+    # Declared replaced since the harvest read it: skipped, and the note that replaced it
+    # (which a mem_save under the key would update) is not rewritten by harvested text.
+    assert (report.notes_written, report.notes_updated, report.notes_skipped) == (0, 0, 1)
+    assert note_row(store, "b")["body"] == "Answers as bullet lists."
+    assert note_row(store, "preference-answer-length")["body"] == "Wants short answers."
