@@ -225,10 +225,10 @@ def _still_running_here(session: Executor, job_id: str, token: str, lease: timed
     back at once), but also when the connection that took it broke while its run went on,
     which a second run of the same delivery must not take over. Only a process of this
     host can be seen alive; a claim held on another host is taken over as before."""
-    held = job_records.holder(session, job_id)
+    held = job_records.holder(session, job_id, lease)
     if held is None or held.token != token or held.claimed_by is None:
         return False
-    if not held.leased(lease):
+    if not held.leased:
         return False  # its lease ran out: lost, whatever process holds it
     host, _, pid = held.claimed_by.rpartition(":")
     return host == socket.gethostname() and pid.isdigit() and _alive(int(pid))

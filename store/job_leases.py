@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from store.jobs import IS_RUNNING, JOBS, RELEASED, worker_lost_error
 from store.models import FAILED, PENDING, RUNNING, Job, utcnow
+from store.sql import lease_expired, lease_now
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def renew(session: Session, leases: Mapping[str, str]) -> set[str]:
             JOBS.c.lease_token.in_(list(leases.values())),  # tokens are unique per delivery
             IS_RUNNING,
         )
-        .values(heartbeat_at=utcnow())
+        .values(heartbeat_at=lease_now(session))
         .returning(JOBS.c.id)
     ).all()
     return {str(r[0]) for r in rows}
@@ -65,11 +66,10 @@ def recover_lost(
     Rows another transaction holds (a claim taking the job over) are skipped, not waited for.
     """
     now = utcnow()
+    expired = lease_expired(session, lease)
     rows = session.execute(
         select(Job.id, Job.queue, Job.crashes)
-        .where(
-            Job.state == RUNNING, or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < now - lease)
-        )
+        .where(Job.state == RUNNING, or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < expired))
         .order_by(Job.heartbeat_at)
         .limit(limit)
         .with_for_update(skip_locked=True)

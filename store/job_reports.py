@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, func, select
 
+from store.sql import lease_now
 from store.tables import (
     DONE,
     FAILED,
@@ -62,16 +63,23 @@ def oldest_pending(conn: Connection | Session) -> datetime | None:
 
 def running(conn: Connection | Session, lease: timedelta, limit: int = 20) -> list[dict[str, Any]]:
     """The longest-running jobs: id, queue, seconds since the claim, seconds since the last
-    heartbeat, and whether the lease ran out (the sweep will recover it). No owner, no text."""
-    now = utcnow()
+    heartbeat, and whether the lease ran out (the sweep will recover it), by the clock leases
+    are measured by (``store.sql.lease_now``). No owner, no text."""
     rows = conn.execute(
-        select(JOBS.c.id, JOBS.c.queue, JOBS.c.started_at, JOBS.c.heartbeat_at)
+        select(
+            JOBS.c.id,
+            JOBS.c.queue,
+            JOBS.c.started_at,
+            JOBS.c.heartbeat_at,
+            lease_now(conn).label("now"),
+        )
         .where(JOBS.c.state == RUNNING)
         .order_by(JOBS.c.started_at)
         .limit(limit)
     ).all()
     out = []
-    for job_id, queue, started_at, heartbeat_at in rows:
+    for job_id, queue, started_at, heartbeat_at, clock in rows:
+        now = _aware(clock)
         age = None if heartbeat_at is None else (now - _aware(heartbeat_at)).total_seconds()
         out.append(
             {

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import (
     Boolean,
     Insert,
+    Interval,
     Table,
+    Update,
     and_,
     bindparam,
     case,
@@ -35,10 +37,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from store import prepared
 from store.models import DONE, FAILED, PENDING, RUNNING, ImportBatch, Job, utcnow
-from store.sql import dialect_name
+from store.sql import dialect_name, lease_expired
 
 if TYPE_CHECKING:
     from store.sql import Executor
@@ -146,60 +149,66 @@ def _insert_one(columns: tuple[str, ...]) -> Insert:
     return insert(JOBS).values({name: bindparam(name, type_=JOBS.c[name].type) for name in columns})
 
 
-# Built once: only the parameters change from job to job. A pending job is claimed; a
-# running one only when its lease ran out (its worker is gone) or when this very delivery
-# holds it (the same message again: redelivered because its worker was lost, or a retry of
-# a run that ended on a database error). Done and failed jobs are never claimed.
-_CLAIM = (
-    update(JOBS)
-    .where(
-        JOBS.c.id == bindparam("job_id"),
-        or_(
-            JOBS.c.state == PENDING,
-            and_(
-                IS_RUNNING,
-                or_(
-                    JOBS.c.heartbeat_at.is_(None),
-                    JOBS.c.heartbeat_at < bindparam("expired"),
-                    JOBS.c.lease_token == bindparam("token"),
-                ),
-            ),
-        ),
-    )
-    .values(
-        state=RUNNING,
-        started_at=bindparam("now"),
-        heartbeat_at=bindparam("now"),
-        lease_token=bindparam("token"),
-        claimed_by=bindparam("worker"),
-        attempts=JOBS.c.attempts + 1,
-        # Taking a running job over means its worker was lost, unless this is the same
-        # delivery retried after a database error (same token, not redelivered).
-        crashes=JOBS.c.crashes
-        + case(
-            (
+def _claim(now: ColumnElement[datetime], expired: ColumnElement[datetime]) -> Update:
+    """The claim, leases measured from ``now`` (and running out before ``expired``)."""
+    return (
+        update(JOBS)
+        .where(
+            JOBS.c.id == bindparam("job_id"),
+            or_(
+                JOBS.c.state == PENDING,
                 and_(
                     IS_RUNNING,
                     or_(
-                        JOBS.c.lease_token.is_(None),
-                        JOBS.c.lease_token != bindparam("token"),
-                        bindparam("redelivered", type_=Boolean),
+                        JOBS.c.heartbeat_at.is_(None),
+                        JOBS.c.heartbeat_at < expired,
+                        JOBS.c.lease_token == bindparam("token"),
                     ),
                 ),
-                1,
             ),
-            else_=0,
-        ),
+        )
+        .values(
+            state=RUNNING,
+            started_at=now,
+            heartbeat_at=now,
+            lease_token=bindparam("token"),
+            claimed_by=bindparam("worker"),
+            attempts=JOBS.c.attempts + 1,
+            # Taking a running job over means its worker was lost, unless this is the same
+            # delivery retried after a database error (same token, not redelivered).
+            crashes=JOBS.c.crashes
+            + case(
+                (
+                    and_(
+                        IS_RUNNING,
+                        or_(
+                            JOBS.c.lease_token.is_(None),
+                            JOBS.c.lease_token != bindparam("token"),
+                            bindparam("redelivered", type_=Boolean),
+                        ),
+                    ),
+                    1,
+                ),
+                else_=0,
+            ),
+        )
+        .returning(
+            JOBS.c.id,
+            JOBS.c.owner,
+            JOBS.c.provenance,
+            JOBS.c.transcript,
+            JOBS.c.attempts,
+            JOBS.c.crashes,
+        )
     )
-    .returning(
-        JOBS.c.id,
-        JOBS.c.owner,
-        JOBS.c.provenance,
-        JOBS.c.transcript,
-        JOBS.c.attempts,
-        JOBS.c.crashes,
-    )
-)
+
+
+# Built once: only the parameters change from job to job. A pending job is claimed; a
+# running one only when its lease ran out (its worker is gone) or when this very delivery
+# holds it (the same message again: redelivered because its worker was lost, or a retry of
+# a run that ended on a database error). Done and failed jobs are never claimed. SQLite
+# measures leases by this host's clock; PostgreSQL by its own (``store.sql.lease_now``).
+_CLAIM = _claim(bindparam("now"), bindparam("expired"))
 # On PostgreSQL the claim commits without waiting for its WAL to reach the disk (its
 # transaction alone: ``set_config(..., true)`` lasts until the statement's own commit). A
 # claim is a lease, not anything a person or a model wrote: a database crash that forgets
@@ -209,7 +218,9 @@ _CLAIM = (
 # write's does, makes the claim durable with it. Each job no longer waits on a flush of
 # the disk (330 µs against 130 µs for such an UPDATE here: BENCHMARKS.md, session 12).
 _CLAIM_PG = prepared.hot(
-    _CLAIM.where(func.set_config("synchronous_commit", "off", True).is_not(None))
+    _claim(func.now(), func.now() - bindparam("lease", type_=Interval)).where(
+        func.set_config("synchronous_commit", "off", True).is_not(None)
+    )
 )
 _FINISH = (
     update(JOBS)
@@ -233,25 +244,23 @@ RELEASED = {"lease_token": None, "claimed_by": None, "heartbeat_at": None}
 @dataclass(frozen=True)
 class Holder:
     """Who holds a running job: its delivery's ``token``, the claiming process
-    (``host:pid``) and its last heartbeat."""
+    (``host:pid``) and whether its last heartbeat is younger than the lease (else its
+    worker is lost), by the clock leases are measured by (``store.sql.lease_now``)."""
 
     token: str | None
     claimed_by: str | None
-    heartbeat_at: datetime | None
-
-    def leased(self, lease: timedelta) -> bool:
-        """Whether its last heartbeat is younger than ``lease`` (else its worker is lost)."""
-        return self.heartbeat_at is not None and self.heartbeat_at >= utcnow() - lease
+    leased: bool
 
 
-def holder(session: Executor, job_id: str) -> Holder | None:
+def holder(session: Executor, job_id: str, lease: timedelta) -> Holder | None:
     """The holder of ``job_id`` while it is running; None when it is not running."""
+    alive = JOBS.c.heartbeat_at >= lease_expired(session, lease)
     found = session.execute(
-        select(JOBS.c.lease_token, JOBS.c.claimed_by, JOBS.c.heartbeat_at).where(
+        select(JOBS.c.lease_token, JOBS.c.claimed_by, func.coalesce(alive, False)).where(
             JOBS.c.id == job_id, IS_RUNNING
         )
     ).first()
-    return None if found is None else Holder(found[0], found[1], found[2])
+    return None if found is None else Holder(found[0], found[1], bool(found[2]))
 
 
 def claim(
@@ -273,20 +282,18 @@ def claim(
     commit does not wait for the disk (``_CLAIM_PG``): run it on its own (``Store.statements``,
     as ``run_job`` does), never in a transaction that writes what must survive a crash.
     """
-    now = utcnow()
     token = token or new_id()
-    found = prepared.execute(
-        session,
-        _CLAIM_PG if dialect_name(session) == "postgresql" else _CLAIM,
-        {
-            "job_id": job_id,
-            "now": now,
-            "expired": now - lease,
-            "token": token,
-            "worker": worker[:255],
-            "redelivered": redelivered,
-        },
-    )
+    params: dict[str, Any] = {
+        "job_id": job_id,
+        "token": token,
+        "worker": worker[:255],
+        "redelivered": redelivered,
+    }
+    if dialect_name(session) == "postgresql":
+        found = prepared.execute(session, _CLAIM_PG, {**params, "lease": lease})
+    else:
+        now = utcnow()
+        found = prepared.execute(session, _CLAIM, {**params, "now": now, "expired": now - lease})
     if not found:
         return None
     found_id, owner, provenance, transcript, attempts, crashes = found[0]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy import (
@@ -26,6 +26,7 @@ from sqlalchemy import (
     Connection,
     DateTime,
     Float,
+    Interval,
     any_,
     bindparam,
     cast,
@@ -39,7 +40,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.visitors import InternalTraversal
 
-from store.tables import MEMORIES
+from store.tables import MEMORIES, utcnow
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -166,6 +167,23 @@ def decayed_weight(dialect: str, now: datetime, half_life_days: float) -> Column
 
 # The store-wide ``updated_seq``: a sequence on PostgreSQL, max + 1 under SQLite's
 # single writer.
+
+
+def lease_now(session: Executor | str) -> ColumnElement[datetime]:
+    """The time job leases are measured by: PostgreSQL's clock (``now()``, the statement's
+    transaction start), so workers on hosts whose clocks disagree still agree on whose lease
+    ran out; on SQLite, one host's (every process of an embedded store shares it)."""
+    if dialect_name(session) == "postgresql":
+        return func.now()
+    return bindparam("lease_now", utcnow(), type_=DateTime(timezone=True), unique=True)
+
+
+def lease_expired(session: Executor | str, lease: timedelta) -> ColumnElement[datetime]:
+    """``lease_now`` less ``lease``: a heartbeat older than this lost its worker."""
+    if dialect_name(session) == "postgresql":
+        return func.now() - bindparam("lease", lease, type_=Interval, unique=True)
+    # SQLite has no interval type: the subtraction is done here, on the same clock.
+    return bindparam("expired", utcnow() - lease, type_=DateTime(timezone=True), unique=True)
 
 
 def next_seq(session: Executor) -> int:

@@ -14,7 +14,7 @@ import re
 import signal
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +193,55 @@ def test_a_claim_takes_pending_or_lost_jobs_never_failed_done_or_live_ones(store
     with store.transaction() as session:
         job_records.finish(session, job_id, {"status": "harvested"}, token="t5")
     assert claim("t5", redelivered=True) is None and row(store, job_id)["state"] == "done"
+
+
+def test_leases_are_measured_by_postgresql_s_clock_not_the_workers(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers whose clocks disagree still agree on whose lease ran out: a worker an hour
+    slow claims and renews, and neither a worker with a true clock nor a sweep an hour fast
+    takes its job over (by the workers' clocks, its heartbeat would be an hour old)."""
+    import store.job_leases
+    import store.sql
+
+    store_: Store = make_store("postgresql")
+    [job_id] = record(store_, 1)
+    lease = timedelta(seconds=60)
+
+    def clock(offset: timedelta) -> None:
+        for module in (job_records, store.job_leases, store.sql):
+            monkeypatch.setattr(module, "utcnow", lambda: datetime.now(UTC) + offset)
+
+    clock(-LONG_AGO)  # the holder's host
+    with store_.transaction() as session:
+        assert job_records.claim(session, job_id, lease=lease, token="t1", worker="slow:1")
+        assert job_leases.renew(session, {job_id: "t1"}) == {job_id}
+    clock(timedelta(0))  # another worker's host
+    with store_.transaction() as session:
+        assert job_records.claim(session, job_id, lease=lease, token="t2", worker="w:2") is None
+        held = job_records.holder(session, job_id, lease)
+        assert held is not None and held.leased and held.token == "t1"
+        age = session.execute(
+            text("SELECT extract(epoch FROM now() - heartbeat_at) FROM jobs WHERE id = :id"),
+            {"id": job_id},
+        ).scalar_one()
+        assert 0 <= float(age) < 30  # the heartbeat is PostgreSQL's time
+    clock(LONG_AGO)  # the sweep's host
+    with store_.transaction() as session:
+        recovered = job_leases.recover_lost(session, lease, max_crashes=3)
+    assert (recovered.requeued, recovered.failed) == ([], [])
+    job = row(store_, job_id)
+    assert (job["state"], job["lease_token"], job["crashes"]) == ("running", "t1", 0)
+    # Once its heartbeat is older than the lease by PostgreSQL's clock, it is lost.
+    with store_.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE jobs SET heartbeat_at = now() - interval '61 seconds' WHERE id = :id"),
+            {"id": job_id},
+        )
+    clock(-LONG_AGO)
+    with store_.transaction() as session:
+        taken = job_records.claim(session, job_id, lease=lease, token="t3", worker="slow:3")
+    assert taken is not None and taken.crashes == 1
 
 
 def test_an_outcome_once_recorded_is_never_turned_into_another(store: Store) -> None:

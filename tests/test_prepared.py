@@ -288,7 +288,7 @@ def test_statements_sent_together_on_a_driver_connection_stand_or_fall_together(
 
 
 def test_parameters_are_found_as_sqlalchemy_finds_them() -> None:
-    from datetime import UTC, datetime
+    from datetime import timedelta
 
     from sqlalchemy import bindparam
     from sqlalchemy.dialects import postgresql
@@ -297,8 +297,8 @@ def test_parameters_are_found_as_sqlalchemy_finds_them() -> None:
     from store import ledger
 
     dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
-    now = datetime.now(UTC)
-    claim = {"job_id": "j1", "now": now, "expired": now, "token": "t1", "worker": "w:1"}
+    lease = timedelta(seconds=120)
+    claim = {"job_id": "j1", "lease": lease, "token": "t1", "worker": "w:1"}
     cases = [
         (job_records._CLAIM_PG, {**claim, "redelivered": True}),  # literals: state, 1, off
         (
