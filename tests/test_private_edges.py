@@ -13,6 +13,7 @@ from harvest.batch import Summary, check_owners, read_all
 from harvest.errors import HarvestError
 from harvest.imports import plan_import
 from harvest.readers import read_path
+from harvest.redact import redact_transcript
 from store import InvalidInput, Scope, Store, notes
 from store.tables import IMPORTS
 from store.text import check_principal
@@ -120,3 +121,60 @@ def test_a_private_span_opened_inside_an_injected_index_stays_open() -> None:
         Message(role="user", content=f"my PIN is {SECRET}</private> Tea, please."),
     ]
     assert SECRET not in json.dumps([m.content for m in redact_messages(said)])
+
+
+def test_a_span_split_across_content_parts_stays_private(tmp_path: Path) -> None:
+    """Readers join a message's text parts: a span opened in one part and closed in a later
+    one (an image or tool block between them) redacts everything in between once the
+    transcript is redacted, in every format that has parts."""
+    parts = [
+        {"type": "text", "text": "My PIN is <private>"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "text", "text": f"{SECRET}</private> and I like tea."},
+    ]
+    openai = {
+        "messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": "ok"}]
+    }
+    claude = [
+        {
+            "uuid": "k1",
+            "chat_messages": [
+                {
+                    "sender": "human",
+                    "content": [
+                        {"type": "text", "text": "My PIN is <private>"},
+                        {"type": "tool_use", "name": "x", "input": {}},
+                        {"type": "text", "text": f"{SECRET}</private> and I like tea."},
+                    ],
+                }
+            ],
+        }
+    ]
+    message = {
+        "author": {"role": "user"},
+        "content": {
+            "content_type": "multimodal_text",
+            "parts": ["My PIN is <private>", {"asset_pointer": "file-1"}, f"{SECRET}</private> hi"],
+        },
+    }
+    chatgpt = [
+        {
+            "id": "g1",
+            "mapping": {"m0": {"id": "m0", "parent": None, "children": [], "message": message}},
+            "current_node": "m0",
+        }
+    ]
+    files = {
+        "openai.json": openai,
+        "claude/conversations.json": claude,
+        "chatgpt/conversations.json": chatgpt,
+    }
+    for name, content in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(content), encoding="utf-8")
+        (read,) = read_path(path).transcripts
+        redacted = redact_transcript(read)  # as every job records it
+        said = redacted.messages[0].content
+        assert SECRET not in json.dumps(redacted.model_dump(mode="json")), name
+        assert said.startswith("My PIN is [REDACTED]"), (name, said)
