@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, or_, select
+from sqlalchemy import bindparam, or_, select, update
 
 from store import history, prepared
 from store.drafts import base_slug_of
 from store.models import SUPERSEDED, Memory
 from store.schemas import Scope
 from store.sql import ID_CHUNK, one_of
+from store.tables import MEMORIES
 
 if TYPE_CHECKING:
     from store.sql import Executor
@@ -97,7 +98,8 @@ def lookup(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], set[str]]:
     """The scope's rows holding the items' explicit slugs and topic keys (locked; what
     history keeps of each, ``status`` and ``superseded_by_id``; for a key whose note is
-    superseded, the note that replaced it: ``_follow_superseders``), and (with ``bases``)
+    superseded, the note that replaced it, or none once the key is released:
+    ``_follow_superseders``), and (with ``bases``)
     every slug taken among the derived bases and their ``-N`` forms."""
     explicit = sorted({i.draft.slug for i in items if i.draft.slug is not None})
     keys = sorted({i.topic_key for i in items if i.draft.slug is None and i.topic_key})
@@ -110,7 +112,11 @@ def lookup(
             rows = session.execute(stmt, {**in_scope, "wanted": wanted[start : start + ID_CHUNK]})
             for row in rows:
                 found[str(row.wanted_value)] = dict(row._mapping)
-    _follow_superseders(session, scope, by_topic)
+    # A harvest's keyed write (its ``expect``) never takes over a key (see there).
+    releasable = {str(i.topic_key) for i in items if i.expect is None} - {
+        str(i.topic_key) for i in items if i.expect is not None
+    }
+    _follow_superseders(session, scope, by_topic, releasable)
     taken: set[str] = set(by_slug)
     # Most bases are free: look them up exactly (an index probe each), and only for the
     # taken ones list their -N forms.
@@ -137,22 +143,30 @@ def lookup(
 
 
 def _follow_superseders(
-    session: Executor, scope: Scope, by_topic: dict[str, dict[str, Any]]
+    session: Executor, scope: Scope, by_topic: dict[str, dict[str, Any]], releasable: set[str]
 ) -> None:
     """Put in place of each superseded key holder the note at the end of its supersede chain
     (locked), marked with ``SUPERSEDED_HOLDER``: what a write under the key means is the fact
     the holder stood for, and a person declared that note its replacement; written into the
     hidden holder, it would never be found. The key stays with its holder. A chain is
     followed within the scope only (links never leave it) and never round a loop; where it
-    cannot go on, its last note is the target."""
-    pending = {
+    cannot go on, its last note is the target.
+
+    A chain that ends in a pinned or person-written (``user``) note stops short of it: the
+    key names the holder, not that note, and nothing written under a key rewrites a note a
+    person chose. The key of such a holder in ``releasable`` is released (the holder keeps its
+    text, status and superseder) and the write becomes a note of its own under the key; any
+    other stays with its holder, marked, and the write is refused (a harvest's: NoteChanged).
+    """
+    holders = {
         key: row
         for key, row in by_topic.items()
         if row["status"] == SUPERSEDED and row["superseded_by_id"] is not None
     }
-    holders = {key: str(row["slug"]) for key, row in pending.items()}
+    pending = dict(holders)
     seen = {key: {int(row["id"])} for key, row in pending.items()}
     in_scope = {"kind": scope.kind, "sid": scope.id}
+    released: list[int] = []
     while pending:
         wanted = sorted({int(row["superseded_by_id"]) for row in pending.values()})
         successors: dict[int, dict[str, Any]] = {}
@@ -167,7 +181,17 @@ def _follow_superseders(
             if successor is None or int(successor["id"]) in seen[key]:
                 continue
             seen[key].add(int(successor["id"]))
-            by_topic[key] = {**successor, "wanted_value": key, SUPERSEDED_HOLDER: holders[key]}
+            holder = holders[key]
             if successor["status"] == SUPERSEDED and successor["superseded_by_id"] is not None:
                 following[key] = successor
+            elif successor["pinned"] or successor["provenance"] == "user":
+                if key in releasable:
+                    released.append(int(holder["id"]))
+                    del by_topic[key]
+                else:
+                    by_topic[key] = {**holder, SUPERSEDED_HOLDER: holder["slug"]}
+                continue
+            by_topic[key] = {**successor, "wanted_value": key, SUPERSEDED_HOLDER: holder["slug"]}
         pending = following
+    if released:
+        session.execute(update(MEMORIES).where(MEMORIES.c.id.in_(released)).values(topic_key=None))

@@ -220,3 +220,42 @@ def test_a_key_whose_note_was_superseded_updates_the_note_that_replaced_it(store
     assert last.id == store.read(ALICE, "ui-final").memory.id
     assert store.read(ALICE, "ui").memory.body == "Use Svelte 5 with runes."
     assert store.fingerprint(ALICE)[0] == 1
+
+
+def test_a_key_whose_note_a_person_replaced_with_their_own_note_never_rewrites_it(
+    store: Store,
+) -> None:
+    key = "health/allergies"
+    first = store.mem_save(
+        "alice", "Allergic to nuts.", type="profile", title="Allergies", topic_key=key
+    )
+    holder = row(store, first.id).slug
+    person = {
+        "title": "Allergies (doctor)",
+        "body": "Severe peanut allergy; EpiPen.",
+        "slug": "doc",
+    }
+    store.write(ALICE, {**person, "pinned": True}, provenance="user")
+    store.link(ALICE, "doc", holder, "supersedes")
+    again = store.mem_save(
+        "alice",
+        "Maybe not allergic any more.",
+        type="profile",
+        title="Allergies now",
+        topic_key=key,
+    )
+    # The person's note is untouched; the agent's text is a note of its own under the key,
+    # which its superseded holder gave up (keeping its text and its superseder).
+    kept = store.read(ALICE, "doc").memory
+    assert (kept.body, kept.pinned, kept.provenance) == (person["body"], True, "user")
+    assert again.outcome == "created" and again.id not in (first.id, kept.id)
+    made = row(store, again.id)
+    assert (made.topic_key, made.body, made.status) == (key, "Maybe not allergic any more.", "live")
+    old = row(store, first.id)
+    assert (old.topic_key, old.body, old.status) == (None, "Allergic to nuts.", "superseded")
+    assert store.read(ALICE, holder).superseded_by == "doc"
+    later = store.mem_save(
+        "alice", "Retested: not allergic.", type="profile", title="Allergies", topic_key=key
+    )
+    assert (later.outcome, later.id) == ("updated", again.id)
+    assert store.read(ALICE, "doc").memory.body == person["body"]
