@@ -36,7 +36,7 @@ from store.overlap import Candidates, similar_groups
 from store.schemas import Frozen, Scope
 from store.settings import Settings
 from store.sql import ID_CHUNK, dialect_name, one_of
-from store.terms import FactText, disagreement, similarity_terms
+from store.terms import FactText, covers, disagreement, similarity_terms
 
 # Dedupe -----------------------------------------------------------------------------------
 
@@ -98,14 +98,20 @@ class _Row:
     confidence: float | None
     text: FactText
     keyed: bool  # holds a topic key: saves and harvests upsert through it, so it stays live
+    by_person: bool  # ``user`` provenance: what a person wrote is never hidden by a copy
     seq: int
 
     @property
-    def rank(self) -> tuple[bool, bool, datetime, float, int]:
-        """Keeper order, best highest: pinned, then keyed, then newer, then more confident,
-        then higher id."""
+    def rank(self) -> tuple[bool, bool, bool, datetime, float, int]:
+        """Keeper order, best highest: pinned, then person-written, then keyed, then newer,
+        then more confident, then higher id."""
         confidence = -1.0 if self.confidence is None else self.confidence
-        return (self.pinned, self.keyed, self.updated_at, confidence, self.id)
+        return (self.pinned, self.by_person, self.keyed, self.updated_at, confidence, self.id)
+
+    @property
+    def kept(self) -> bool:
+        """Never superseded: pinned, person-written or holding a topic key."""
+        return self.pinned or self.by_person or self.keyed
 
 
 def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[int, int, float]]:
@@ -113,11 +119,12 @@ def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[i
 
     ``rows`` holds the positions that have an edge (one missing, deleted mid-run, is left
     out). Notes are visited best first (``_Row.rank``); one nobody has claimed is a keeper and
-    claims every unclaimed, unpinned, unkeyed, lower-ranked note it is similar to. So a
-    loser's keeper is the best surviving note similar to it (never one it only reaches
-    through a third note), pinned notes and notes holding a topic key are never claimed (a
-    later save or harvest under that key upserts that note: superseded, it would be hidden),
-    and keepers outrank losers (no cycles).
+    claims every unclaimed, lower-ranked note it is similar to that holds the same fact and
+    says nothing the keeper does not (``covers``: superseded, its extra words would drop out
+    of search). So a loser's keeper is the best surviving note similar to it (never one it
+    only reaches through a third note), pinned, person-written and topic-keyed notes are
+    never claimed (``_Row.kept``: a person's text is not hidden by a copy, and a later
+    harvest under a key upserts that note), and keepers outrank losers (no cycles).
     """
     group_of = {p: g for g in found.edges for p in found.groups[g] if p in rows}
     involved = sorted(group_of, key=lambda p: rows[p].rank, reverse=True)
@@ -137,12 +144,14 @@ def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[i
                 if (
                     loser in place
                     and place[loser] > place[keeper]
-                    and not rows[loser].pinned
-                    and not rows[loser].keyed
+                    and not rows[loser].kept
                     and loser not in claimed
                 ):
-                    # The score says near-duplicate; only the same fact is superseded.
-                    if disagreement(rows[keeper].text, rows[loser].text) is not None:
+                    # The score says near-duplicate; only the same fact, all of it in the
+                    # keeper, is superseded.
+                    if disagreement(rows[keeper].text, rows[loser].text) is not None or not (
+                        covers(rows[keeper].text, rows[loser].text)
+                    ):
                         contradicted = True
                         continue
                     claimed.add(loser)
@@ -179,6 +188,7 @@ _DETAILS = select(
     Memory.body,
     Memory.topics,
     Memory.topic_key.is_not(None),
+    Memory.provenance == "user",
 ).where(one_of(Memory.id, "ids"))
 
 
@@ -258,7 +268,7 @@ def _plan_pairs(session: Session, waiting: Sequence[_Found], id_chunk: int) -> l
     """Read the details of every waiting scope's notes (``id_chunk`` ids per statement) and
     pair each duplicate with its keeper. A note deleted since its scope was read is left out."""
     ids = sorted(note_id for found in waiting for note_id, _ in found.notes.values())
-    details: dict[int, tuple[str, bool, datetime, float | None, FactText, bool]] = {}
+    details: dict[int, tuple[str, bool, datetime, float | None, FactText, bool, bool]] = {}
     for start in range(0, len(ids), id_chunk):
         result = session.connection().execute(_DETAILS, {"ids": ids[start : start + id_chunk]})
         details.update(
@@ -270,6 +280,7 @@ def _plan_pairs(session: Session, waiting: Sequence[_Found], id_chunk: int) -> l
                     row[4],
                     FactText(row[5], row[6], row[7]),
                     bool(row[8]),
+                    bool(row[9]),
                 )
                 for row in result
             }

@@ -209,6 +209,14 @@ def disagreement(a: FactText, b: FactText) -> str | None:
     return None
 
 
+def covers(keeper: FactText, other: FactText) -> bool:
+    """Whether ``keeper`` says all that ``other`` says: other's title and body terms are all
+    in keeper's (superseded, ``other`` loses no word from search)."""
+    return set(content_terms(other.title)) <= set(content_terms(keeper.title)) and set(
+        content_terms(other.body)
+    ) <= set(content_terms(keeper.body))
+
+
 def adds_to(new: FactText, old: FactText) -> bool:
     """Whether ``new`` says all that ``old`` says and more: old's title and body terms are all
     in new's, and new has some more. (Of two notes holding the same fact, one that adds

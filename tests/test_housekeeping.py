@@ -16,7 +16,7 @@ from store import Scope, Store, dedupe, supersede
 from store.dedupe import DedupeResult
 from store.models import HousekeepingState, Memory, MemoryTerm
 from store.overlap import Candidates, similar_groups
-from store.terms import FactText, disagreement, same_fact, similarity_terms
+from store.terms import FactText, covers, disagreement, same_fact, similarity_terms
 from store.text import content_hash
 
 ALICE = Scope.owner("alice")
@@ -206,8 +206,8 @@ def test_newer_note_supersedes_older_duplicate(store: Store) -> None:
 
 def test_ties_go_to_higher_confidence_then_higher_id(store: Store) -> None:
     when = datetime.now(UTC) - timedelta(days=1)
-    sure = put(store, BASE, confidence=0.9)
-    unsure = put(store, NEAR, confidence=0.4)
+    sure = put(store, NEAR, confidence=0.9)
+    unsure = put(store, BASE, confidence=0.4)
     first = put(store, "weekly sync notes for the payments squad meeting in room four")
     second = put(store, "weekly sync notes for the payments squad meeting in room four today")
     for slug in (sure, unsure, first, second):
@@ -219,9 +219,9 @@ def test_ties_go_to_higher_confidence_then_higher_id(store: Store) -> None:
 
 
 def test_pinned_keeper_wins_and_pinned_duplicates_both_stay(store: Store) -> None:
-    pinned = put(store, BASE, pinned=True)
+    pinned = put(store, NEAR, pinned=True)
     age(store, pinned, 30)
-    newer = put(store, NEAR)
+    newer = put(store, BASE)
     a = put(store, "always run the migrations before restarting the web workers", pinned=True)
     age(store, a, 2)
     b = put(store, "always run the migrations before restarting the web workers now", pinned=True)
@@ -252,9 +252,9 @@ def test_a_note_holding_a_topic_key_is_kept_never_superseded(store: Store) -> No
     """Later saves and harvests under a key upsert the note holding it: superseded, what
     they write would be hidden. So a keyed note outranks its newer unkeyed twin, and two
     keyed twins both stay."""
-    keyed = put_keyed(store, BASE, "ops/deploy")
+    keyed = put_keyed(store, NEAR, "ops/deploy")
     age(store, keyed, 30)
-    newer = put(store, NEAR)
+    newer = put(store, BASE)
     first = put_keyed(store, "always run the migrations before restarting the workers", "ops/a")
     age(store, first, 2)
     second = put_keyed(store, "always run the migrations before restarting the workers now", "b")
@@ -264,6 +264,30 @@ def test_a_note_holding_a_topic_key_is_kept_never_superseded(store: Store) -> No
     assert pairs(result) == [(keyed, newer)]
     status = {slug: s for slug, (s, _, _) in notes(store).items()}
     assert status == {keyed: "live", newer: "superseded", first: "live", second: "live"}
+
+
+def test_a_person_s_note_and_a_note_saying_more_are_never_hidden_by_a_copy(store: Store) -> None:
+    """A newer, keyed copy of a person-written note does not hide it (person-written notes
+    are never superseded; one outranks a plain copy), and a newer note saying less does not
+    hide one that says more (a keeper says all that its loser said)."""
+    title = "Allergic to peanuts and shellfish"
+    person = store.write(
+        ALICE, {"title": title, "body": f"body of {title}"}, provenance="user"
+    ).memory.slug
+    age(store, person, 30)
+    keyed = put_keyed(store, title, "health/allergies")
+    copy = put(store, title)
+    detailed = put(store, NEAR)
+    age(store, detailed, 30)
+    shorter = put(store, BASE)
+
+    result = store.dedupe()
+
+    status = {slug: s for slug, (s, _, _) in notes(store).items()}
+    assert status[person] == status[keyed] == status[detailed] == status[shorter] == "live"
+    # The person's note, ranked above the keyed one, keeps the plain copy.
+    assert pairs(result) == [(person, copy)] and status[copy] == "superseded"
+    assert [hit.memory.slug for hit in store.search(ALICE, "evening")] == [detailed]
 
 
 def test_below_threshold_and_other_scopes_are_untouched(store: Store) -> None:
@@ -554,22 +578,29 @@ def test_dedupe_on_a_random_store_leaves_no_duplicate_pair(make_store) -> None:
     rng = random.Random(7)
     now = datetime.now(UTC)
     made = random_notes(rng, 2_000)
-    bulk_insert(
-        store,
-        ALICE,
-        (
-            {
-                "slug": f"n{n}",
-                "title": title,
-                "topics": topics,
-                "pinned": rng.random() < 0.05,
-                "confidence": rng.choice([None, 0.5, 0.9]),
-                # Whole days: many ties, so confidence and id decide too.
-                "updated_at": now - timedelta(days=rng.randint(0, 20)),
-            }
-            for n, (title, topics) in enumerate(made)
-        ),
-    )
+    given = [
+        {
+            "slug": f"n{n}",
+            "title": title,
+            "topics": topics,
+            "pinned": rng.random() < 0.05,
+            "confidence": rng.choice([None, 0.5, 0.9]),
+            # Whole days: many ties, so confidence and id decide too.
+            "updated_at": now - timedelta(days=rng.randint(0, 20)),
+        }
+        for n, (title, topics) in enumerate(made)
+    ]
+    bulk_insert(store, ALICE, iter(given))
+    # Keeper order (pinned, newer, more confident, later id: ids follow the rows' order).
+    rank = {
+        g["slug"]: (
+            g["pinned"],
+            g["updated_at"],
+            -1.0 if g["confidence"] is None else g["confidence"],
+            n,
+        )
+        for n, g in enumerate(given)
+    }
     sets = {f"n{n}": similarity_terms(title, topics) for n, (title, topics) in enumerate(made)}
     # bulk_insert's body is the title.
     texts = {f"n{n}": FactText(title, title, topics) for n, (title, topics) in enumerate(made)}
@@ -589,16 +620,21 @@ def test_dedupe_on_a_random_store_leaves_no_duplicate_pair(make_store) -> None:
         if status == "superseded":
             assert not is_pinned
             assert same_fact(texts[slug], texts[slug_of[by]], THRESHOLD)
-    # No pair holding the same fact is left among live notes, unless both are pinned; pairs
-    # that score high but disagree (a swapped word) are both kept.
+            assert covers(texts[slug_of[by]], texts[slug])  # its keeper says all it said
+    # No pair holding the same fact is left among live notes where one says all the other
+    # does, unless the other is pinned; pairs that score high but disagree (a swapped word)
+    # are both kept, and so is a pair where the note that says more is the one ranked lower.
     left = all_pairs([sets[s] for s in live], THRESHOLD)
     kept_apart = [(i, j) for i, j in left if disagreement(texts[live[i]], texts[live[j]])]
     assert kept_apart  # the random store has such pairs: the check below is not vacuous
-    assert all(
-        live[i] in pinned and live[j] in pinned
-        for i, j in left
-        if same_fact(texts[live[i]], texts[live[j]], THRESHOLD)
-    )
+    for i, j in left:
+        a, b = live[i], live[j]
+        if not same_fact(texts[a], texts[b], THRESHOLD):
+            continue
+        for keeper, other in ((a, b), (b, a)):
+            if covers(texts[keeper], texts[other]):
+                # Left live only when pinned, or when it outranks the note saying more.
+                assert other in pinned or rank[other] > rank[keeper], (keeper, other)
     again = store.dedupe()
     assert (again.superseded, again.candidates_checked) == (0, 0)
 
