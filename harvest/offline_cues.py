@@ -148,19 +148,29 @@ def cue(
 
 
 I_ = r"\bI"
+# What follows "live in" or "work at/for" when it names no place or employer: "I live in the
+# terminal most days", "I work for hours" (a determiner before a lowercase word, or a span
+# of time). "The Netherlands" and "the NHS" still count.
+NOT_NAMED = (
+    r"(?!(?:the|a|an|my|our|his|her|their|your|this|that|some|any)\s+(?-i:[a-z])"
+    r"|(?:hours|minutes|days|weeks|months|years|ages|free|fun|nothing|myself)\b)"
+)
 CUES: tuple[Cue, ...] = (
     # profile: stable topic keys, so a repeated or corrected fact updates one note
     cue("profile", r"\bmy\s+name(?:\s+is|'s)\s+(?P<obj>.+)", "Name is {obj}", 0.9,
          topic_key="profile/name", short=True),
     cue("profile", r"\b(?:please\s+)?call\s+me\s+(?P<obj>(?-i:[A-Z])\w+)", "Name is {obj}", 0.8,
          topic_key="profile/name", short=True),
-    cue("profile", I_ + r"\s+(?:currently\s+)?live\s+in\s+(?P<obj>.+)", "Lives in {obj}", 0.85,
+    cue("profile", I_ + r"\s+(?:currently\s+)?live\s+in\s+" + NOT_NAMED + r"(?P<obj>.+)",
+         "Lives in {obj}", 0.85,
          topic_key="profile/location", short=True),
-    cue("profile", I_ + r"(?:'m|\s+am)\s+(?:currently\s+)?(?:based|located)\s+in\s+(?P<obj>.+)",
+    cue("profile", I_ + r"(?:'m|\s+am)\s+(?:currently\s+)?(?:based|located)\s+in\s+"
+         + NOT_NAMED + r"(?P<obj>.+)",
          "Based in {obj}", 0.85, topic_key="profile/location", short=True),
-    cue("profile", I_ + r"(?:\s+currently)?\s+work(?:ing)?\s+(?:at|for)\s+(?P<obj>.+)",
+    cue("profile", I_ + r"(?:\s+currently)?\s+work(?:ing)?\s+(?:at|for)\s+" + NOT_NAMED
+         + r"(?P<obj>.+)",
          "Works at {obj}", 0.85, topic_key="profile/employer", short=True),
-    cue("profile", I_ + r"(?:'m|\s+am)\s+working\s+(?:at|for)\s+(?P<obj>.+)",
+    cue("profile", I_ + r"(?:'m|\s+am)\s+working\s+(?:at|for)\s+" + NOT_NAMED + r"(?P<obj>.+)",
          "Works at {obj}", 0.8, topic_key="profile/employer", short=True),
     cue("profile", I_ + r"(?:\s+currently)?\s+work\s+as\s+(?P<obj>.+)", "Works as {obj}", 0.85,
          topic_key="profile/role", short=True),

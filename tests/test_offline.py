@@ -127,6 +127,8 @@ def test_cue_gives_type_and_title(sentence: str, type_: str, title: str) -> None
         ("I work at Acme Corp as a data engineer.", "Works at Acme Corp", "profile/employer"),
         ("I work as a backend engineer.", "Works as a backend engineer", "profile/role"),
         ("I'm a vegetarian.", "Is a vegetarian", None),
+        ("I live in the Netherlands.", "Lives in the Netherlands", "profile/location"),
+        ("I work for the NHS.", "Works at the NHS", "profile/employer"),
     ],
 )
 def test_profile_facts_get_stable_topic_keys(
@@ -134,6 +136,22 @@ def test_profile_facts_get_stable_topic_keys(
 ) -> None:
     note = one(sentence)
     assert (note.type, note.title, note.topic_key) == ("profile", title, topic_key)
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "I live in the terminal most days.",
+        "I work for hours without a break.",
+        "I'm working for a few weeks on the parser.",
+        "I live in my editor.",
+    ],
+)
+def test_what_names_no_place_or_employer_never_takes_those_keys(sentence: str) -> None:
+    """Under a fixed profile key, a sentence that names no place or employer would replace
+    the real location ("Lives in Lisbon") or employer."""
+    notes = offline_extract(said(sentence), 10, TYPES)
+    assert not [n for n in notes if n.topic_key in ("profile/location", "profile/employer")]
 
 
 def test_two_facts_in_one_sentence() -> None:
