@@ -11,11 +11,11 @@ from sqlalchemy.orm import Session
 
 from store.drafts import MAX_TITLE_BYTES, Draft, text_field
 from store.errors import InvalidInput
-from store.models import MemSession, utcnow
+from store.models import ARCHIVED, LIVE, Memory, MemSession, utcnow
 from store.notes import save_draft
 from store.schemas import SaveResult, Scope
 from store.settings import Settings
-from store.sql import dialect_insert
+from store.sql import dialect_insert, seq_expression
 from store.text import check_no_private, check_principal, check_text, strip_private
 
 SUMMARY_TYPE = "summary"
@@ -187,8 +187,22 @@ def _save(session: Session, settings: Settings, obs: Observation) -> SaveResult:
         session_id=session_id,
         reason="mem_save_upsert",
     )
+    if written.outcome == "deduped":
+        _bring_back(session, written.id)
     return SaveResult(
         id=written.id, outcome=written.outcome, session_id=session_id, topic_key=obs.topic_key
+    )
+
+
+def _bring_back(session: Session, note_id: int) -> None:
+    """Saved again, the session's note holding this content is live again if decay archived
+    it (deduped into it as it was, the fact would stay out of search), and fresh: its age,
+    which decay's weight follows, starts anew. A superseded twin stays so: a note replaced it.
+    """
+    session.execute(
+        update(Memory)
+        .where(Memory.id == note_id, Memory.status == ARCHIVED)
+        .values(status=LIVE, updated_at=utcnow(), weight=1.0, updated_seq=seq_expression(session))
     )
 
 

@@ -259,3 +259,17 @@ def test_a_key_whose_note_a_person_replaced_with_their_own_note_never_rewrites_i
     )
     assert (later.outcome, later.id) == ("updated", again.id)
     assert store.read(ALICE, "doc").memory.body == person["body"]
+
+
+def test_saving_again_what_an_archived_note_of_the_session_holds_brings_it_back(
+    store: Store,
+) -> None:
+    said = {"type": "discovery", "title": "Deploy day", "content": "We deploy on Thursdays."}
+    first = store.mem_save("alice", said["content"], type=said["type"], title=said["title"])
+    slug = row(store, first.id).slug
+    store.archive(ALICE, slug)  # as decay's archiving does
+    assert store.search(ALICE, "thursdays") == []
+    again = store.mem_save("alice", said["content"], type=said["type"], title=said["title"])
+    assert (again.outcome, again.id) == ("deduped", first.id)
+    assert row(store, first.id).status == "live"
+    assert [hit.memory.slug for hit in store.search(ALICE, "thursdays")] == [slug]
