@@ -342,6 +342,16 @@ class Store:
             with self._failures(), self.engine.connect() as conn:
                 autocommit = conn.execution_options(isolation_level="AUTOCOMMIT")
                 autocommit.exec_driver_sql(f"VACUUM {', '.join(forget.VACUUMED)}")
+        elif self.dialect == "sqlite":
+            # The write-ahead log still holds the pages as they were before the delete. A
+            # checkpoint cannot run inside a transaction, so not through a Connection (whose
+            # first statement begins one here: ``store.db``).
+            with self._failures():
+                raw = self.engine.raw_connection()
+                try:
+                    raw.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                finally:
+                    raw.close()
         return counts
 
     def decay(self, *, dry_run: bool = False) -> DecayResult:

@@ -76,6 +76,19 @@ def test_after_forget_no_table_or_index_holds_the_owners_words(store: Store) -> 
     assert store.get(bob, "bob-keeps-this") is not None  # others' notes stay
 
 
+def test_after_forget_no_sqlite_file_holds_the_owners_words(make_store: Any) -> None:
+    """On SQLite the files themselves: deleted rows' bytes are overwritten (secure_delete)
+    and the write-ahead log is emptied, so no page of the database or its log keeps them."""
+    store: Store = make_store("sqlite")
+    fill(store)
+    store.forget_owner(OWNER)
+    url = store.engine.url.database
+    assert url is not None
+    files = [Path(url), Path(f"{url}-wal")]
+    held = b"".join(f.read_bytes() for f in files if f.exists()).lower()
+    assert MARKER_TAIL.encode() not in held and OWNER.encode() not in held
+
+
 def test_a_forgotten_transcript_harvested_again_writes_nothing_unless_asked(
     store: Store,
 ) -> None:
