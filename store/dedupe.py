@@ -81,6 +81,9 @@ class DedupeResult(Frozen):
     candidates_checked: int = 0  # pairs of distinct term sets scored exactly
     superseded: int = 0  # with dry_run: would be
     skipped: int = 0  # pairs left because a note changed during the run (tried again next run)
+    # PostgreSQL: writers still running when the run stopped waiting for them; their notes
+    # may hold an updated_seq below the highest seen, so the watermark stays (looked at again).
+    in_flight: int = 0
     pairs: list[DuplicatePair] = Field(default_factory=list)  # the first MAX_REPORTED_PAIRS
     since_seq: int = 0  # the watermark the run started from
     watermark: int = 0  # the watermark it left
@@ -422,6 +425,49 @@ class _Settler:
         self._plan = []
 
 
+# How long a run waits for the writers running when it starts (PostgreSQL).
+IN_FLIGHT_WAIT = 10.0
+
+# The highest updated_seq committed, and the other transactions open in this database when
+# it was read (pid and start: a pooled connection's next transaction is another one). A
+# note's number is taken when it is written (even a statement ahead) but seen only at its
+# commit, so only those can still commit a note numbered below it.
+_TOP_AND_OPEN = text(
+    "SELECT m.top, o.pids, o.starts FROM (SELECT max(updated_seq) AS top FROM memories) AS m,"
+    " (SELECT array_agg(pid) AS pids, array_agg(xact_start) AS starts FROM pg_stat_activity"
+    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    " AND backend_type = 'client backend' AND xact_start IS NOT NULL) AS o"
+)
+_STILL_OPEN = text(
+    "SELECT count(*) FROM pg_stat_activity AS a"
+    " JOIN unnest(CAST(:pids AS integer[]), CAST(:starts AS timestamptz[])) AS o(pid, started)"
+    " ON a.pid = o.pid AND a.xact_start = o.started"
+)
+# pg_stat_activity is read once a transaction unless this discards what was read.
+_FRESH_ACTIVITY = text("SELECT pg_stat_clear_snapshot()")
+
+
+def _settled_top(session: Session, wait: float) -> tuple[int, int]:
+    """``(top, in_flight)``: the highest ``updated_seq`` committed, once every transaction that
+    could still commit a lower one has ended or ``wait`` seconds have passed; ``in_flight``
+    counts those still open then (0: every note numbered up to ``top`` is visible from here
+    on). Transactions of roles whose activity this one may not see are not waited for."""
+    if dialect_name(session) != "postgresql":
+        # SQLite: this transaction is the only writer (BEGIN IMMEDIATE).
+        return int(session.execute(select(func.max(Memory.updated_seq))).scalar_one() or 0), 0
+    session.execute(_FRESH_ACTIVITY)
+    top, pids, starts = session.execute(_TOP_AND_OPEN).one()
+    deadline = time.monotonic() + wait
+    running = len(pids or ())
+    while running:
+        session.execute(_FRESH_ACTIVITY)
+        running = int(session.execute(_STILL_OPEN, {"pids": pids, "starts": starts}).scalar_one())
+        if not running or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    return int(top or 0), running
+
+
 def dedupe(
     session: Session,
     settings: Settings,
@@ -430,6 +476,7 @@ def dedupe(
     supersede_batch: int = SUPERSEDE_BATCH,
     id_chunk: int = ID_CHUNK,
     on_step: Step = _no_step,
+    in_flight_wait: float = IN_FLIGHT_WAIT,
 ) -> DedupeResult:
     """Supersede near-duplicates among live notes changed since the last run, scope by scope.
 
@@ -438,7 +485,10 @@ def dedupe(
     ``BEGIN IMMEDIATE`` makes a second run wait instead. The watermark moves to the highest
     ``updated_seq`` seen at the start (not in a dry run, nor when a pair was skipped because
     its notes changed mid-run: the next run then looks again), so the next run sees only
-    later changes; pairs of two unchanged notes are never rescanned.
+    later changes; pairs of two unchanged notes are never rescanned. On PostgreSQL a writer
+    running at the start may still commit a note numbered below that: the run first waits
+    up to ``in_flight_wait`` seconds for such writers to end, and leaves the watermark where
+    it was when some still run.
 
     ``supersede_batch`` planned pairs are written per set of statements (and held until
     then); the notes' details are read ``id_chunk`` ids per statement. ``on_step`` is called
@@ -453,7 +503,7 @@ def dedupe(
             return DedupeResult(dry_run=dry_run, locked=True, seconds=elapsed(started))
     since = watermark(session, DEDUPE)
     on_step(LOCKED)
-    top = int(session.execute(select(func.max(Memory.updated_seq))).scalar_one() or 0)
+    top, in_flight = _settled_top(session, in_flight_wait)
     scopes = session.execute(
         select(Memory.scope_kind, Memory.scope_id)
         .where(Memory.updated_seq > since, Memory.status == LIVE)
@@ -500,9 +550,10 @@ def dedupe(
         candidates_checked=checked,
         superseded=superseded,
         skipped=skipped,
+        in_flight=in_flight,
         pairs=settler.reported,
         since_seq=since,
-        watermark=since if dry_run or skipped else max(since, top),
+        watermark=since if dry_run or skipped or in_flight else max(since, top),
         seconds=elapsed(started),
     )
     if not dry_run:

@@ -10,7 +10,7 @@ from itertools import combinations
 from typing import Any
 
 import pytest
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import create_engine, event, func, insert, select, text
 
 from store import Scope, Store, dedupe, supersede
 from store.dedupe import DedupeResult
@@ -18,6 +18,7 @@ from store.models import HousekeepingState, Memory, MemoryTerm
 from store.overlap import Candidates, similar_groups
 from store.terms import FactText, covers, disagreement, same_fact, similarity_terms
 from store.text import content_hash
+from tests.conftest import PG_BASE_URL
 
 ALICE = Scope.owner("alice")
 BOB = Scope.owner("bob")
@@ -803,3 +804,93 @@ def test_rewriting_an_archived_note_makes_it_live_again(make_store, backend: str
     rewritten = store.get(ALICE, "old-habit")
     assert rewritten is not None and rewritten.status == "live"
     assert [h.memory.slug for h in store.search(ALICE, "habit")] == ["old-habit"]
+
+
+def held_before_commit(store: Store, title: str) -> tuple[threading.Thread, threading.Event]:
+    """A write of ``title`` on a thread of its own, stopped just before its COMMIT until the
+    returned event is set: its note has taken an ``updated_seq`` no one else sees yet."""
+    at_commit, release = threading.Event(), threading.Event()
+
+    def hold(_conn: Any) -> None:
+        if threading.current_thread() is writer and not at_commit.is_set():
+            at_commit.set()
+            release.wait(timeout=30)
+
+    event.listen(store.engine, "commit", hold)
+    writer = threading.Thread(target=lambda: put(store, title))
+    writer.start()
+    assert at_commit.wait(timeout=30)
+    return writer, release
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("commits", ["during_the_run", "after_the_run"])
+def test_a_note_committed_after_later_ones_is_still_compared(make_store, commits: str) -> None:
+    """PostgreSQL numbers a note when it is written but shows it at commit: a writer still
+    running when a run starts may commit a note below the run's watermark. The run waits for
+    it; when it runs past the wait, the watermark stays, so the note is compared next run."""
+    store = make_store("postgresql")
+    old = put(store, BASE)
+    age(store, old, 3)
+    assert store.dedupe().superseded == 0
+    writer, release = held_before_commit(make_store("postgresql"), NEAR)
+    try:
+        put(store, "lunch is at noon on fridays")  # a later number, committed first
+        if commits == "during_the_run":
+            threading.Timer(0.3, release.set).start()
+            run = tuned_dedupe(store)
+        else:
+            run = tuned_dedupe(store, in_flight_wait=0.1)
+    finally:
+        release.set()
+        writer.join(timeout=30)
+
+    if commits == "during_the_run":
+        assert (run.in_flight, run.superseded) == (0, 1)
+        assert run.watermark == max_seq(store) - 1
+    else:
+        assert (run.in_flight, run.superseded) == (1, 0)
+        assert run.watermark == run.since_seq  # not moved past the note still to come
+        again = store.dedupe()
+        assert (again.in_flight, again.superseded) == (0, 1)
+    [(keeper, loser)] = supersedes(store)
+    assert loser == old and store.get(ALICE, keeper).title == NEAR  # type: ignore[union-attr]
+
+
+@pytest.mark.postgres
+def test_a_long_transaction_of_another_database_does_not_hold_the_watermark(make_store) -> None:
+    store = make_store("postgresql")
+    put(store, BASE)
+    elsewhere = create_engine(PG_BASE_URL)  # the server's maintenance database, not the store's
+    try:
+        with elsewhere.begin() as other:
+            other.execute(text("SELECT pg_current_xact_id()"))  # a writer's transaction id
+            run = tuned_dedupe(store, in_flight_wait=0.1)
+    finally:
+        elsewhere.dispose()
+    assert (run.in_flight, run.watermark) == (0, max_seq(store))
+
+
+@pytest.mark.postgres
+def test_a_number_taken_a_statement_before_its_write_is_waited_for(make_store) -> None:
+    """A transaction may take its note's number in one statement (no transaction id yet) and
+    write the note in the next: it is open, so the run counts it in flight."""
+    store = make_store("postgresql")
+    old = put(store, BASE)
+    age(store, old, 3)
+    other = put(store, "lunch is at noon on fridays")
+    assert store.dedupe().superseded == 0
+    with store.engine.connect() as writer:
+        seq = writer.execute(text("SELECT nextval('memories_updated_seq_seq')")).scalar_one()
+        put(store, "the office closes at six")  # a later number, committed first
+        run = tuned_dedupe(store, in_flight_wait=0.1)
+        writer.execute(
+            text("UPDATE memories SET title = :t, body = :b, updated_seq = :s WHERE slug = :slug"),
+            {"t": NEAR, "b": f"body of {NEAR}", "s": seq, "slug": other},
+        )
+        writer.commit()
+    assert (run.in_flight, run.superseded) == (1, 0)
+    assert run.watermark == run.since_seq
+    again = store.dedupe()
+    assert (again.in_flight, again.superseded) == (0, 1)
+    assert supersedes(store) == {(other, old)}

@@ -51,7 +51,13 @@ def _housekeeping_line(task: str, data: dict[str, Any]) -> str:
         f"dedupe{' (dry run, nothing changed)' if dry else ''}: {verb} {data['superseded']} "
         f"note(s); {data['notes_changed']} changed of {data['notes_scanned']} scanned in "
         f"{data['scopes_scanned']} scope(s), {data['candidates_checked']} pair(s) compared, "
-        f"{data['skipped']} left for the next run ({took})"
+        f"{data['skipped']} left for the next run"
+        + (
+            f", {data['in_flight']} writer(s) still running: looked at again next run"
+            if data.get("in_flight")
+            else ""
+        )
+        + f" ({took})"
     )
 
 
