@@ -16,7 +16,10 @@ reaches the threshold and nothing in them disagrees (``disagreement``):
 - the terms both titles share come in the same order (``Kafka over Polars`` is not
   ``Polars over Kafka``);
 - a negation or polar word in one title or body and not in the other;
-- bodies: the same three tests, so a fact held only in the body is kept apart too.
+- a stop word that still marks the fact (``MARKERS``: tense of *be*/*have*, whose gender a
+  pronoun is, all or some) where each side has one of its class the other lacks
+  (``was vegetarian`` is not ``is vegetarian``; ``she`` added to a note is only a detail);
+- bodies: the same tests, so a fact held only in the body is kept apart too.
 """
 
 from __future__ import annotations
@@ -72,6 +75,20 @@ POLAR_WORDS = frozenset(
         "up",
     }
 )
+
+# Stop words (so no content term and no part of the score) that still tell two facts apart
+# when two notes use different ones: word -> its class and mark. Contractions are read with
+# their apostrophe dropped ("she's" -> "shes").
+MARKERS: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("is", "are", "am", "isnt", "arent"), ("tense", "present")),
+    **dict.fromkeys(("was", "were", "wasnt", "werent"), ("tense", "past")),
+    **dict.fromkeys(("has", "have", "hasnt", "havent"), ("tense", "present")),
+    **dict.fromkeys(("had", "hadnt"), ("tense", "past")),
+    **dict.fromkeys(("he", "him", "his", "himself", "hes"), ("gender", "he")),
+    **dict.fromkeys(("she", "her", "hers", "herself", "shes"), ("gender", "she")),
+    **dict.fromkeys(("all", "every", "each", "both"), ("amount", "all")),
+    **dict.fromkeys(("some", "any", "several"), ("amount", "some")),
+}
 
 _APOSTROPHES = re.compile(r"(?<=\w)['\u2019](?=\w)")
 _HYPHENS = re.compile(r"(?<=\w)[-\u2010\u2011](?=\w)")
@@ -199,11 +216,24 @@ def _disagree(a: Sequence[str], b: Sequence[str]) -> str | None:
     return None
 
 
+def _marks(text: str) -> set[tuple[str, str]]:
+    """The ``MARKERS`` classes and marks a text's words carry."""
+    return {MARKERS[word] for word in _words(text) if word in MARKERS}
+
+
+def _marked_apart(a: str, b: str) -> str | None:
+    """The first class in which each text carries a mark the other lacks, or None."""
+    marks_a, marks_b = _marks(a), _marks(b)
+    only_a, only_b = marks_a - marks_b, marks_b - marks_a
+    apart = {kind for kind, _ in only_a} & {kind for kind, _ in only_b}
+    return min(apart) if apart else None
+
+
 def disagreement(a: FactText, b: FactText) -> str | None:
-    """Why two notes hold different facts (``title-substitution``, ``body-order``, ...), or
+    """Why two notes hold different facts (``title-substitution``, ``body-tense``, ...), or
     None when neither title nor body contradicts the other."""
     for part, x, y in (("title", a.title, b.title), ("body", a.body, b.body)):
-        why = _disagree(content_terms(x), content_terms(y))
+        why = _disagree(content_terms(x), content_terms(y)) or _marked_apart(x, y)
         if why is not None:
             return f"{part}-{why}"
     return None

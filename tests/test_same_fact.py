@@ -107,6 +107,7 @@ def test_labelled_pairs_no_distinct_fact_is_taken_for_the_same() -> None:
     assert len(PAIRS) >= 100
     kinds = {p["kind"] for p in PAIRS}
     assert {"one_word_title", "one_word_body", "reversed", "changed_value", "negation"} <= kinds
+    assert "marker" in kinds  # tense, whose pronoun, how many: stop words that still differ
     wrong = [
         (p["id"], p["a"]["title"], p["b"]["title"])
         for p in PAIRS
@@ -137,6 +138,26 @@ def test_the_seed_score_is_still_jaccard_of_title_and_topic_words() -> None:
     ],
 )
 def test_reversed_and_negated_titles_disagree(a: str, b: str, why: str) -> None:
+    assert disagreement(FactText(a, "same body"), FactText(b, "same body")) == why
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "why"),
+    [
+        ("Is vegetarian", "Was vegetarian", "title-tense"),
+        ("Has a dog", "Had a dog", "title-tense"),
+        ("Manager is his sister", "Manager is her sister", "title-gender"),
+        ("Likes all of the release notes", "Likes some of the release notes", "title-amount"),
+        ("Has a dog", "She has a dog", None),  # added, not swapped: a detail
+        ("Is vegetarian", "Is vegetarian, as are her kids", None),
+        ("They are vegetarian", "She is vegetarian", None),  # no gender on one side
+    ],
+)
+def test_stop_words_that_mark_a_fact_disagree_only_when_swapped(
+    a: str, b: str, why: str | None
+) -> None:
+    # Not terms (the score is the seed's), but "was" for "is" is another fact.
+    assert score(FactText(a, "b"), FactText(b, "b")) >= THRESHOLD or why is None
     assert disagreement(FactText(a, "same body"), FactText(b, "same body")) == why
 
 
