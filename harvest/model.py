@@ -235,7 +235,7 @@ def extract(
         collected.extend(parsed.notes)
         dropped += parsed.dropped
     return ModelResult(
-        notes=merge_notes(collected, options.max_facts),
+        notes=merge_notes(spelled_as_known(collected, known_keys), options.max_facts),
         cost=meter.spent.counts + Counts(items_dropped=dropped),
         model=meter.model or options.model,
         chunks=done,
@@ -311,6 +311,22 @@ def _final(answer: LLMAnswer, options: ModelOptions, max_facts: int | None = Non
 
 def _title_key(title: str) -> str:
     return " ".join(re.findall(r"\w+", title.casefold()))
+
+
+def spelled_as_known(
+    notes: Iterable[NoteCandidate], known_keys: Sequence[tuple[str, str]]
+) -> list[NoteCandidate]:
+    """The notes, each topic key that is a shown key but for case or surrounding space taken
+    as the owner spells it: keys match exactly, and "Profile/City" for "profile/city" would
+    be a second note of the fact (a keyed note, so dedupe would never merge the two)."""
+    spelling = {key.strip().casefold(): key for key, _ in known_keys}
+    spelled = []
+    for note in notes:
+        key = note.topic_key
+        known = spelling.get(key.strip().casefold()) if key else None
+        same = known is None or known == key
+        spelled.append(note if same else note.model_copy(update={"topic_key": known}))
+    return spelled
 
 
 def merge_notes(notes: Iterable[NoteCandidate], max_facts: int) -> list[NoteCandidate]:

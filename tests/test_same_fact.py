@@ -350,6 +350,18 @@ def test_the_model_sees_the_owners_topic_keys_and_a_changed_fact_replaces_its_no
     )
 
 
+def test_a_known_key_sent_back_in_other_case_or_spacing_updates_its_note(
+    make_store, backend, server
+) -> None:
+    store = make_store(backend, **model_settings(server))
+    store.mem_save("alice", "Lisbon", type="profile", title="City", topic_key="profile/city")
+    server.script(answer([note("Moved to Porto", type="profile", topic_key=" Profile/City ")]))
+    report = harvest_transcript(store, transcript("I just moved to Porto.", cid="c1"))
+    assert (report.notes_written, report.notes_updated) == (0, 1)
+    keyed = [n for n in store.list_notes(ALICE, status=None) if n.topic_key]
+    assert [(n.topic_key, n.title) for n in keyed] == [("profile/city", "Moved to Porto")]
+
+
 def test_known_keys_are_bounded(make_store, backend, server) -> None:
     store = make_store(backend, **model_settings(server, harvest_known_keys=5))
     for n in range(12):
