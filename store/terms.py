@@ -3,7 +3,9 @@
 Similarity compares **content terms**: a text's words, lowercased, with apostrophes dropped
 and hyphenated compounds joined (``don't`` -> ``dont``, ``front-end`` -> ``frontend``),
 English stop words left out (the classic list of the ``stopwords`` package) and each word
-reduced by the Snowball English stemmer (``answers`` -> ``answer``, ``binding`` -> ``bind``).
+reduced by the Snowball English stemmer (``answers`` -> ``answer``, ``binding`` -> ``bind``);
+a word of over ``MAX_TERM_CHARS`` characters (a token, a long identifier) becomes its first
+``LONG_WORD_PREFIX`` and a digest of the whole.
 Words that flip a fact are never stop words here: negations (all read as ``not``) and the
 few words of direction, order and amount listed in ``POLAR_WORDS``.
 
@@ -24,6 +26,7 @@ reaches the threshold and nothing in them disagrees (``disagreement``):
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from collections.abc import Sequence
@@ -33,6 +36,9 @@ import snowballstemmer
 import stopwords
 
 MAX_TERM_CHARS = 64
+# A longer word (a token, a long identifier) is kept as its first LONG_WORD_PREFIX characters
+# and a digest of the whole: two such words stay apart, and the term fits the index.
+LONG_WORD_PREFIX = 40
 # Negations, whatever their spelling, become this one term.
 NOT = "not"
 _NEGATIONS = frozenset(
@@ -132,8 +138,11 @@ def _term(word: str) -> str | None:
     """The content term of one lowercased, unquoted word; None for a stop word."""
     if _negative(word):
         return NOT
-    if word in STOP_WORDS or len(word) > MAX_TERM_CHARS:
+    if word in STOP_WORDS:
         return None
+    if len(word) > MAX_TERM_CHARS:
+        digest = hashlib.blake2b(word.encode(), digest_size=8).hexdigest()
+        return f"{word[:LONG_WORD_PREFIX]}#{digest}"
     if word in POLAR_WORDS or not word.isalpha():
         return word  # numbers, versions and identifiers are compared as written
     stemmer = getattr(_STEMMERS, "english", None)

@@ -65,3 +65,40 @@ def test_downgrade_to_base_and_up_again(fresh_store: Store) -> None:
     assert fresh_store.search(("owner", "a"), "kept") == []
     assert fresh_store.write(("owner", "a"), {"title": "again", "body": "b"}).created
     fresh_store.dispose()
+
+
+def test_0012_gives_notes_with_a_long_word_its_term_and_takes_it_back(fresh_store: Store) -> None:
+    from sqlalchemy import text
+
+    from store.terms import similarity_terms
+
+    fresh_store.migrate()
+    title = "Deploy key is " + "k" * 70
+    plain = fresh_store.write(("owner", "a"), {"title": "Short words only", "body": "b"})
+    long = fresh_store.write(("owner", "a"), {"title": title, "body": "b"})
+    config = alembic_config(fresh_store.engine)
+
+    def terms() -> dict[int, tuple[int, set[str]]]:
+        with fresh_store.engine.connect() as conn:
+            rows = conn.execute(text("SELECT id, term_count FROM memories")).all()
+            found = conn.execute(text("SELECT memory_id, term FROM memory_terms")).all()
+        return {i: (n, {t for m, t in found if m == i}) for i, n in rows}
+
+    def migrate(revision: str) -> None:
+        with fresh_store.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            if revision == "0011":
+                command.downgrade(config, revision)
+            else:
+                command.upgrade(config, revision)
+
+    now = terms()
+    assert now[long.memory.id] == (3, set(similarity_terms(title, "")))
+    migrate("0011")  # as the earlier rule left it: no term for the long word
+    assert terms() == {
+        plain.memory.id: now[plain.memory.id],
+        long.memory.id: (2, {"deploy", "key"}),
+    }
+    migrate("head")
+    assert terms() == now
+    fresh_store.dispose()

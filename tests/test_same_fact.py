@@ -141,6 +141,15 @@ def test_reversed_and_negated_titles_disagree(a: str, b: str, why: str) -> None:
     assert disagreement(FactText(a, "same body"), FactText(b, "same body")) == why
 
 
+def test_words_too_long_to_index_still_tell_two_notes_apart() -> None:
+    token_a, token_b = "a" * 50 + "1" * 30, "a" * 50 + "2" * 30  # the same first 40 and more
+    a = FactText(f"Deploy token is {token_a}", f"The deploy token is {token_a}.")
+    b = FactText(f"Deploy token is {token_b}", f"The deploy token is {token_b}.")
+    assert disagreement(a, b) == "title-substitution" and not same_fact(a, b, THRESHOLD)
+    assert same_fact(a, FactText(a.title, a.body), THRESHOLD)
+    assert all(len(term) <= 64 for term in content_terms(a.title))
+
+
 @pytest.mark.parametrize(
     ("a", "b", "why"),
     [
