@@ -17,6 +17,7 @@ from typing import Any
 
 from harvest.transcript import Message
 from store.settings import DEFAULT_OBSERVATION_TYPES
+from store.text import strip_private
 
 # One line of guidance per known type; a configured type without one is listed bare.
 TYPE_GUIDE: dict[str, str] = {
@@ -154,9 +155,11 @@ def known_keys_block(known_keys: Sequence[tuple[str, str]]) -> str:
     lines: list[str] = []
     used = 0
     for key, title in known_keys:
-        if len(key) > KNOWN_KEY_CHARS or "\n" in key:
+        # A key with a private span is refused on every write now, but may predate that.
+        if len(key) > KNOWN_KEY_CHARS or "\n" in key or strip_private(key) != key:
             continue
-        short = " ".join(title.split())
+        # Titles are stored as written (Store.write): one may hold a private span.
+        short = " ".join(strip_private(title).split())
         if len(short) > KNOWN_TITLE_CHARS:
             short = short[: KNOWN_TITLE_CHARS - 1] + "…"
         line = f"- {key}: {_CLOSING_MARKER.sub('</ transcript >', short)}"

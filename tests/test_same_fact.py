@@ -544,3 +544,26 @@ def test_a_queued_job_shows_the_model_the_owners_topic_keys(make_store, server) 
     server.script(answer([note("Moved to Porto", type="profile", topic_key="p/city")]))
     assert run_job(store, job_id)["notes_updated"] == 1  # type: ignore[index]
     assert "- p/city: Lives in Lisbon" in server.requests[-1].user_text
+
+
+def test_the_known_keys_shown_to_the_model_hold_no_private_text(
+    make_store, backend, server
+) -> None:
+    store = make_store(backend, **model_settings(server))
+    store.mem_save("alice", "Postgres", type="decision", title="Database", topic_key="arch/db")
+    # Store.write keeps a title as written, private span and all.
+    title = "Database <private>PWSECRET-db-password</private> choice"
+    store.write(ALICE, {"slug": "arch-db", "title": title, "body": "Postgres."})
+    assert store.get(ALICE, "arch-db").title == title  # type: ignore[union-attr]
+    store.mem_save("alice", "Redis", type="decision", title="Cache", topic_key="arch/cache")
+    with store.engine.begin() as conn:  # a key stored before keys with private text were refused
+        conn.execute(
+            text("UPDATE memories SET topic_key = :k WHERE slug = :s"),
+            {"k": "arch/<private>KEYSECRET</private>", "s": "arch-cache"},
+        )
+    store.mem_save("alice", "Uses Kafka", type="decision", title="Queue", topic_key="arch/queue")
+    server.script(answer([]))
+    harvest_transcript(store, transcript("Database, cache and queue choices.", cid="c1"))
+    shown = server.requests[-1].user_text
+    assert "- arch/queue: Queue" in shown and "- arch/db: Database [REDACTED] choice" in shown
+    assert "SECRET" not in shown and "arch/<private>" not in shown and ": Cache" not in shown
