@@ -39,6 +39,14 @@ class NoteCandidate(BaseModel):
             raise ValueError("holds no word (no letter or digit)")
         return value
 
+    @field_validator("topic_key")
+    @classmethod
+    def _blank_key_is_none(cls, value: str | None) -> str | None:
+        # Small models send "" (or spaces) for no key: one blank key for every such note
+        # would make them all one note.
+        value = value.strip() if value is not None else None
+        return value or None
+
     @field_validator("topics")
     @classmethod
     def _topics_with_words(cls, value: list[str]) -> list[str]:

@@ -567,3 +567,28 @@ def test_the_known_keys_shown_to_the_model_hold_no_private_text(
     shown = server.requests[-1].user_text
     assert "- arch/queue: Queue" in shown and "- arch/db: Database [REDACTED] choice" in shown
     assert "SECRET" not in shown and "arch/<private>" not in shown and ": Cache" not in shown
+
+
+def test_a_blank_topic_key_from_the_model_is_no_key(make_store, backend, server) -> None:
+    store = make_store(backend, **model_settings(server))
+    server.script(answer([note("Adopted a cat", topic_key="")]))
+    first = harvest_transcript(store, transcript("I adopted a cat.", cid="c1"))
+    server.script(answer([note("Bought a bike", topic_key="  "), note("Runs on Sundays")]))
+    second = harvest_transcript(store, transcript("I bought a bike; I run on Sundays.", cid="c2"))
+    assert (first.notes_written, second.notes_written) == (1, 2)
+    assert [n.topic_key for n in store.list_notes(ALICE)] == [None, None, None]
+
+
+@pytest.mark.parametrize("key", ["", "   "])
+def test_a_blank_topic_key_is_refused_by_the_store(store: Store, key: str) -> None:
+    from store import InvalidInput, notes
+
+    with pytest.raises(InvalidInput) as refused, store.transaction() as session:
+        notes.write(session, store.settings, ALICE, {"title": "t", "body": "b"}, topic_key=key)
+    assert refused.value.reason == "bad_topic_key"
+    item = notes.BatchItem({"title": "t", "body": "b"}, topic_key=key)
+    with store.transaction() as session:
+        [result] = notes.write_batch(session, store.settings, ALICE, [item])
+    assert result.outcome == "invalid" and result.error is not None
+    assert result.error.reason == "bad_topic_key"
+    assert store.list_notes(ALICE) == []
