@@ -22,7 +22,7 @@ from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Limits, Transcript, check_size
 from harvest.write import write_candidates
 from store import Scope, Settings, StorageFailure, Store, forget, ledger
-from store.errors import AlreadyRecorded, InvalidInput, NoteChanged, SlugTaken
+from store.errors import AlreadyRecorded, InvalidInput, NoteChanged, SlugTaken, format_error
 from store.terms import content_terms
 from store.text import check_principal
 
@@ -279,8 +279,15 @@ class HarvestSteps(Protocol[Nothing_co]):
     def end(self, session: Executor, outcome: HarvestOutcome) -> None:
         """In the transaction that settles the outcome (the one that writes the notes)."""
 
-    def broke(self, plan: Plan, error: HarvestError | ValueError) -> HarvestOutcome:
-        """Extraction or the record raised: the outcome to return instead, or raise."""
+    def broke(
+        self, plan: Plan, error: HarvestError | ValueError, spent: Extraction | None
+    ) -> HarvestOutcome:
+        """Extraction or the record raised: the outcome to return instead, or raise;
+        ``spent`` is the extraction when it had been made (its calls are paid for)."""
+
+    def unrecorded(self, plan: Plan, spent: Extraction) -> None:
+        """The record failed on the database (the error propagates, for a retry) after the
+        model answered: keep what the calls cost where it can still be kept."""
 
 
 def run_harvest(
@@ -323,11 +330,13 @@ def run_harvest(
                 checked = _settled(steps, session, plan, look_up(session, settings, plan, llm))
                 if isinstance(checked, HarvestOutcome):
                     return checked
+        spent: Extraction | None = None
         try:
             found = extract_notes(plan, checked, settings, llm)
             if isinstance(found, HarvestOutcome):
                 with store.transaction() as session:
                     return _settle(steps, session, found)
+            spent = found
             try:
                 return _record_racing(store, steps, plan, checked, found)
             except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
@@ -335,9 +344,11 @@ def run_harvest(
                     skipped = plan.outcome("skipped", found.cost, model=found.model)
                     return _settle(steps, session, skipped)
         except StorageFailure:
+            if spent is not None and spent.cost.model_calls:
+                steps.unrecorded(plan, spent)
             raise
         except (HarvestError, ValueError) as exc:
-            return steps.broke(plan, exc)
+            return steps.broke(plan, exc, spent)
     finally:
         if lock is not None:
             lock.release()
@@ -421,8 +432,23 @@ class _InProcess:
     def end(self, session: Executor, outcome: HarvestOutcome) -> None:
         pass
 
-    def broke(self, plan: Plan, error: HarvestError | ValueError) -> HarvestOutcome:
-        raise error
+    def broke(
+        self, plan: Plan, error: HarvestError | ValueError, spent: Extraction | None
+    ) -> HarvestOutcome:
+        return failed_after(plan, error, spent)
+
+    def unrecorded(self, plan: Plan, spent: Extraction) -> None:
+        pass  # the caller's error says the transcript failed; nothing records its cost here
+
+
+def failed_after(
+    plan: Plan, error: HarvestError | ValueError, spent: Extraction | None
+) -> HarvestOutcome:
+    """The ``failed`` outcome of a harvest that raised once planned: the reason, and what the
+    model calls already made cost (an error while writing comes after them)."""
+    if spent is None:
+        return plan.outcome("failed", error=format_error(error))
+    return plan.outcome("failed", spent.cost, model=spent.model, error=format_error(error))
 
 
 def harvest_transcript(

@@ -14,7 +14,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from harvest.errors import HarvestError
-from harvest.job import Plan, plan_harvest, resolve_owner, run_harvest
+from harvest.extraction import Extraction
+from harvest.job import Plan, failed_after, plan_harvest, resolve_owner, run_harvest
 from harvest.outcome import HarvestOutcome
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Transcript
@@ -204,10 +205,30 @@ class _JobRun:
         else:
             job_records.finish(session, self.job_id, result, self.token)
 
-    def broke(self, plan: Plan, error: HarvestError | ValueError) -> HarvestOutcome:
+    def broke(
+        self, plan: Plan, error: HarvestError | ValueError, spent: Extraction | None
+    ) -> HarvestOutcome:
+        outcome = failed_after(plan, error, spent)
         with self.store.transaction() as session:
-            job_records.fail(session, self.job_id, format_error(error), self.token)
-        return plan.outcome("failed", error=format_error(error))
+            job_records.fail(
+                session, self.job_id, format_error(error), self.token, outcome.as_dict()
+            )
+        return outcome
+
+    def unrecorded(self, plan: Plan, spent: Extraction) -> None:
+        cost = spent.cost
+        try:
+            with self.store.transaction() as session:
+                job_records.add_cost(session, self.job_id, cost.counts())
+        except StorageFailure:  # the database is still away: the log keeps the count
+            log.warning(
+                "job %s: %d model call(s), %d prompt and %d completion tokens, made before "
+                "the database failed, are not on the job",
+                self.job_id,
+                cost.model_calls,
+                cost.prompt_tokens,
+                cost.completion_tokens,
+            )
 
     def close(self) -> None:
         if self.held:

@@ -326,6 +326,21 @@ def finish(
         prepared.execute(session, _FINISH_HELD, {**values, "token": token})
 
 
+def add_cost(session: Executor, job_id: str, result: dict[str, Any]) -> None:
+    """Add a run's model usage (from its ``result``) to the job's, changing nothing else: a
+    run that paid for model calls and then lost its database keeps them on the job."""
+    cost = _cost(result)
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .values(
+            model_calls=Job.model_calls + cost["calls"],
+            prompt_tokens=Job.prompt_tokens + cost["prompt"],
+            completion_tokens=Job.completion_tokens + cost["completion"],
+        )
+    )
+
+
 def fail(
     session: Executor,
     job_id: str,

@@ -411,3 +411,76 @@ def test_a_transcript_recorded_meanwhile_rolls_the_notes_back(make_store, backen
         assert session.execute(select(Memory.id)).all() == []  # the notes were rolled back
         models = session.execute(select(HarvestLedger.model)).scalars().all()
         assert models == ["elsewhere"]
+
+
+def test_a_write_that_fails_after_the_model_answered_still_counts_its_calls(
+    make_store, backend, server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model was paid for before the notes were written: a transcript that fails there
+    reports those calls and tokens, in process (the summary) and on its job row."""
+    import harvest.job
+    from harvest.queue import record_jobs, run_job
+    from store import InvalidInput
+    from store.models import Job
+
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise InvalidInput("refused for the test", reason="test_refusal")
+
+    monkeypatch.setattr(harvest.job, "write_candidates", refuse)
+    store = make_store(backend, **model_settings(server))
+    script = answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9)
+    server.script(script, script)
+    report = harvest_transcript(store, transcript("I prefer tea.", cid="c1"))
+    assert (report.status, report.model_calls, report.prompt_tokens) == ("failed", 1, 40)
+    assert report.error is not None and report.error.startswith("test_refusal")
+    [job_id] = record_jobs(
+        store,
+        [transcript("I prefer green tea.", cid="c2")],
+        owner="alice",
+        provenance="compaction",
+        queue="harvest",
+    )
+    queued = run_job(store, job_id)
+    assert queued is not None and (queued["status"], queued["model_calls"]) == ("failed", 1)
+    [job] = [j for j in rows(store, Job) if j.id == job_id]
+    assert (job.state, job.model_calls, job.prompt_tokens, job.completion_tokens) == (
+        "failed",
+        1,
+        40,
+        9,
+    )
+    assert rows(store, Memory) == []
+
+
+def test_a_database_failure_after_the_model_answered_keeps_the_calls_on_the_job(
+    make_store, backend, server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error propagates (the queue redelivers the message) but the job keeps what the
+    calls already made cost: the retry adds its own."""
+    import harvest.job
+    from harvest.queue import record_jobs, run_job
+    from store import StorageFailure
+    from store.models import Job
+
+    def lose_the_database(*_args: Any, **_kwargs: Any) -> Any:
+        raise StorageFailure("the database went away", reason="test_database")
+
+    monkeypatch.setattr(harvest.job, "write_candidates", lose_the_database)
+    store = make_store(backend, **model_settings(server))
+    server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
+    [job_id] = record_jobs(
+        store,
+        [transcript("I prefer tea.", cid="c1")],
+        owner="alice",
+        provenance="compaction",
+        queue="harvest",
+    )
+    with pytest.raises(StorageFailure):
+        run_job(store, job_id)
+    [job] = [j for j in rows(store, Job) if j.id == job_id]
+    assert (job.state, job.model_calls, job.prompt_tokens, job.completion_tokens) == (
+        "running",
+        1,
+        40,
+        9,
+    )
