@@ -596,3 +596,20 @@ def test_a_private_conversation_id_is_redacted_as_it_is_read(tmp_path: Path) -> 
     assert second.conversation_id.startswith("redacted-")
     assert second.conversation_id == redact_transcript(second).conversation_id
     assert first.messages[0].content == "I prefer tabs over spaces."  # text stays as it is
+
+
+@pytest.mark.parametrize("shape", ["chatgpt", "claude"])
+@pytest.mark.parametrize(
+    "named", [{"owner": "bob"}, {"scope": "bob"}, {"owner": "bob", "scope": "bob"}]
+)
+def test_an_export_shaped_conversation_that_names_an_owner_keeps_it(
+    tmp_path: Path, shape: str, named: dict[str, str]
+) -> None:
+    # Read as an export, it was filed under the default owner (the caller's --owner).
+    obj = chatgpt_branching_conversation() if shape == "chatgpt" else claude_conversation()
+    path = write_json(tmp_path / "t.json", {**obj, **named})
+    assert only(read_path(path, default_owner="alice")).owner == "bob"
+    plain = write_json(tmp_path / "plain.json", obj)
+    assert only(read_path(plain, default_owner="alice")).owner == "alice"
+    clash = write_json(tmp_path / "clash.json", {**obj, "owner": "bob", "scope": "carol"})
+    assert read_path(clash, default_owner="alice").transcripts == []

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from harvest.readers._common import ROLES, bad, build, identifier, optional_str, parse_time
+from harvest.readers.native import _owner as named_owner
 from harvest.transcript import DEFAULT_LIMITS, Limits, Message, Transcript, check_message_count
 
 # Content types that hold what was said; code, browsing output, reasoning, custom
@@ -91,7 +92,9 @@ def read_chatgpt(
     messages = [m for n, node in enumerate(branch, 1) if (m := _message(node, n)) is not None]
     return build(
         conversation_id=conversation_id,
-        owner=default_owner,
+        # An export names no owner, but a conversation made to look like one may: it keeps
+        # it (moving it to another owner takes --reassign-owner, as for a native one).
+        owner=named_owner(obj, default_owner),
         title=optional_str(obj.get("title"), "title"),
         started_at=parse_time(obj.get("create_time"), "create_time"),
         ended_at=parse_time(obj.get("update_time"), "update_time"),

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from harvest.readers._common import bad, build, identifier, optional_str, parse_time
+from harvest.readers.native import _owner as named_owner
 from harvest.transcript import (
     DEFAULT_LIMITS,
     Limits,
@@ -70,7 +71,9 @@ def read_claude(
         )
     return build(
         conversation_id=conversation_id,
-        owner=default_owner,
+        # An export names no owner, but a conversation made to look like one may: it keeps
+        # it (moving it to another owner takes --reassign-owner, as for a native one).
+        owner=named_owner(obj, default_owner),
         title=optional_str(obj.get("name"), "name"),
         started_at=parse_time(obj.get("created_at"), "created_at"),
         ended_at=parse_time(obj.get("updated_at"), "updated_at"),
