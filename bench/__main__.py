@@ -23,6 +23,7 @@ from bench.core import Context, write_report
 SCENARIOS: list[str] = [
     "cost",
     "same_fact",
+    "redaction",
     "startup",
     # Store scenarios (4-7); dedupe and decay reuse the stores search builds. Dedupe goes
     # first, so every size it compares is as loaded (decay rewrites every row of the 1M

@@ -23,7 +23,14 @@ from pydantic import (
 
 from store.errors import InvalidInput
 from store.settings import Settings
-from store.text import check_text, content_hash, is_slug, normalize_topics, slugify
+from store.text import (
+    MAX_BODY_BYTES_SETTING,
+    check_text,
+    content_hash,
+    is_slug,
+    normalize_topics,
+    slugify,
+)
 
 CODE_PROVENANCES = frozenset({"user", "compaction", "import"})
 MAX_TITLE_BYTES = 1_000
@@ -50,10 +57,11 @@ def text_field(field: str, max_bytes: int | None = None, *, optional: bool = Fal
     def check(value: object, info: ValidationInfo) -> object:
         if optional and value is None:
             return None
-        limit = max_bytes
+        limit, setting = max_bytes, None
         if limit is None and info.context is not None:
             limit = info.context.get("max_body_bytes")
-        return check_text(value, field, max_bytes=limit)
+            setting = MAX_BODY_BYTES_SETTING
+        return check_text(value, field, max_bytes=limit, setting=setting)
 
     return BeforeValidator(check)
 

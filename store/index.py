@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Iterator
 
 from sqlalchemy import Connection, func, select
 
@@ -14,11 +15,12 @@ from store.text import redact_private
 
 INDEX_OPEN = "<gleaner-memory-index"
 INDEX_CLOSE = "</gleaner-memory-index>"
-# What harvest strips from transcripts so recalled notes are not harvested again; an
-# unclosed block (a cut-off prompt) is removed to the end.
-INDEX_BLOCK = re.compile(
-    r"<gleaner-memory-index\b[^>]*>.*?(?:</gleaner-memory-index>|\Z)", re.DOTALL | re.IGNORECASE
-)
+# What harvest strips from transcripts so recalled notes are not harvested again: an opening
+# tag (any case; attributes up to the first ">"), then everything up to the closing tag, or to
+# the end when it is never closed (a cut-off prompt). Found by hand (see index_blocks) so no
+# pattern scans ahead from more than one place: linear on any input.
+_INDEX_OPEN_TAG = re.compile(r"<gleaner-memory-index\b", re.IGNORECASE)
+_INDEX_CLOSE_TAG = re.compile(r"</gleaner-memory-index>", re.IGNORECASE)
 BYTES_PER_TOKEN = 4
 
 
@@ -87,8 +89,32 @@ def strip_index_text(text: str) -> str:
     private, as it would be had the block been read. A balanced span inside a block leaves
     no trace, and a closing tag there closes nothing outside it.
     """
-    return INDEX_BLOCK.sub(_kept_open, text)
+    out: list[str] = []
+    kept_from = 0
+    for start, end in index_blocks(text):
+        out.append(text[kept_from:start])
+        # A block that leaves a <private> open keeps it open (fail closed).
+        out.append("<private>" if redact_private(text[start:end])[1] else "")
+        kept_from = end
+    out.append(text[kept_from:])
+    return "".join(out)
 
 
-def _kept_open(block: re.Match[str]) -> str:
-    return "<private>" if redact_private(block.group(0))[1] else ""
+def index_blocks(text: str) -> Iterator[tuple[int, int]]:
+    """The ``(start, end)`` of each memory index block in ``text``, in order, never overlapping.
+
+    A block is an opening tag (``<gleaner-memory-index`` in any case, not followed by a word
+    character, then attributes up to the first ``>``), then everything up to and including the
+    first ``</gleaner-memory-index>`` (any case), or up to the end when it is never closed.
+    Linear in ``len(text)``: every character is examined a bounded number of times. An opening
+    tag with no ``>`` after it ends the search (no later one can have one either), instead of
+    each such tag scanning on to the end again.
+    """
+    position = 0
+    while (opener := _INDEX_OPEN_TAG.search(text, position)) is not None:
+        tag_end = text.find(">", opener.end())
+        if tag_end < 0:
+            return
+        close = _INDEX_CLOSE_TAG.search(text, tag_end + 1)
+        position = len(text) if close is None else close.end()
+        yield opener.start(), position

@@ -16,7 +16,13 @@ from store.notes import save_draft
 from store.schemas import SaveResult, Scope
 from store.settings import Settings
 from store.sql import dialect_insert, seq_expression
-from store.text import check_no_private, check_principal, check_text, strip_private
+from store.text import (
+    MAX_BODY_BYTES_SETTING,
+    check_no_private,
+    check_principal,
+    check_text,
+    strip_private,
+)
 
 SUMMARY_TYPE = "summary"
 MAX_TOPIC_KEY_CHARS = 255
@@ -172,7 +178,7 @@ def mem_save(
 def _save(session: Session, settings: Settings, obs: Observation) -> SaveResult:
     # Stripped before hashing and before anything is written.
     body, title = strip_private(obs.content), strip_private(obs.title)
-    check_text(body, "content", max_bytes=settings.max_body_bytes)
+    check_text(body, "content", max_bytes=settings.max_body_bytes, setting=MAX_BODY_BYTES_SETTING)
     session_id = touch_session(session, obs.user_id)
     draft = Draft(
         title=title, body=body, slug=None, topics="", pinned=False, confidence=None, source=None

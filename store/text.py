@@ -16,6 +16,8 @@ SLUG_MAX_CHARS = 64
 MAX_TOPICS = 8
 MAX_TOPIC_CHARS = 40
 REDACTED = "[REDACTED]"
+# The setting of the note body limit (``Settings.max_body_bytes``), named where it is refused.
+MAX_BODY_BYTES_SETTING = "GLEANER_MAX_BODY_BYTES"
 
 _SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _ASCII_WORD = re.compile(r"[a-z0-9]+")
@@ -190,11 +192,15 @@ def check_no_private(value: str, field: str, reason: str) -> str:
     return value
 
 
-def check_text(value: object, field: str, *, max_bytes: int | None = None) -> str:
+def check_text(
+    value: object, field: str, *, max_bytes: int | None = None, setting: str | None = None
+) -> str:
     """Return ``value`` as str if it is valid UTF-8 without NUL (and within ``max_bytes``).
 
     Bytes are accepted when they decode as UTF-8; a str holding lone surrogates (undecodable
     bytes smuggled in) is rejected. Nothing is trimmed or normalized: text is kept byte for byte.
+    Text over ``max_bytes`` is refused (``body_too_large``) naming ``field`` and the limit, and
+    ``setting``, the setting that sets the limit, when one does (a fixed limit names none).
     """
     if isinstance(value, bytes | bytearray):
         try:
@@ -217,9 +223,9 @@ def check_text(value: object, field: str, *, max_bytes: int | None = None) -> st
     if "\x00" in value:
         raise InvalidInput(f"{field} contains a NUL character", reason="nul_character")
     if max_bytes is not None and len(encoded) > max_bytes:
+        governed = f" ({setting}; raise it to accept this input)" if setting else ""
         raise InvalidInput(
-            f"{field} is {len(encoded)} bytes, over the limit of {max_bytes} "
-            "(GLEANER_MAX_BODY_BYTES)",
+            f"{field} is {len(encoded):,} bytes, over the limit of {max_bytes:,} bytes{governed}",
             reason="body_too_large",
         )
     return value

@@ -186,7 +186,11 @@ def existing_paths(paths: Sequence[str]) -> list[Any]:
     found = [Path(p) for p in paths]
     for path in found:
         if not path.exists():
-            raise UsageError(f"no such file or folder: {path}")
+            # Shown as every path is shown: with its <private> spans redacted (loaded only
+            # here, so commands that find their paths start without the harvester).
+            from harvest.redact import redact_text
+
+            raise UsageError(f"no such file or folder: {redact_text(str(path))}")
     return found
 
 
