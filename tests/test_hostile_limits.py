@@ -190,3 +190,22 @@ def test_a_missing_path_is_named_with_its_private_span_redacted(
     assert "gleaner: error: no such file or folder: in/p/[REDACTED].json" in err
     assert "NOSUCHFILE" not in out + err
     assert not (tmp_path / "g.db").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["harvest", "x.json", "--owner", "a", "<private>ARGSECRET</private>"],
+        ["harvest", "x.json", "--provenance", "<private>ARGSECRET</private>"],
+    ],
+)
+def test_a_bad_command_line_is_quoted_with_its_private_spans_redacted(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workers.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "[REDACTED]" in err and "ARGSECRET" not in err

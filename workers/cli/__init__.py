@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
+from typing import NoReturn
 
 from workers.cli.common import (
     EXIT_FAILED,
@@ -44,11 +45,20 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
 USAGE_REASONS = frozenset({"no_owner", "bad_owner", "bad_provenance", "bad_config"})
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors (they quote the arguments) show no private span."""
+
+    def error(self, message: str) -> NoReturn:
+        from store.text import strip_private  # only on a bad command line
+
+        super().error(strip_private(message))
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command; of ``command``'s group only when it names a command (its
     help, usage and errors are the same: only the other groups are left out)."""
     groups = [group for group, names in COMMAND_GROUPS.items() if command in names]
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gleaner",
         description=(
             "Gleaner turns finished conversations into durable notes. Configuration comes\n"
