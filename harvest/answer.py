@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -79,9 +80,15 @@ def _problem(text: str) -> str:
         return "the answer was empty"
     try:
         whole = json.loads(stripped)
-    except json.JSONDecodeError as exc:
+    except RecursionError:
+        return "it is JSON nested too deeply to read"
+    except ValueError as exc:
         if stripped[0] not in "{[":
             return 'it is not JSON and holds no JSON object with a "notes" list'
+        if not isinstance(exc, json.JSONDecodeError):
+            # Valid JSON Python's parser refuses: an integer over its digit limit.
+            digits = sys.get_int_max_str_digits()
+            return f"it holds a number of more than {digits:,} digits, too long to read"
         # The decoder's message names the position, never the text there.
         return f"it is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
     if isinstance(whole, dict):
@@ -122,7 +129,7 @@ def _scan_prose(text: str) -> list[Any] | None:
     for start in (m.start() for m in starts):
         try:
             value, _ = decoder.raw_decode(text, start)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON there, or JSON nested too deeply
             continue
         items = _items_of(value, strict=True)
         if items is not None:
@@ -145,7 +152,9 @@ _NOT_JSON = object()
 
 
 def _loads(text: str) -> Any:
+    """``text`` parsed, or _NOT_JSON: not JSON, JSON nested deeper than Python's parser
+    recurses (RecursionError), or an integer over its digit limit (ValueError)."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return _NOT_JSON

@@ -160,7 +160,7 @@ def _error_text(data: bytes) -> str:
     text = data.decode("utf-8", "replace")
     try:
         parsed = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
         return one_line(text)
     error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, dict):
@@ -207,7 +207,8 @@ def _answer(status: int, body: bytes, default_model: str) -> LLMAnswer:
             model=str(data.get("model") or default_model),
             finish_reason=str(choice.get("finish_reason") or ""),
         )
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+    # RecursionError: a body nested deeper than Python's parser recurses.
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
         raise TransientModelError(
             f"the model server's answer is not a chat completion (HTTP {status}, {len(body)} bytes)"
         ) from None

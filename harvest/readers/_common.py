@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,6 +53,34 @@ def described(value: object) -> str:
     if isinstance(value, list):
         return f"a list of {len(value)} items"
     return type(value).__name__
+
+
+def too_deep(what: str) -> TranscriptFormatError:
+    """A file or line (``what`` names it) whose JSON is nested past what Python can parse."""
+    # Python's JSON parser and any walk over the value recurse once per level; past the
+    # interpreter's recursion limit (about 1,000) that is a RecursionError, not a transcript.
+    return TranscriptFormatError(
+        f"{what}JSON nested too deeply to read (no transcript format nests that deep)",
+        reason="too_deep",
+    )
+
+
+def json_problem(exc: ValueError) -> str:
+    """Why a JSON text did not parse, naming the position but never the text there: the
+    decoder's message, or the one value Python's parser refuses in valid JSON, an integer
+    over its digit limit (``sys.get_int_max_str_digits``; a ValueError naming no position)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    return f"a number of more than {sys.get_int_max_str_digits():,} digits"
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of JSON Lines text: split at "\\n" only, a trailing "\\r" dropped.
+
+    Not ``str.splitlines``: it also splits at U+2028, U+2029, U+0085 and other characters a
+    JSON string may hold raw, cutting one line's JSON in two.
+    """
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def parse_time(value: object, field: str) -> datetime | None:
@@ -116,6 +146,26 @@ def identifier(value: object, field: str) -> str | None:
     return optional_str(value, field)
 
 
+def _without_nul(message: Message) -> Message:
+    if "\0" not in message.content:
+        return message
+    return message.model_copy(update={"content": message.content.replace("\0", "")})
+
+
+def _check_unicode(text: str, field: str) -> None:
+    """Refuse ``text`` when it holds a lone surrogate: it is no Unicode text, and UTF-8 (the
+    store, the model's request, JSON out) cannot encode it."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad(
+            f"{field} is not Unicode text: it holds a lone surrogate at character {exc.start + 1} "
+            "(half of a UTF-16 pair, such as \\ud800 in JSON)"
+        ) from None
+
+
 def build(
     *,
     conversation_id: str,
@@ -132,12 +182,21 @@ def build(
     than ``limits`` allow.
 
     Blank messages are dropped here so every reader treats them alike. Text is kept as it is,
-    except the conversation id, which gets the privacy rule at once (see
-    ``harvest.redact.redact_conversation_id``): it names the conversation in reports and
-    errors long before the transcript is redacted.
+    except NUL characters, which are taken out of messages and the title (no text column of
+    PostgreSQL holds one, and they are no part of what anyone said), and the conversation
+    id, which gets the privacy rule at once (see ``harvest.redact.redact_conversation_id``):
+    it names the conversation in reports and errors long before the transcript is redacted.
+    Text holding a lone surrogate (``"\\ud800"`` in JSON: half of a UTF-16 pair, no character
+    at all) is refused, naming where, never quoting it: nothing downstream can encode it.
     """
-    messages = list(messages)
+    messages = [_without_nul(m) for m in messages]
     check_size(messages, limits)
+    for number, message in enumerate(messages, 1):
+        _check_unicode(message.content, f"message {number} content")
+    _check_unicode(conversation_id, "conversation id")
+    if title is not None:
+        title = title.replace("\0", "")
+        _check_unicode(title, "title")
     kept = [m for m in messages if m.content.strip()]
     if not any(m.role in ("user", "assistant") for m in kept):
         raise bad("empty conversation: no user or assistant text")

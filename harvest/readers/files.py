@@ -4,8 +4,11 @@ standard input, each refused (``too_large``) before or while it grows past
 
 from __future__ import annotations
 
+import errno
 import io
+import lzma
 import os
+import struct
 import sys
 import zipfile
 import zlib
@@ -28,6 +31,22 @@ STDIN_NAME = "<stdin>"
 # A zip member is inflated this many bytes at a time, so memory stays bounded by the limit
 # whatever the member declares.
 _INFLATE_PIECE = 1 << 20
+# What zipfile (and the decompressors under it) raise on a damaged archive, besides
+# BadZipFile: a central directory pointing before the file's start (ValueError: negative
+# seek), a member name that is not the UTF-8 its flag says (UnicodeDecodeError, a
+# ValueError), a header or extra field cut short (IndexError, struct.error), a zip64 offset
+# past what a seek takes (OverflowError), a damaged stream (zlib.error, lzma.LZMAError,
+# EOFError; bz2 raises OSError, see read_zip).
+_DAMAGED = (
+    zipfile.BadZipFile,
+    ValueError,
+    IndexError,
+    OverflowError,
+    struct.error,
+    zlib.error,
+    lzma.LZMAError,
+    EOFError,
+)
 
 
 def not_a_transcript(path: Path, why: str) -> TranscriptFormatError:
@@ -80,21 +99,36 @@ def read_zip(path: Path, limits: Limits, data: bytes | None = None) -> str:
     than ``limits.file_bytes`` bytes, and while inflating once the member grows past that (a
     declared size can lie).
     """
+    with path.open("rb") if data is None else io.BytesIO(data) as fp:
+        try:
+            return _read_export(fp, path, limits)
+        except OSError as exc:
+            # A seek the damaged directory sends before the file's start (EINVAL), or bz2's
+            # "Invalid data stream" (no errno); any other is the disk's, and the file is
+            # unreadable, not damaged. Bytes in memory have no disk.
+            if data is None and exc.errno not in (None, errno.EINVAL):
+                raise
+        except _DAMAGED:
+            pass
+    # Not the exception's message: some name members of the archive, which are the file's
+    # own text.
+    raise not_a_transcript(path, "a damaged zip archive")
+
+
+def _read_export(fp: BinaryIO, path: Path, limits: Limits) -> str:
+    """The text of the export's conversations.json in the open archive ``fp`` (see
+    :func:`read_zip`)."""
     try:
-        with path.open("rb") if data is None else io.BytesIO(data) as fp:
-            entries = _declared_entries(fp)
-            if entries > limits.zip_entries:
-                raise too_large(
-                    f"{path}: zip archive",
-                    f"{entries:,} entries",
-                    limits.zip_entries,
-                    "GLEANER_MAX_ZIP_ENTRIES",
-                )
-            with zipfile.ZipFile(fp) as archive:
-                return decode(_export_member(archive, path, limits), path)
-    except (zipfile.BadZipFile, zlib.error, EOFError):
-        # Not its message: some name members of the archive, which are the file's own text.
-        raise not_a_transcript(path, "a damaged zip archive") from None
+        entries = _declared_entries(fp)
+        if entries > limits.zip_entries:
+            raise too_large(
+                f"{path}: zip archive",
+                f"{entries:,} entries",
+                limits.zip_entries,
+                "GLEANER_MAX_ZIP_ENTRIES",
+            )
+        with zipfile.ZipFile(fp) as archive:
+            return decode(_export_member(archive, path, limits), path)
     except NotImplementedError:  # a compression method zipfile lacks
         raise not_a_transcript(path, "a zip archive compressed in an unsupported way") from None
     except RuntimeError as exc:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harvest.errors import TranscriptFormatError
+from harvest.readers._common import json_problem, split_lines, too_deep
 from harvest.readers.chatgpt import read_chatgpt
 from harvest.readers.claude import read_claude
 from harvest.readers.claude_code import read_claude_code
@@ -102,15 +103,6 @@ def _label(base: str, obj: object) -> str:
     return redact_text(base)
 
 
-def _too_deep(what: str) -> TranscriptFormatError:
-    # Python's JSON parser and any walk over the value recurse once per level; past the
-    # interpreter's recursion limit (about 1,000) that is a RecursionError, not a transcript.
-    return TranscriptFormatError(
-        f"{what}JSON nested too deeply to read (no transcript format nests that deep)",
-        reason="too_deep",
-    )
-
-
 def _refusal(exc: TranscriptFormatError, where: str) -> str:
     """The reason recorded for a conversation: a format error's message, any other refusal
     named first (``too_large: line 3: conversation too large: ...``)."""
@@ -146,7 +138,7 @@ def _read_one(
     except TranscriptFormatError as exc:
         result.errors.append((label, _refusal(exc, where)))
     except RecursionError:
-        result.errors.append((label, _refusal(_too_deep(""), where)))
+        result.errors.append((label, _refusal(too_deep(""), where)))
     else:
         result.transcripts.append(transcript)
 
@@ -204,7 +196,7 @@ def _read_lines(
     result = ReadResult()
     recognised = 0
     where = redact_text(str(path))  # once, not a line
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(split_lines(text), 1):
         if not line.strip():
             continue
         label = f"{where}:{number}"
@@ -213,8 +205,11 @@ def _read_lines(
         except json.JSONDecodeError as exc:
             result.errors.append((label, f"line {number}: not JSON ({exc.msg})"))
             continue
+        except ValueError as exc:  # valid JSON Python's parser refuses: see json_problem
+            result.errors.append((label, f"line {number}: not JSON ({json_problem(exc)})"))
+            continue
         except RecursionError:
-            result.errors.append((label, _refusal(_too_deep(""), f"line {number}: ")))
+            result.errors.append((label, _refusal(too_deep(""), f"line {number}: ")))
             continue
         kind = kind_of(obj)
         if kind is None:
@@ -285,14 +280,12 @@ def _read_document(text: str, path: Path, default_owner: str | None, limits: Lim
     try:
         value = json.loads(text)
     except RecursionError:
-        raise _too_deep(f"{path}: ") from None
-    except json.JSONDecodeError as exc:
+        raise too_deep(f"{path}: ") from None
+    except ValueError as exc:  # a JSONDecodeError, or an integer over the digit limit
         # Not one JSON document: JSON Lines under another name, or not JSON at all.
         lines = _read_lines(text, path, default_owner, limits)
         if lines is None:
-            raise not_a_transcript(
-                path, f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-            ) from None
+            raise not_a_transcript(path, f"not JSON: {json_problem(exc)}") from None
         return lines
     return _read_value(value, path, default_owner, limits)
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from harvest.readers._common import bad
+from harvest.readers._common import bad, json_problem, split_lines, too_deep
 from harvest.readers.claude_code import is_session_event
 from harvest.readers.codex import is_rollout_line
 
@@ -48,7 +48,7 @@ def session_kind(text: str) -> str | None:
             continue
         try:
             obj = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # not JSON, or JSON Python cannot hold
             continue
         for kind, test in SESSION_KINDS.items():
             if test(obj):
@@ -70,7 +70,7 @@ def session_id(events: Sequence[Mapping[str, Any]]) -> object:
 def session_events(text: str) -> list[Mapping[str, Any]]:
     """Every event of a session file, in order. A line that is not a JSON object fails the
     conversation, except a last line cut off while it was written (a session still open)."""
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = [line for line in split_lines(text) if line.strip()]
     events: list[Mapping[str, Any]] = []
     for number, line in enumerate(lines, 1):
         try:
@@ -79,6 +79,10 @@ def session_events(text: str) -> list[Mapping[str, Any]]:
             if number == len(lines):
                 break
             raise bad(f"line {number}: not JSON ({exc.msg})") from None
+        except ValueError as exc:  # valid JSON Python's parser refuses
+            raise bad(f"line {number}: not JSON ({json_problem(exc)})") from None
+        except RecursionError:
+            raise too_deep(f"line {number}: ") from None
         if not isinstance(obj, Mapping):
             raise bad(f"line {number}: not a JSON object")
         events.append(obj)
