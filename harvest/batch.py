@@ -44,6 +44,12 @@ class Summary(Counts):
             setattr(self, name, value)
         self.reports.append(outcome.as_dict())
 
+    def count_spent(self, cost: Counts) -> None:
+        """Add the model calls and tokens of a transcript that failed after they were made."""
+        self.model_calls += cost.model_calls
+        self.prompt_tokens += cost.prompt_tokens
+        self.completion_tokens += cost.completion_tokens
+
     def fail(self, label: str, error: str) -> None:
         self.failed += 1
         self.failures.append({"conversation": label, "error": error})
@@ -138,6 +144,7 @@ def harvest_paths(
                 provenance=provenance,
                 llm=llm,
                 reassign_owner=reassign_owner,
+                spent_on_failure=summary.count_spent,
             )
         except (HarvestError, StoreError) as exc:
             summary.transcripts += 1

@@ -10,6 +10,7 @@ immutable ``HarvestOutcome`` goes.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -416,6 +417,7 @@ class _InProcess:
     owner: str | None
     provenance: str
     reassign_owner: bool
+    spent_on_failure: Callable[[Counts], None] | None = None
 
     def begin(self, session: Executor) -> Plan:
         return plan_harvest(
@@ -438,7 +440,8 @@ class _InProcess:
         return failed_after(plan, error, spent)
 
     def unrecorded(self, plan: Plan, spent: Extraction) -> None:
-        pass  # the caller's error says the transcript failed; nothing records its cost here
+        if self.spent_on_failure is not None:
+            self.spent_on_failure(spent.cost)
 
 
 def failed_after(
@@ -459,16 +462,21 @@ def harvest_transcript(
     provenance: str = "compaction",
     llm: HarvestLLM | None = None,
     reassign_owner: bool = False,
+    spent_on_failure: Callable[[Counts], None] | None = None,
 ) -> HarvestOutcome:
     """Harvest one transcript into its owner's scope, at most once (``run_harvest``).
 
     ``owner`` is the owner of a transcript that names none; ``reassign_owner`` puts this one
-    in ``owner``'s scope whatever it names (``resolve_owner``).
+    in ``owner``'s scope whatever it names (``resolve_owner``). ``spent_on_failure`` is
+    called with what the model calls cost when writing the notes then fails on the database
+    (the StorageFailure propagates, and no outcome carries that cost).
 
     The transcript is redacted before anything else sees it. A transcript this scope already
     harvested (same redacted text, same harvester) makes no model call and writes nothing.
     Model failures come back as a ``failed`` outcome with the reason; nothing is written
     then. A bad transcript or owner raises HarvestError.
     """
-    steps = _InProcess(store.settings, transcript, owner, provenance, reassign_owner)
+    steps = _InProcess(
+        store.settings, transcript, owner, provenance, reassign_owner, spent_on_failure
+    )
     return run_harvest(store, steps, llm)

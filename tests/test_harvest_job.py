@@ -484,3 +484,25 @@ def test_a_database_failure_after_the_model_answered_keeps_the_calls_on_the_job(
         40,
         9,
     )
+
+
+def test_a_database_failure_after_the_model_answered_is_counted_in_the_run_summary(
+    make_store, backend, server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """In process (``gleaner harvest``): the transcript fails, the others go on, and the
+    summary counts the calls it made."""
+    import harvest.job
+    from harvest.batch import harvest_paths
+    from store import StorageFailure
+
+    def lose_the_database(*_args: Any, **_kwargs: Any) -> Any:
+        raise StorageFailure("the database went away", reason="test_database")
+
+    monkeypatch.setattr(harvest.job, "write_candidates", lose_the_database)
+    store = make_store(backend, **model_settings(server))
+    server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
+    path = tmp_path / "c1.json"
+    path.write_text(transcript("I prefer tea.", cid="c1").model_dump_json())
+    summary = harvest_paths(store, [path])
+    assert (summary.failed, summary.model_calls, summary.prompt_tokens) == (1, 1, 40)
+    assert summary.completion_tokens == 9 and "test_database" in summary.failures[0]["error"]
