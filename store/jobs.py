@@ -326,19 +326,20 @@ def finish(
         prepared.execute(session, _FINISH_HELD, {**values, "token": token})
 
 
+def _cost_added(result: dict[str, Any] | None) -> dict[str, Any]:
+    """The job's usage columns, set to themselves plus a run's (``_cost`` of its result)."""
+    cost = _cost(result)
+    return {
+        "model_calls": Job.model_calls + cost["calls"],
+        "prompt_tokens": Job.prompt_tokens + cost["prompt"],
+        "completion_tokens": Job.completion_tokens + cost["completion"],
+    }
+
+
 def add_cost(session: Executor, job_id: str, result: dict[str, Any]) -> None:
     """Add a run's model usage (from its ``result``) to the job's, changing nothing else: a
     run that paid for model calls and then lost its database keeps them on the job."""
-    cost = _cost(result)
-    session.execute(
-        update(Job)
-        .where(Job.id == job_id)
-        .values(
-            model_calls=Job.model_calls + cost["calls"],
-            prompt_tokens=Job.prompt_tokens + cost["prompt"],
-            completion_tokens=Job.completion_tokens + cost["completion"],
-        )
-    )
+    session.execute(update(Job).where(Job.id == job_id).values(_cost_added(result)))
 
 
 def fail(
@@ -362,14 +363,11 @@ def fail(
         # A run in this process whose claim was rolled back with the error (SQLite: the
         # claim shares the first step's transaction) left the job pending.
         stmt = stmt.where(or_(held, Job.state == PENDING) if unclaimed_too else held)
-    cost = _cost(result)
     values: dict[str, Any] = {
         "state": FAILED,
         "last_error": error[:4000],
         "finished_at": utcnow(),
-        "model_calls": Job.model_calls + cost["calls"],
-        "prompt_tokens": Job.prompt_tokens + cost["prompt"],
-        "completion_tokens": Job.completion_tokens + cost["completion"],
+        **_cost_added(result),
     }
     if result is not None:
         values["result"] = result

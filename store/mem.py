@@ -18,14 +18,14 @@ from store.settings import Settings
 from store.sql import dialect_insert, seq_expression
 from store.text import (
     MAX_BODY_BYTES_SETTING,
-    check_no_private,
+    MAX_TOPIC_KEY_BYTES,
     check_principal,
     check_text,
+    check_topic_key,
     strip_private,
 )
 
 SUMMARY_TYPE = "summary"
-MAX_TOPIC_KEY_CHARS = 255
 MAX_USER_ID_BYTES = 255
 
 
@@ -68,9 +68,8 @@ def _principal(value: str) -> str:
     return check_principal(value, "user_id")
 
 
-def _public_key(value: str | None) -> str | None:
-    # A key is stored, derived into the slug and shown to the harvest model as given.
-    return None if value is None else check_no_private(value, "topic_key", "bad_topic_key")
+def _topic_key(value: str | None) -> str | None:
+    return None if value is None else check_topic_key(value)
 
 
 def _allowed_type(value: str, info: ValidationInfo) -> str:
@@ -108,9 +107,8 @@ class Observation(BaseModel):
     type: Annotated[str, AfterValidator(_allowed_type)]
     topic_key: Annotated[
         str | None,
-        text_field("topic_key", MAX_TOPIC_KEY_CHARS, optional=True),
-        _not_blank("topic_key", "bad_topic_key", " (pass None for none)"),
-        AfterValidator(_public_key),
+        text_field("topic_key", MAX_TOPIC_KEY_BYTES, optional=True),
+        AfterValidator(_topic_key),
     ] = None
 
 

@@ -22,7 +22,7 @@ from store.models import Memory
 from store.schemas import Note, Scope, WriteResult
 from store.settings import Settings
 from store.similar import similar_notes
-from store.text import check_no_private, check_text
+from store.text import check_text, check_topic_key
 from store.write_lookup import look_ahead as _look_ahead
 from store.writer import Expect as _Expect
 from store.writer import Item, Written, write_items
@@ -32,15 +32,6 @@ Expect = _Expect
 
 if TYPE_CHECKING:
     from store.sql import Executor
-
-
-def _check_topic_key(key: str) -> None:
-    """A topic key is stored, derived into a slug and shown to the harvest model as given:
-    not blank (a blank key would be one key for every such note), no private span."""
-    check_text(key, "topic_key", max_bytes=255)
-    if not key.strip():
-        raise InvalidInput("topic_key is empty (pass None for none)", reason="bad_topic_key")
-    check_no_private(key, "topic_key", "bad_topic_key")
 
 
 def write(
@@ -70,7 +61,7 @@ def write(
     if conversation_id is not None:
         conversation_id = check_text(conversation_id, "conversation_id", max_bytes=255)
     if topic_key is not None:
-        _check_topic_key(topic_key)
+        check_topic_key(topic_key)
     (written,) = write_items(
         session,
         scope,
@@ -188,7 +179,7 @@ def write_batch(
             resolved = resolve_provenance(provenance, draft.source)
             check_pin(draft, resolved, allow_pin_untrusted=allow_pin_untrusted)
             if item.topic_key is not None:
-                _check_topic_key(item.topic_key)
+                check_topic_key(item.topic_key)
         except InvalidInput as exc:
             results[n] = BatchResult(outcome="invalid", error=exc)
             continue

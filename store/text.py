@@ -16,6 +16,7 @@ SLUG_MAX_CHARS = 64
 MAX_TOPICS = 8
 MAX_TOPIC_CHARS = 40
 REDACTED = "[REDACTED]"
+MAX_TOPIC_KEY_BYTES = 255
 # The setting of the note body limit (``Settings.max_body_bytes``), named where it is refused.
 MAX_BODY_BYTES_SETTING = "GLEANER_MAX_BODY_BYTES"
 
@@ -190,6 +191,16 @@ def check_no_private(value: str, field: str, reason: str) -> str:
             reason=reason,
         )
     return value
+
+
+def check_topic_key(key: str) -> str:
+    """``key`` unchanged, or InvalidInput: a topic key is stored, derived into a slug and
+    shown to the harvest model as given, so it is text of at most ``MAX_TOPIC_KEY_BYTES``,
+    not blank (a blank key would be one key for every such note) and holds no private span."""
+    check_text(key, "topic_key", max_bytes=MAX_TOPIC_KEY_BYTES)
+    if not key.strip():
+        raise InvalidInput("topic_key is empty (pass None for none)", reason="bad_topic_key")
+    return check_no_private(key, "topic_key", "bad_topic_key")
 
 
 def check_text(
