@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from harvest.errors import HarvestError
+from harvest.errors import HarvestError, UnrecordedHarvest
 from harvest.job import harvest_transcript, resolve_owner
 from harvest.llm import HarvestLLM
 from harvest.outcome import Counts, HarvestOutcome
@@ -144,9 +144,10 @@ def harvest_paths(
                 provenance=provenance,
                 llm=llm,
                 reassign_owner=reassign_owner,
-                spent_on_failure=summary.count_spent,
             )
         except (HarvestError, StoreError) as exc:
+            if isinstance(exc, UnrecordedHarvest):
+                summary.count_spent(exc.spent)
             summary.transcripts += 1
             summary.fail(transcript.conversation_id, format_error(exc))
         else:

@@ -13,7 +13,12 @@ HarvestError
 
 from __future__ import annotations
 
-from store.errors import ReasonedError
+from typing import TYPE_CHECKING
+
+from store.errors import ReasonedError, StorageFailure
+
+if TYPE_CHECKING:
+    from harvest.outcome import Counts
 
 
 class HarvestError(ReasonedError):
@@ -87,3 +92,13 @@ class TruncatedAnswer(ModelError):
     the first request and on the smaller second one; a cut answer is never used."""
 
     reason = "truncated_answer"
+
+
+class UnrecordedHarvest(StorageFailure):
+    """Raised instead of a StorageFailure that came after the model had answered: nothing was
+    written and the caller may retry, but the calls were paid for. ``spent`` is what they
+    cost (no outcome carries it); the reason and message are the database failure's."""
+
+    def __init__(self, failure: StorageFailure, spent: Counts) -> None:
+        super().__init__(failure.message, reason=failure.reason)
+        self.spent = spent

@@ -10,11 +10,10 @@ immutable ``HarvestOutcome`` goes.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from harvest.errors import HarvestError
+from harvest.errors import HarvestError, UnrecordedHarvest
 from harvest.extraction import Extraction, run_extraction, uses_model
 from harvest.llm import HarvestLLM
 from harvest.model import Usage
@@ -287,8 +286,8 @@ class HarvestSteps(Protocol[Nothing_co]):
         ``spent`` is the extraction when it had been made (its calls are paid for)."""
 
     def unrecorded(self, plan: Plan, spent: Extraction) -> None:
-        """The record failed on the database (the error propagates, for a retry) after the
-        model answered: keep what the calls cost where it can still be kept."""
+        """The record failed on the database after the model answered: keep what the calls
+        cost where it can still be kept (``UnrecordedHarvest`` carries it to the caller)."""
 
 
 def run_harvest(
@@ -344,10 +343,11 @@ def run_harvest(
                 with store.transaction() as session:
                     skipped = plan.outcome("skipped", found.cost, model=found.model)
                     return _settle(steps, session, skipped)
-        except StorageFailure:
-            if spent is not None and spent.cost.model_calls:
-                steps.unrecorded(plan, spent)
-            raise
+        except StorageFailure as exc:
+            if spent is None or not spent.cost.model_calls:
+                raise
+            steps.unrecorded(plan, spent)
+            raise UnrecordedHarvest(exc, spent.cost) from exc
         except (HarvestError, ValueError) as exc:
             return steps.broke(plan, exc, spent)
     finally:
@@ -417,7 +417,6 @@ class _InProcess:
     owner: str | None
     provenance: str
     reassign_owner: bool
-    spent_on_failure: Callable[[Counts], None] | None = None
 
     def begin(self, session: Executor) -> Plan:
         return plan_harvest(
@@ -440,8 +439,7 @@ class _InProcess:
         return failed_after(plan, error, spent)
 
     def unrecorded(self, plan: Plan, spent: Extraction) -> None:
-        if self.spent_on_failure is not None:
-            self.spent_on_failure(spent.cost)
+        pass  # the caller gets the cost on the UnrecordedHarvest raised
 
 
 def failed_after(
@@ -462,21 +460,18 @@ def harvest_transcript(
     provenance: str = "compaction",
     llm: HarvestLLM | None = None,
     reassign_owner: bool = False,
-    spent_on_failure: Callable[[Counts], None] | None = None,
 ) -> HarvestOutcome:
     """Harvest one transcript into its owner's scope, at most once (``run_harvest``).
 
     ``owner`` is the owner of a transcript that names none; ``reassign_owner`` puts this one
-    in ``owner``'s scope whatever it names (``resolve_owner``). ``spent_on_failure`` is
-    called with what the model calls cost when writing the notes then fails on the database
-    (the StorageFailure propagates, and no outcome carries that cost).
+    in ``owner``'s scope whatever it names (``resolve_owner``). A database failure
+    propagates as a StorageFailure; one that came after the model answered is an
+    ``UnrecordedHarvest`` whose ``spent`` is what the calls cost (no outcome carries it).
 
     The transcript is redacted before anything else sees it. A transcript this scope already
     harvested (same redacted text, same harvester) makes no model call and writes nothing.
     Model failures come back as a ``failed`` outcome with the reason; nothing is written
     then. A bad transcript or owner raises HarvestError.
     """
-    steps = _InProcess(
-        store.settings, transcript, owner, provenance, reassign_owner, spent_on_failure
-    )
+    steps = _InProcess(store.settings, transcript, owner, provenance, reassign_owner)
     return run_harvest(store, steps, llm)

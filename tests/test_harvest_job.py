@@ -486,6 +486,37 @@ def test_a_database_failure_after_the_model_answered_keeps_the_calls_on_the_job(
     )
 
 
+def test_a_direct_caller_gets_the_calls_of_a_harvest_the_database_failed_to_record(
+    make_store, backend, server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``harvest_transcript`` itself: the database failure is still a StorageFailure with its
+    own reason, and it carries what the model calls cost; a failure before any call does
+    not claim one."""
+    import harvest.job
+    from harvest.errors import UnrecordedHarvest
+    from harvest.job import harvest_transcript
+    from store import StorageFailure
+
+    def lose_the_database(*_args: Any, **_kwargs: Any) -> Any:
+        raise StorageFailure("the database went away", reason="test_database")
+
+    monkeypatch.setattr(harvest.job, "write_candidates", lose_the_database)
+    store = make_store(backend, **model_settings(server))
+    server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
+    with pytest.raises(StorageFailure) as raised:
+        harvest_transcript(store, transcript("I prefer tea.", cid="c1"), owner="alice")
+    assert isinstance(raised.value, UnrecordedHarvest)
+    assert raised.value.reason == "test_database"
+    assert str(raised.value) == "the database went away"
+    spent = raised.value.spent
+    assert (spent.model_calls, spent.prompt_tokens, spent.completion_tokens) == (1, 40, 9)
+
+    monkeypatch.setattr(harvest.job, "extract_notes", lose_the_database)
+    with pytest.raises(StorageFailure) as before_any_call:
+        harvest_transcript(store, transcript("I prefer coffee.", cid="c2"), owner="alice")
+    assert not isinstance(before_any_call.value, UnrecordedHarvest)
+
+
 def test_a_database_failure_after_the_model_answered_is_counted_in_the_run_summary(
     make_store, backend, server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
