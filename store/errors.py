@@ -17,6 +17,8 @@ stable, machine-readable ``reason`` beside a human message::
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ReasonedError(Exception):
     """The root of every error Gleaner raises on purpose: a human ``message`` (``str()``)
@@ -33,6 +35,19 @@ class ReasonedError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by state, not by calling __init__ again (the default), which fails for a
+        # subclass whose __init__ takes more than the message: a Celery pool child hands its
+        # errors to the main process pickled.
+        return (_rebuilt, (type(self), self.args, self.__dict__))
+
+
+def _rebuilt(cls: type[ReasonedError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class StoreError(ReasonedError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import pickle
 import traceback
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -510,6 +511,9 @@ def test_a_direct_caller_gets_the_calls_of_a_harvest_the_database_failed_to_reco
     assert str(raised.value) == "the database went away"
     spent = raised.value.spent
     assert (spent.model_calls, spent.prompt_tokens, spent.completion_tokens) == (1, 40, 9)
+    # A Celery pool child pickles its errors for the main process.
+    copied = pickle.loads(pickle.dumps(raised.value))
+    assert (copied.reason, str(copied), copied.spent) == ("test_database", str(raised.value), spent)
 
     monkeypatch.setattr(harvest.job, "extract_notes", lose_the_database)
     with pytest.raises(StorageFailure) as before_any_call:
