@@ -104,8 +104,19 @@ def machine() -> str:
     )
 
 
+def written_by_hand(report: str) -> str:
+    """The sections of a report after the generated ones (the comparisons and reruns people
+    wrote under it): from its first ``## `` heading other than ``## Notes``."""
+    lines = report.splitlines()
+    for number, line in enumerate(lines):
+        if line.startswith("## ") and line.strip() != "## Notes":
+            return "\n".join(lines[number:]) + "\n"
+    return ""
+
+
 def write_report(path: Path, rows: list[Row], command: str, seconds: float) -> None:
-    """BENCHMARKS.md: the machine, the command, and every row of this run."""
+    """BENCHMARKS.md: the machine, the command, and every row of this run, then the sections
+    written by hand under the report it replaces, kept as they were."""
     lines = [
         "# Benchmarks",
         "",
@@ -128,4 +139,5 @@ def write_report(path: Path, rows: list[Row], command: str, seconds: float) -> N
     notes = [f"- {r.scenario} / {r.metric}: {r.note}" for r in rows if r.note]
     if notes:
         lines += ["", "## Notes", "", *notes]
-    path.write_text("\n".join(lines) + "\n")
+    kept = written_by_hand(path.read_text()) if path.exists() else ""
+    path.write_text("\n".join(lines) + "\n" + ("\n" + kept if kept else ""))
