@@ -338,7 +338,7 @@ def run_harvest(
                     return _settle(steps, session, found)
             spent = found
             try:
-                return _record_racing(store, steps, plan, checked, found)
+                recorded = _record_racing(store, steps, plan, checked, found)
             except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
                 with store.transaction() as session:
                     skipped = plan.outcome("skipped", found.cost, model=found.model)
@@ -350,6 +350,8 @@ def run_harvest(
             raise UnrecordedHarvest(exc, spent.cost) from exc
         except (HarvestError, ValueError) as exc:
             return steps.broke(plan, exc, spent)
+        store.freshness.wrote(recorded.notes_written + recorded.notes_updated)
+        return recorded
     finally:
         if lock is not None:
             lock.release()

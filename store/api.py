@@ -12,6 +12,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from store.db import make_engine, migrate
 from store.errors import NotFound, StorageFailure, StoreError
+from store.freshness import Freshness
 from store.schemas import (
     LinkResult,
     Note,
@@ -54,6 +55,8 @@ class Store:
         self.engine: Engine = make_engine(self.database_url, pool_size=self.settings.db_pool_size)
         self._sessionmaker: sessionmaker[Session] | None = None
         self._autocommit_engine: Engine | None = None
+        # Every committed write counts here: it keeps the planner's statistics fresh.
+        self.freshness = Freshness(self.engine)
 
     @property
     def dialect(self) -> str:
@@ -174,7 +177,7 @@ class Store:
         """Validate and write a note; see the rules in README ("The store")."""
         from store import notes
 
-        return self._run(
+        result = self._run(
             notes.write,
             self.settings,
             scope,
@@ -183,6 +186,8 @@ class Store:
             provenance=provenance,
             allow_pin_untrusted=allow_pin_untrusted,
         )
+        self.freshness.wrote(1)
+        return result
 
     def get(self, scope: Scope | tuple[str, str], slug: str) -> Note | None:
         """The note with ``slug`` in the scope, or None."""
@@ -279,7 +284,7 @@ class Store:
         """Save an observation. ValueError for bad input, RuntimeError for storage failure."""
         from store import mem
 
-        return self._run(
+        result = self._run(
             mem.mem_save,
             self.settings,
             user_id,
@@ -288,6 +293,8 @@ class Store:
             title=title,
             topic_key=topic_key,
         )
+        self.freshness.wrote(1)
+        return result
 
     def mem_session_summary(
         self, user_id: str, content: str, *, title: str = "Session summary"
