@@ -29,12 +29,13 @@ from workers.cli.run import default_concurrency
 NAME = "pipe-import"
 # Why the ratio is missed, filled in from the run's own profile.
 FINDING = (
-    "profile of this run, CPU per conversation: {cpu}. Each job runs the same path as "
-    "pipe-live (one litellm call, two steps), and litellm alone costs about as much "
-    "CPU per call as the whole ceiling spends per conversation: see pipe-live. An export has "
-    "one owner, so every note lands in one growing scope; the duplicate lookup walks only "
-    "the rare-term postings, so jobs stay flat as it grows (compare the pending count over "
-    "time)"
+    "profile of this run, CPU per conversation: {cpu}. Each job runs pipe-live's path (one "
+    "call through the lean model client, five round trips), which the ceiling's no-op tasks, "
+    "raw POSTs and INSERTs do not: see pipe-live. An export has one owner, so every note "
+    "lands in one growing scope; the slug lookups descend the scope's unique index and the "
+    "same-fact lookup counts only the rare-term postings, so jobs stay flat as it grows "
+    "(compare the pending count over time) as long as the planner's statistics know the "
+    "scope: the writers analyze as notes pour in (store/freshness.py)"
 )
 CONCURRENCY = default_concurrency()  # `gleaner worker`'s default: two prefork children a core
 
