@@ -23,6 +23,7 @@ import logging
 import threading
 
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import OperationalError
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ CHECK_EVERY = 1_000  # notes this process writes between two looks at the statis
 FLOOR, SCALE = 1_000, 0.02
 # Advisory key (pg_try_advisory_lock): one process analyzes at a time.
 _ANALYZING = 0x676C_6561_6E65_7201  # "gleaner" + 1
+# How long an ANALYZE may wait for its table's lock, and the error of one that waited longer.
+LOCK_WAIT_MS = 100
+_LOCK_NOT_AVAILABLE = "55P03"
 
 _STALE = text(
     "SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid"
@@ -79,12 +83,24 @@ def refresh(engine: Engine) -> list[str]:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _ANALYZING}).scalar():
             return []
+        analyzed: list[str] = []
         try:
-            stale = stale_tables(conn)
-            for table in stale:  # names from WATCHED, never from input
-                conn.execute(text(f"ANALYZE {table}"))
+            # Never queue behind a VACUUM (autovacuum's or an operator's): a lock not granted
+            # at once leaves the table to the next look, and a waiting ANALYZE would make
+            # PostgreSQL cancel autovacuum's run after deadlock_timeout.
+            conn.execute(text(f"SET lock_timeout = '{LOCK_WAIT_MS}ms'"))
+            for table in stale_tables(conn):  # names from WATCHED, never from input
+                try:
+                    conn.execute(text(f"ANALYZE {table}"))
+                except OperationalError as exc:
+                    if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+                        raise
+                    log.info("%s is being vacuumed: analyzed on a later look", table)
+                else:
+                    analyzed.append(table)
         finally:
+            conn.execute(text("RESET lock_timeout"))  # the connection goes back to the pool
             conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _ANALYZING})
-    if stale:
-        log.info("analyzed %s: their statistics were stale", ", ".join(stale))
-    return stale
+    if analyzed:
+        log.info("analyzed %s: their statistics were stale", ", ".join(analyzed))
+    return analyzed

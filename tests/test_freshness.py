@@ -5,6 +5,7 @@ machines these tests run on, and waits for 10% of a table to change where it is 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -128,3 +129,26 @@ def test_sqlite_has_nothing_to_refresh(make_store) -> None:  # type: ignore[no-u
     store: Store = make_store("sqlite")
     assert not store.freshness.enabled
     store.freshness.wrote(10 * freshness.CHECK_EVERY)  # no statement, no error
+
+
+def test_a_table_being_vacuumed_is_left_to_a_later_look_without_waiting(fresh_pg: Store) -> None:
+    """A VACUUM (autovacuum's too) holds the lock ANALYZE needs: the refresh skips that table
+    at once instead of queueing (which would get autovacuum cancelled), and its connection goes
+    back to the pool with the default lock timeout."""
+    _write_notes(fresh_pg, 1_200)
+    other = create_engine(fresh_pg.database_url)
+    try:
+        with other.begin() as conn:
+            conn.execute(text("LOCK TABLE memory_terms IN SHARE UPDATE EXCLUSIVE MODE"))
+            started = time.monotonic()
+            assert freshness.refresh(fresh_pg.engine) == ["memories"]
+            assert time.monotonic() - started < 5
+    finally:
+        other.dispose()
+    one = Store(fresh_pg.database_url, settings=test_settings(db_pool_size=1))
+    try:  # a pool of one connection: the refresh's is the one handed out next
+        assert freshness.refresh(one.engine) == ["memory_terms"]
+        with one.engine.connect() as conn:
+            assert conn.execute(text("SHOW lock_timeout")).scalar() == "0"
+    finally:
+        one.dispose()
