@@ -350,7 +350,9 @@ def _harvest_in_child(url: str, settings: dict[str, object], barrier: Any, out: 
 def test_two_processes_harvesting_one_transcript_make_one_call(
     pg_url: str, make_store, server
 ) -> None:
-    settings = model_settings(server)
+    # A generous timeout: on a loaded machine the delayed answer could pass the usual 5 s, and
+    # the client's retry would be a second call that is no fault of the lock under test.
+    settings = model_settings(server, harvest_timeout_seconds=60)
     store = make_store("postgresql", **settings)
     server.script(answer([note("Adopted Kotlin", type="decision")], delay=1.0))
     ctx = mp.get_context("spawn")
