@@ -17,6 +17,7 @@ from gleaner.conversation import Conversation, ConversationInput, read_conversat
 from gleaner.errors import InvalidRequest, NotFound, Unavailable, translated
 from store import Note, NoteVersion
 from store.schemas import LinkedNote
+from store.text import quoted
 
 if TYPE_CHECKING:
     from store import SaveResult, SearchHit, Settings, Store
@@ -191,7 +192,7 @@ class Gleaner:
             found = self.store.job(job_id) if isinstance(job_id, str) else None
             name = None if owner is None else self.owner_name(owner)
         if found is None or (name is not None and found.owner != name):
-            raise NotFound(f"no job with id {job_id!r}", reason="not_found")
+            raise NotFound(f"no job with id {quoted(job_id)}", reason="not_found")
         return found
 
     # --- notes out -------------------------------------------------------------------
@@ -201,7 +202,7 @@ class Gleaner:
         from store import Scope
 
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
-            raise InvalidRequest(f"limit must be 1..100, got {limit!r}", reason="bad_limit")
+            raise InvalidRequest(f"limit must be 1..100, got {quoted(limit)}", reason="bad_limit")
         with translated():
             return self.store.search(Scope.owner(owner), query, limit=limit)
 
@@ -233,7 +234,8 @@ class Gleaner:
     def forget(self, owner: str, *, allow_reharvest: bool = False) -> dict[str, int]:
         """Delete everything stored for the owner (notes, history, jobs, ...) in one
         transaction; counts by table. Its harvested conversations leave hash tombstones, so
-        submitted again they write nothing, unless ``allow_reharvest``. API keys stay."""
+        submitted again they write nothing, unless ``allow_reharvest``. API keys allowed this
+        owner alone go too (they hold the name); keys for every owner stay."""
         with translated():
             return self.store.forget_owner(self.owner_name(owner), tombstones=not allow_reharvest)
 

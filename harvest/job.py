@@ -24,7 +24,7 @@ from harvest.write import write_candidates
 from store import Scope, Settings, StorageFailure, Store, forget, ledger
 from store.errors import AlreadyRecorded, InvalidInput, NoteChanged, SlugTaken, format_error
 from store.terms import content_terms
-from store.text import check_principal
+from store.text import check_principal, quoted
 
 # Bump when extraction changes enough that old transcripts deserve a new harvest.
 HARVESTER_VERSION = "1"
@@ -103,7 +103,7 @@ def plan_harvest(
     when one is bad)."""
     if provenance not in PROVENANCES:
         raise HarvestError(
-            f"provenance must be compaction or import, got {provenance!r}",
+            f"provenance must be compaction or import, got {quoted(provenance)}",
             reason="bad_provenance",
         )
     # Bounded before anything reads it all (a transcript from Python, or for the offline

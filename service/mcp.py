@@ -4,8 +4,9 @@ The server acts for one owner, fixed when it starts (``--owner`` or GLEANER_MCP_
 tool takes an owner or user id, so an agent cannot reach another owner's notes whatever it
 sends. Tools: ``mem_save`` and ``mem_session_summary`` (seed 003), ``mem_search``,
 ``mem_read`` (a note with its links and history) and ``mem_index`` (the index text for a
-system prompt). A refused call is a tool error whose text starts with the reason
-(``bad_type: ...``), for the model to read.
+system prompt). A refused call is a tool error, ``Error executing tool NAME: `` and then the
+reason (``bad_type: ...``), for the model to read; arguments that fail a tool's schema are
+``bad_arguments``, without the values sent.
 
 Over streamable HTTP (``serve_http``) every request carries an API key of ``gleaner keys
 create`` that allows the server's owner, checked as the HTTP service checks it (a missing or
@@ -19,11 +20,11 @@ import ipaddress
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import BaseModel
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from pydantic import BaseModel, ValidationError
 
 from gleaner import Gleaner, GleanerError, NoteDetail, SaveResult
 
@@ -59,9 +60,29 @@ def _as_tool_errors() -> Iterator[None]:
         raise ToolError(f"{exc.reason}: {exc.message}") from exc
 
 
+class _Server(MCPServer):
+    """The SDK's server, but arguments that fail the tool's schema are refused as
+    ``bad_arguments``, naming each field and rule and never the value sent (the SDK quotes
+    it, private spans and all)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                raise
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+                for error in cause.errors(include_url=False, include_input=False)
+            )
+            # Worded as the SDK words every tool error: "Error executing tool NAME: REASON: ..."
+            raise ToolError(f"Error executing tool {name}: bad_arguments: {problems}") from cause
+
+
 def build_server(gleaner: Gleaner, owner: str) -> MCPServer:
     """The MCP server whose tools act for ``owner`` (already checked by the owner rule)."""
-    server: MCPServer = MCPServer(
+    server: MCPServer = _Server(
         "gleaner",
         instructions=(
             "Long-term memory of one user. Call mem_index at the start for what is known; "

@@ -29,6 +29,7 @@ from store.text import (
     content_hash,
     is_slug,
     normalize_topics,
+    quoted,
     slugify,
 )
 
@@ -69,7 +70,7 @@ def text_field(field: str, max_bytes: int | None = None, *, optional: bool = Fal
 def _slug(value: object) -> object:
     if value is not None and not (isinstance(value, str) and is_slug(value)):
         raise InvalidInput(
-            f"slug {value!r} must be lowercase ASCII words joined by '-' (at most 100 chars)",
+            f"slug {quoted(value)} must be lowercase ASCII words joined by '-' (at most 100 chars)",
             reason="bad_slug",
         )
     return value
@@ -79,13 +80,15 @@ def _topics(value: object) -> object:
     if value is None:
         return value
     if not (isinstance(value, list | tuple) and all(isinstance(t, str) for t in value)):
-        raise InvalidInput(f"topics must be a list of strings, got {value!r}", reason="bad_topics")
+        raise InvalidInput(
+            f"topics must be a list of strings, got {quoted(value)}", reason="bad_topics"
+        )
     return [check_text(topic, "topic") for topic in value]
 
 
 def _source(value: object) -> object:
     if value is not None and not isinstance(value, Mapping):
-        raise InvalidInput(f"source must be a mapping, got {value!r}", reason="bad_source")
+        raise InvalidInput(f"source must be a mapping, got {quoted(value)}", reason="bad_source")
     return value
 
 
@@ -163,7 +166,9 @@ def _refusal(exc: ValidationError, attrs: object) -> InvalidInput:
             )
     value = attrs.get(field) if isinstance(attrs, Mapping) else None
     rule = _FIELD_RULES.get(field, f"{field} is not valid ({first['msg']})")
-    return InvalidInput(f"{rule}, got {value!r}", reason=_FIELD_REASONS.get(field, "bad_type"))
+    return InvalidInput(
+        f"{rule}, got {quoted(value)}", reason=_FIELD_REASONS.get(field, "bad_type")
+    )
 
 
 def validate_attrs(attrs: Mapping[str, object], settings: Settings) -> Draft:
@@ -196,7 +201,8 @@ def resolve_provenance(provenance: str | None, source: Mapping[str, str] | None)
         return "web" if source and source.get("url") else "agent"
     if provenance not in CODE_PROVENANCES:
         raise InvalidInput(
-            f"provenance {provenance!r} cannot be passed; code may pass user, compaction, import",
+            f"provenance {quoted(provenance)} cannot be passed; "
+            "code may pass user, compaction, import",
             reason="bad_provenance",
         )
     return provenance

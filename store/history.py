@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from store.errors import NotFound
 from store.models import Memory, MemoryVersion
 from store.schemas import NoteVersion, Scope
+from store.text import quoted
 
 if TYPE_CHECKING:
     from store.sql import Executor
@@ -107,7 +108,7 @@ def history(session: Session, scope: Scope | tuple[str, str], slug: str) -> list
         )
     ).scalar_one_or_none()
     if note_id is None:
-        raise NotFound(f"no note {slug!r} in scope {scope}")
+        raise NotFound(f"no note {quoted(slug)} in scope {scope}")
     rows = session.execute(
         select(MemoryVersion)
         .where(MemoryVersion.memory_id == note_id)

@@ -22,7 +22,7 @@ from store.errors import InvalidInput
 from store.models import ApiKey as ApiKeyRow
 from store.models import utcnow
 from store.schemas import Frozen
-from store.text import check_principal
+from store.text import check_principal, quoted
 
 if TYPE_CHECKING:
     from store.sql import Executor
@@ -80,7 +80,7 @@ def revoke_key(session: Session, key_id: str) -> ApiKey:
     """Delete the key; InvalidInput (``unknown_key``) when there is none with that id."""
     row = session.get(ApiKeyRow, key_id) if isinstance(key_id, str) else None
     if row is None:
-        raise InvalidInput(f"no API key with id {key_id!r}", reason="unknown_key")
+        raise InvalidInput(f"no API key with id {quoted(key_id)}", reason="unknown_key")
     key = ApiKey.from_row(row)
     session.execute(delete(ApiKeyRow).where(ApiKeyRow.id == key_id))
     return key

@@ -10,6 +10,7 @@ from store.errors import InvalidInput, LinkRefused, NotFound
 from store.models import Link, Memory, utcnow
 from store.schemas import RELS, LinkedNote, LinkResult, Note, NoteWithLinks, Scope
 from store.sql import dialect_insert, scope_key
+from store.text import quoted
 
 # A supersedes chain longer than this is corrupt data, not a real history.
 MAX_CHAIN = 10_000
@@ -28,7 +29,7 @@ def _note_row(session: Session, scope: Scope, slug: str, *, lock: bool = False) 
         stmt = stmt.with_for_update()
     row = session.execute(stmt.execution_options(populate_existing=True)).scalar_one_or_none()
     if row is None:
-        raise NotFound(f"no note {slug!r} in scope {scope}")
+        raise NotFound(f"no note {quoted(slug)} in scope {scope}")
     return row
 
 
@@ -42,9 +43,9 @@ def link(
     """
     scope = Scope.of(scope)
     if rel not in RELS:
-        raise InvalidInput(f"rel {rel!r} is not one of {', '.join(RELS)}", reason="bad_rel")
+        raise InvalidInput(f"rel {quoted(rel)} is not one of {', '.join(RELS)}", reason="bad_rel")
     if from_slug == to_slug:
-        raise LinkRefused(f"a note cannot link to itself ({from_slug!r})", reason="self_link")
+        raise LinkRefused(f"a note cannot link to itself ({quoted(from_slug)})", reason="self_link")
     if rel == "supersedes":
         supersede.lock_scopes(session, [scope])
     source = _note_row(session, scope, from_slug, lock=rel == "supersedes")

@@ -22,6 +22,7 @@ from store.text import (
     check_principal,
     check_text,
     check_topic_key,
+    quoted,
     strip_private,
 )
 
@@ -83,7 +84,9 @@ def _allowed_type(value: str, info: ValidationInfo) -> str:
         return value
     allowed = context.get("observation_types", ())
     if value not in allowed:
-        raise InvalidInput(f"type {value!r} is not one of {', '.join(allowed)}", reason="bad_type")
+        raise InvalidInput(
+            f"type {quoted(value)} is not one of {', '.join(allowed)}", reason="bad_type"
+        )
     return value
 
 
@@ -147,7 +150,7 @@ def check_observation(
         # Only a type pydantic itself refuses is left: a non-string ``type``.
         field = str(first["loc"][0])
         raise InvalidInput(
-            f"{field} must be a string, got {call[field]!r}", reason="bad_type"
+            f"{field} must be a string, got {quoted(call[field])}", reason="bad_type"
         ) from None
 
 

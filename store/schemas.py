@@ -16,7 +16,7 @@ from pydantic import (
 )
 
 from store.errors import InvalidInput
-from store.text import check_principal
+from store.text import check_principal, quoted
 
 if TYPE_CHECKING:
     from store.models import Memory  # the ORM: not loaded by the read commands
@@ -77,7 +77,7 @@ class Scope(Frozen):
         if isinstance(value, Scope):
             return value
         if not (isinstance(value, tuple | list) and len(value) == 2):
-            raise InvalidInput(f"a scope is (kind, id), got {value!r}", reason="bad_scope")
+            raise InvalidInput(f"a scope is (kind, id), got {quoted(value)}", reason="bad_scope")
         kind, ident = value
         try:
             return cls.model_validate({"kind": kind, "id": ident})
@@ -101,9 +101,9 @@ def _scope_refusal(exc: ValidationError, kind: object, ident: object) -> Invalid
         return InvalidInput(str(cause), reason="bad_scope")
     if first["loc"] == ("kind",):
         return InvalidInput(
-            f"unknown scope kind {kind!r}: expected 'owner' or 'global'", reason="bad_scope"
+            f"unknown scope kind {quoted(kind)}: expected 'owner' or 'global'", reason="bad_scope"
         )
-    return InvalidInput(f"scope id must be a string, got {ident!r}", reason="bad_scope")
+    return InvalidInput(f"scope id must be a string, got {quoted(ident)}", reason="bad_scope")
 
 
 def _aware(value: datetime | None) -> datetime | None:

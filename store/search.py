@@ -31,7 +31,7 @@ from store.errors import InvalidInput
 from store.schemas import Note, Scope, ScoreParts, SearchHit
 from store.sql import recency_sql
 from store.tables import LIVE, MEMORIES
-from store.text import check_text, snippet, words
+from store.text import check_text, quoted, snippet, words
 
 if TYPE_CHECKING:
     from store.models import Memory
@@ -197,7 +197,7 @@ def search(
     scope = Scope.of(scope)
     query = check_text(query, "query", max_bytes=4_000)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-        raise InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {limit!r}", reason="bad_limit")
+        raise InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {quoted(limit)}", reason="bad_limit")
     tokens = content_words(query)
     if not tokens:
         return []  # only stop words or punctuation: nothing to look for

@@ -21,6 +21,7 @@ from store.errors import InvalidInput, NotFound
 from store.schemas import Note, NoteChange, Scope
 from store.sql import next_seq
 from store.tables import ARCHIVED, LIVE, MEMORIES, SUPERSEDED
+from store.text import quoted
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -44,11 +45,11 @@ def list_notes(
     scope = Scope.of(scope)
     if status is not None and status not in STATUSES:
         raise InvalidInput(
-            f"status must be one of {', '.join(STATUSES)} (or None for all), got {status!r}",
+            f"status must be one of {', '.join(STATUSES)} (or None for all), got {quoted(status)}",
             reason="bad_status",
         )
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
-        raise InvalidInput(f"limit must be 1..{MAX_LIST}, got {limit!r}", reason="bad_limit")
+        raise InvalidInput(f"limit must be 1..{MAX_LIST}, got {quoted(limit)}", reason="bad_limit")
     m = MEMORIES.c
     query = select(MEMORIES).where(m.scope_kind == scope.kind, m.scope_id == scope.id)
     if status is not None:
@@ -70,7 +71,7 @@ def _locked(session: Session, scope: Scope, slug: str) -> Memory:
         .with_for_update()
     ).scalar_one_or_none()
     if row is None:
-        raise NotFound(f"no note {slug!r} in scope {scope}")
+        raise NotFound(f"no note {quoted(slug)} in scope {scope}")
     return row
 
 

@@ -74,7 +74,7 @@ def normalize_topics(raw: str | Sequence[str] | None) -> str:
     seen: list[str] = []
     for item in items:
         if not isinstance(item, str):
-            raise InvalidInput(f"topics must be strings, got {item!r}", reason="bad_topics")
+            raise InvalidInput(f"topics must be strings, got {quoted(item)}", reason="bad_topics")
         topic = _normalize_topic(item)
         if topic and topic not in seen:
             seen.append(topic)
@@ -92,6 +92,20 @@ def strip_private(text: str) -> str:
     """Replace every ``<private>...</private>`` span with ``[REDACTED]`` (the rule of
     redact_private, on a text that stands alone)."""
     return redact_private(text)[0]
+
+
+# How much of a refused value an error message quotes.
+QUOTED_CHARS = 80
+
+
+def quoted(value: object) -> str:
+    """``value`` as a refusal quotes it: ``repr``, with its ``<private>`` spans redacted and cut
+    to ``QUOTED_CHARS``. Refusals reach logs, HTTP and MCP answers and the CLI, and a private
+    span in a caller's bad input is no less private for being refused."""
+    if isinstance(value, str):
+        return repr(strip_private(value)[:QUOTED_CHARS])
+    shown = strip_private(repr(value))
+    return shown if len(shown) <= QUOTED_CHARS else shown[:QUOTED_CHARS] + "..."
 
 
 def redact_private(text: str, depth: int = 0) -> tuple[str, int]:

@@ -72,6 +72,30 @@ def test_the_tools_take_no_owner() -> None:
         assert not properties & {"owner", "user_id", "scope"}, tool.name
 
 
+def test_refusals_never_quote_a_private_span_the_agent_sent(make_store: Any) -> None:
+    """A refused call's text goes to the agent's model and to client logs: what the caller
+    sent inside <private> stays out of it, whether the SDK's argument check or Gleaner's
+    own rules refused it."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from service.mcp import build_server
+
+    server = build_server(Gleaner(store=make_store("sqlite")), "alice")
+    secret = "<private>s3cret-77</private>"
+    calls = [
+        ("mem_search", {"query": "tea", "limit": secret}, "bad_arguments: limit: "),
+        ("mem_search", {"query": ["tea", secret]}, "bad_arguments: query: "),
+        ("mem_save", {"content": "x", "type": secret, "title": "t"}, "bad_type: "),
+        ("mem_read", {"slug": f"note-{secret}"}, "not_found: "),
+    ]
+    for tool, arguments, begins in calls:
+        with pytest.raises(ToolError) as refused_call:
+            anyio.run(server.call_tool, tool, arguments)
+        text = str(refused_call.value)
+        assert text.startswith(f"Error executing tool {tool}: {begins}"), text
+        assert "s3cret" not in text, text
+
+
 @pytest.mark.slow
 def test_seed_003_tools_over_stdio_for_one_owner(store: Store) -> None:
     gleaner = Gleaner(store=store)
@@ -114,6 +138,8 @@ def test_seed_003_tools_over_stdio_for_one_owner(store: Store) -> None:
             session, "mem_save", content="x", type="summary", title="t"
         )
         assert "not_found" in await refused(session, "mem_read", slug="no-such-note")
+        hidden = await refused(session, "mem_search", query="x", limit=f"<private>{secret}</p")
+        assert "bad_arguments: limit: " in hidden and secret not in hidden
         # Bob's notes are out of reach, whatever the agent sends.
         assert (await call(session, "mem_search", query="oolong"))["hits"] == []
         assert "not_found" in await refused(session, "mem_read", slug="tea")

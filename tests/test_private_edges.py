@@ -15,6 +15,7 @@ from harvest.imports import plan_import
 from harvest.readers import read_path
 from harvest.redact import redact_transcript
 from store import InvalidInput, Scope, Store, notes
+from store.errors import ReasonedError
 from store.tables import IMPORTS
 from store.text import check_principal
 from tests.cli_harness import Cli, cli
@@ -178,3 +179,40 @@ def test_a_span_split_across_content_parts_stays_private(tmp_path: Path) -> None
         said = redacted.messages[0].content
         assert SECRET not in json.dumps(redacted.model_dump(mode="json")), name
         assert said.startswith("My PIN is [REDACTED]"), (name, said)
+
+
+def _refusals(store: Store) -> list[tuple[str, object]]:
+    """Calls that refuse a value the caller sent, each with that value holding a private
+    span: every refusal names the value, but never what the span hid."""
+    from gleaner import Gleaner
+
+    api = Gleaner(store=store)
+    store.write(ALICE, {"title": "Kept", "body": "b"})
+    return [
+        ("slug", lambda: store.write(ALICE, {"title": "t", "body": "b", "slug": PRIVATE})),
+        ("topics", lambda: store.write(ALICE, {"title": "t", "body": "b", "topics": PRIVATE})),
+        ("topic", lambda: store.write(ALICE, {"title": "t", "body": "b", "topics": [1, PRIVATE]})),
+        ("source", lambda: store.write(ALICE, {"title": "t", "body": "b", "source": PRIVATE})),
+        ("pinned", lambda: store.write(ALICE, {"title": "t", "body": "b", "pinned": PRIVATE})),
+        ("provenance", lambda: store.write(ALICE, {"title": "t", "body": "b"}, provenance=PRIVATE)),
+        ("type", lambda: store.mem_save("alice", "c", type=PRIVATE, title="t")),
+        ("read", lambda: store.read(ALICE, PRIVATE)),
+        ("history", lambda: store.history(ALICE, PRIVATE)),
+        ("pin", lambda: store.pin(ALICE, PRIVATE)),
+        ("link", lambda: store.link(ALICE, "kept", PRIVATE, "related")),
+        ("rel", lambda: store.link(ALICE, "kept", "kept", PRIVATE)),
+        ("status", lambda: store.list_notes(ALICE, status=PRIVATE)),
+        ("list limit", lambda: store.list_notes(ALICE, limit=PRIVATE)),  # type: ignore[arg-type]
+        ("search limit", lambda: store.search(ALICE, "kept", limit=PRIVATE)),  # type: ignore[arg-type]
+        ("scope kind", lambda: store.search((PRIVATE, "alice"), "kept")),
+        ("revoke", lambda: store.revoke_api_key(PRIVATE)),
+        ("job", lambda: api.job(PRIVATE)),
+    ]
+
+
+def test_a_refusal_never_quotes_what_a_private_span_hid(store: Store) -> None:
+    for name, refused_call in _refusals(store):
+        with pytest.raises(ReasonedError) as caught:
+            refused_call()  # type: ignore[operator]
+        assert SECRET not in str(caught.value), (name, str(caught.value))
+        assert "[REDACTED]" in str(caught.value), (name, str(caught.value))

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from store.text import quoted
 from workers.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -170,14 +171,14 @@ def _import_status(args: argparse.Namespace) -> int:
         found = job_reports.find_import(session, args.import_id)
     if len(found) > 1:
         raise UsageError(
-            f"import id {args.import_id!r} names more than one import: give more of it"
+            f"import id {quoted(args.import_id)} names more than one import: give more of it"
         )
     if found:
         args.import_id = found[0]
     state, totals = import_state(store, args.import_id)
     if not state:
         raise CommandFailed(
-            f"no import {args.import_id!r}: `gleaner import` prints the id of each import "
+            f"no import {quoted(args.import_id)}: `gleaner import` prints the id of each import "
             "it starts (`import <id>: ...`)"
         )
     if args.watch and state["finished"] < state["total"]:
