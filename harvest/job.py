@@ -9,6 +9,7 @@ immutable ``HarvestOutcome`` goes.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -34,6 +35,8 @@ RECALL_TERMS = 200
 
 if TYPE_CHECKING:
     from store import Executor, TranscriptLock
+
+log = logging.getLogger(__name__)
 
 
 def harvester_version(settings: Settings) -> str:
@@ -194,11 +197,15 @@ def recall_terms(plan: Plan) -> list[str]:
 
 
 def extract_notes(
-    plan: Plan, ready: Ready, settings: Settings, llm: HarvestLLM | None = None
+    plan: Plan,
+    ready: Ready,
+    settings: Settings,
+    llm: HarvestLLM | None = None,
+    usage: Usage | None = None,
 ) -> Extraction | HarvestOutcome:
     """The model's candidates, or the ``failed`` outcome when the model failed (with what
-    the calls made before the failure cost)."""
-    usage = Usage()
+    the calls made before the failure cost). ``usage`` is filled in as the calls are made."""
+    usage = Usage() if usage is None else usage
     try:
         return run_extraction(plan.transcript, settings, llm, ready.known_keys, usage)
     except HarvestError as exc:
@@ -285,9 +292,10 @@ class HarvestSteps(Protocol[Nothing_co]):
         """Extraction or the record raised: the outcome to return instead, or raise;
         ``spent`` is the extraction when it had been made (its calls are paid for)."""
 
-    def unrecorded(self, plan: Plan, spent: Extraction) -> None:
-        """The record failed on the database after the model answered: keep what the calls
-        cost where it can still be kept (``UnrecordedHarvest`` carries it to the caller)."""
+    def unrecorded(self, plan: Plan, paid: Counts) -> None:
+        """The run paid for model calls and then failed before its outcome was recorded (the
+        database, an interrupt): keep what they cost where it can still be kept (on a
+        database failure ``UnrecordedHarvest`` also carries it to the caller)."""
 
 
 def run_harvest(
@@ -307,54 +315,94 @@ def run_harvest(
     calling the model again. A ``StorageFailure`` always propagates, so a queue can
     redeliver.
     """
-    settings = store.settings
-    lock = None
+    locks: list[TranscriptLock] = []
     try:
-        # Each write here (the claim, a job settled at once) is one statement: on PostgreSQL
-        # they commit on their own, without a BEGIN and a COMMIT round trip.
-        with store.statements() as session:
-            begun = steps.begin(session)
-            if not isinstance(begun, Plan):
-                return begun
-            plan = begun
-            lock = store.transcript_lock(plan.scope, plan.digest)
-            ready = look_up(session, settings, plan, llm, lock=lock)
-            # None: not checked yet, the lock being held elsewhere
-            checked = _settled(steps, session, plan, ready) if lock.held else None
+        outcome = _harvest(store, steps, llm, locks)
+    except BaseException:
+        for lock in locks:  # an error is on its way out: a failing unlock must not replace it
+            try:
+                lock.release()
+            except StorageFailure as unlock:  # its session is gone, and the lock with it
+                log.warning("transcript lock not released while failing: %s", unlock)
+        raise
+    for lock in locks:
+        lock.release()
+    return outcome
+
+
+def _harvest(
+    store: Store,
+    steps: HarvestSteps[Nothing_co],
+    llm: HarvestLLM | None,
+    locks: list[TranscriptLock],
+) -> HarvestOutcome | Nothing_co:
+    """``run_harvest``'s steps; the transcript lock it takes goes into ``locks``, for the
+    caller to release."""
+    settings = store.settings
+    # Each write here (the claim, a job settled at once) is one statement: on PostgreSQL
+    # they commit on their own, without a BEGIN and a COMMIT round trip.
+    with store.statements() as session:
+        begun = steps.begin(session)
+        if not isinstance(begun, Plan):
+            return begun
+        plan = begun
+        lock = store.transcript_lock(plan.scope, plan.digest)
+        locks.append(lock)
+        ready = look_up(session, settings, plan, llm, lock=lock)
+        # None: not checked yet, the lock being held elsewhere
+        checked = _settled(steps, session, plan, ready) if lock.held else None
+        if isinstance(checked, HarvestOutcome):
+            return checked
+    steps.begun()
+    if checked is None:  # another worker is harvesting the same transcript: wait, look again
+        lock.acquire()
+        with store.transaction() as session:
+            checked = _settled(steps, session, plan, look_up(session, settings, plan, llm))
             if isinstance(checked, HarvestOutcome):
                 return checked
-        steps.begun()
-        if checked is None:  # another worker is harvesting the same transcript: wait, look again
-            lock.acquire()
+    # What the model calls cost so far, filled in as they are made: a run that fails or is
+    # interrupted after them still has them counted (``steps.unrecorded``).
+    usage = Usage()
+    spent: Extraction | None = None
+    try:
+        found = extract_notes(plan, checked, settings, llm, usage)
+        if isinstance(found, HarvestOutcome):
             with store.transaction() as session:
-                checked = _settled(steps, session, plan, look_up(session, settings, plan, llm))
-                if isinstance(checked, HarvestOutcome):
-                    return checked
-        spent: Extraction | None = None
+                return _settle(steps, session, found)
+        spent = found
         try:
-            found = extract_notes(plan, checked, settings, llm)
-            if isinstance(found, HarvestOutcome):
-                with store.transaction() as session:
-                    return _settle(steps, session, found)
-            spent = found
-            try:
-                recorded = _record_racing(store, steps, plan, checked, found)
-            except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
-                with store.transaction() as session:
-                    skipped = plan.outcome("skipped", found.cost, model=found.model)
-                    return _settle(steps, session, skipped)
-        except StorageFailure as exc:
-            if spent is None or not spent.cost.model_calls:
-                raise
-            steps.unrecorded(plan, spent)
-            raise UnrecordedHarvest(exc, spent.cost) from exc
-        except (HarvestError, ValueError) as exc:
+            recorded = _record_racing(store, steps, plan, checked, found)
+        except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
+            with store.transaction() as session:
+                skipped = plan.outcome("skipped", found.cost, model=found.model)
+                return _settle(steps, session, skipped)
+    except StorageFailure as exc:
+        raise _unrecorded(steps, plan, usage.counts, exc) from exc
+    except (HarvestError, ValueError) as exc:
+        try:
             return steps.broke(plan, exc, spent)
-        store.freshness.wrote(recorded.notes_written + recorded.notes_updated)
-        return recorded
-    finally:
-        if lock is not None:
-            lock.release()
+        except StorageFailure as failure:
+            raise _unrecorded(steps, plan, usage.counts, failure) from failure
+    except Exception:
+        # Interrupted (a time limit, say) or a defect: not settled here, but the calls made
+        # were paid for.
+        if usage.counts.model_calls:
+            steps.unrecorded(plan, usage.counts)
+        raise
+    store.freshness.wrote(recorded.notes_written + recorded.notes_updated)
+    return recorded
+
+
+def _unrecorded(
+    steps: HarvestSteps[object], plan: Plan, paid: Counts, failure: StorageFailure
+) -> StorageFailure:
+    """The error to raise for a database failure before the outcome was recorded: the
+    failure itself when no model call was made, else ``UnrecordedHarvest`` carrying what the
+    calls cost, after ``steps.unrecorded`` kept it where it still could."""
+    if not paid.model_calls:
+        return failure
+    steps.unrecorded(plan, paid)
+    return UnrecordedHarvest(failure, paid)
 
 
 # How often in a row one harvest's write may lose a race with another writer (a slug taken
@@ -440,7 +488,7 @@ class _InProcess:
     ) -> HarvestOutcome:
         return failed_after(plan, error, spent)
 
-    def unrecorded(self, plan: Plan, spent: Extraction) -> None:
+    def unrecorded(self, plan: Plan, paid: Counts) -> None:
         pass  # the caller gets the cost on the UnrecordedHarvest raised
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from harvest.errors import HarvestError
 from harvest.extraction import Extraction
 from harvest.job import Plan, failed_after, plan_harvest, resolve_owner, run_harvest
-from harvest.outcome import HarvestOutcome
+from harvest.outcome import Counts, HarvestOutcome
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Transcript
 from store import StorageFailure, Store, format_error, job_leases
@@ -200,6 +200,8 @@ class _JobRun:
         # Recorded only while this delivery holds the job: a run presumed lost that comes
         # back leaves the outcome to the run that took over (the ledger kept the notes single).
         result = outcome.as_dict()
+        # Its calls are counted whichever: by the finish or fail while held, else here.
+        job_records.add_cost_if_not_held(session, self.job_id, result, self.token)
         if outcome.status == "failed":
             job_records.fail(session, self.job_id, outcome.error or "failed", self.token, result)
         else:
@@ -209,25 +211,24 @@ class _JobRun:
         self, plan: Plan, error: HarvestError | ValueError, spent: Extraction | None
     ) -> HarvestOutcome:
         outcome = failed_after(plan, error, spent)
+        result = outcome.as_dict()
         with self.store.transaction() as session:
-            job_records.fail(
-                session, self.job_id, format_error(error), self.token, outcome.as_dict()
-            )
+            job_records.add_cost_if_not_held(session, self.job_id, result, self.token)
+            job_records.fail(session, self.job_id, format_error(error), self.token, result)
         return outcome
 
-    def unrecorded(self, plan: Plan, spent: Extraction) -> None:
-        cost = spent.cost
+    def unrecorded(self, plan: Plan, paid: Counts) -> None:
         try:
             with self.store.transaction() as session:
-                job_records.add_cost(session, self.job_id, cost.counts())
+                job_records.add_cost(session, self.job_id, paid.counts(), self.token)
         except StorageFailure:  # the database is still away: the log keeps the count
             log.warning(
                 "job %s: %d model call(s), %d prompt and %d completion tokens, made before "
-                "the database failed, are not on the job",
+                "the run failed, are not on the job",
                 self.job_id,
-                cost.model_calls,
-                cost.prompt_tokens,
-                cost.completion_tokens,
+                paid.model_calls,
+                paid.prompt_tokens,
+                paid.completion_tokens,
             )
 
     def close(self) -> None:

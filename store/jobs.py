@@ -31,6 +31,7 @@ from sqlalchemy import (
     case,
     func,
     insert,
+    not_,
     or_,
     select,
     update,
@@ -336,10 +337,49 @@ def _cost_added(result: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def add_cost(session: Executor, job_id: str, result: dict[str, Any]) -> None:
+def add_cost(
+    session: Executor, job_id: str, result: dict[str, Any], token: str | None = None
+) -> None:
     """Add a run's model usage (from its ``result``) to the job's, changing nothing else: a
-    run that paid for model calls and then lost its database keeps them on the job."""
-    session.execute(update(Job).where(Job.id == job_id).values(_cost_added(result)))
+    run that paid for model calls and then failed before its outcome was recorded (its
+    database lost, an interrupt) keeps them on the job. With ``token``, not when that
+    delivery's outcome was recorded after all (a COMMIT whose answer was lost), which
+    counted them already."""
+    stmt = update(Job).where(Job.id == job_id)
+    if token is not None:
+        recorded = and_(Job.state.in_((DONE, FAILED)), Job.lease_token == token)
+        stmt = stmt.where(not_(recorded))
+    session.execute(stmt.values(_cost_added(result)))
+
+
+# A run's usage added to a job its delivery no longer holds (``add_cost_if_not_held``).
+_ADD_COST_NOT_HELD = prepared.hot(
+    update(JOBS)
+    .where(
+        JOBS.c.id == bindparam("job_id"),
+        not_(and_(func.coalesce(JOBS.c.lease_token, "") == bindparam("token"), IS_RUNNING)),
+    )
+    .values(
+        model_calls=JOBS.c.model_calls + bindparam("calls"),
+        prompt_tokens=JOBS.c.prompt_tokens + bindparam("prompt"),
+        completion_tokens=JOBS.c.completion_tokens + bindparam("completion"),
+    )
+)
+
+
+def add_cost_if_not_held(
+    session: Executor, job_id: str, result: dict[str, Any], token: str
+) -> None:
+    """Add a run's usage to the job unless delivery ``token`` still holds it running. Sent
+    right before that delivery's ``finish`` or ``fail``, which add it while held: a run
+    presumed lost that comes back and commits then still has its calls counted, once."""
+    values = {"job_id": job_id, "token": token, **_cost(result)}
+    if not values["calls"] and not values["prompt"] and not values["completion"]:
+        return
+    if prepared.deferring(session):  # with the COMMIT, before the finish sent after it
+        prepared.later(session, _ADD_COST_NOT_HELD, values)
+    else:
+        prepared.execute(session, _ADD_COST_NOT_HELD, values)
 
 
 def fail(

@@ -16,13 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from harvest.job import harvest_transcript
 from harvest.transcript import Message, Transcript
 from store import Scope, Store
 from store.models import HarvestLedger, Memory
-from tests.llm_server import LLMServer, answer, llm_server, note, server_error, truncated
+from tests.llm_server import (
+    LLMServer,
+    answer,
+    llm_server,
+    note,
+    server_error,
+    truncated,
+    unauthorized,
+)
 
 ALICE = Scope.owner("alice")
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -543,3 +551,148 @@ def test_a_database_failure_after_the_model_answered_is_counted_in_the_run_summa
     summary = harvest_paths(store, [path])
     assert (summary.failed, summary.model_calls, summary.prompt_tokens) == (1, 1, 40)
     assert summary.completion_tokens == 9 and "test_database" in summary.failures[0]["error"]
+
+
+# --- every call counted on the job, whatever ends the run (helper audit B) ----------------
+
+
+def _one_job(store: Store, text: str = "I prefer tea.") -> str:
+    from harvest.queue import record_jobs
+
+    [job_id] = record_jobs(
+        store, [transcript(text, cid="c1")], owner="alice", provenance="compaction", queue="q"
+    )
+    return job_id
+
+
+def _job_cost(store: Store, job_id: str) -> tuple[str, int, int, int]:
+    from store.models import Job
+
+    [job] = [j for j in rows(store, Job) if j.id == job_id]
+    return job.state, job.model_calls, job.prompt_tokens, job.completion_tokens
+
+
+def test_a_failed_model_call_settled_while_the_database_is_away_stays_on_the_job(
+    make_store, backend, server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import harvest.job
+    from harvest.errors import UnrecordedHarvest
+    from harvest.queue import run_job
+    from store import StorageFailure
+
+    settle = harvest.job._settle
+
+    def lose_the_database_for_failures(steps: Any, session: Any, outcome: Any) -> Any:
+        if outcome.status == "failed":
+            raise StorageFailure("the database went away", reason="test_database")
+        return settle(steps, session, outcome)
+
+    monkeypatch.setattr(harvest.job, "_settle", lose_the_database_for_failures)
+    store = make_store(backend, **model_settings(server))
+    server.script(unauthorized())
+    job_id = _one_job(store)
+    with pytest.raises(UnrecordedHarvest) as raised:
+        run_job(store, job_id)
+    assert raised.value.spent.model_calls == 1
+    assert _job_cost(store, job_id) == ("running", 1, 0, 0)
+
+
+def test_an_interrupted_run_keeps_the_calls_it_made_on_the_job(
+    make_store, backend, server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A soft time limit (Celery raises it in the middle of whatever runs) or a defect after
+    the model answered: the job is failed by the task, but its calls stay counted."""
+    import harvest.job
+    from harvest.queue import run_job
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(*_args: Any, **_kwargs: Any) -> Any:
+        raise Interrupted
+
+    monkeypatch.setattr(harvest.job, "write_candidates", interrupt)
+    store = make_store(backend, **model_settings(server))
+    server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
+    job_id = _one_job(store)
+    with pytest.raises(Interrupted):
+        run_job(store, job_id)
+    assert _job_cost(store, job_id) == ("running", 1, 40, 9)
+
+
+def test_a_commit_whose_answer_was_lost_is_not_counted_twice(
+    make_store, backend, server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import harvest.job
+    from harvest.queue import run_job
+    from store import StorageFailure
+
+    record = harvest.job._record_racing
+
+    def committed_then_lost(*args: Any, **kwargs: Any) -> Any:
+        record(*args, **kwargs)  # committed: the notes, the ledger row, the job done
+        raise StorageFailure("consuming input failed", reason="test_database")
+
+    monkeypatch.setattr(harvest.job, "_record_racing", committed_then_lost)
+    store = make_store(backend, **model_settings(server))
+    server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
+    job_id = _one_job(store)
+    with pytest.raises(StorageFailure):
+        run_job(store, job_id)
+    assert _job_cost(store, job_id) == ("done", 1, 40, 9)
+
+
+def test_a_run_presumed_lost_that_commits_still_counts_its_calls(
+    make_store, backend, server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its lease ran out during the model call and another delivery took the job over: the
+    run's notes commit (the ledger keeps them single), its finish changes nothing, and its
+    calls are on the job all the same."""
+    import harvest.job
+    from harvest.queue import run_job
+    from store.models import Job
+
+    store = make_store(backend, **model_settings(server))
+    job_id = _one_job(store)
+    extract = harvest.job.extract_notes
+
+    def taken_over_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        found = extract(*args, **kwargs)
+        with store.transaction() as session:
+            session.execute(
+                update(Job).where(Job.id == job_id).values(lease_token="another-delivery")
+            )
+        return found
+
+    monkeypatch.setattr(harvest.job, "extract_notes", taken_over_meanwhile)
+    server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
+    outcome = run_job(store, job_id)
+    assert outcome is not None and outcome["notes_written"] == 1
+    assert _job_cost(store, job_id) == ("running", 1, 40, 9)  # left to the new holder
+    assert [m.slug for m in rows(store, Memory)] == ["prefers-tea"]
+
+
+def test_a_failing_unlock_never_hides_the_error_on_its_way_out(
+    make_store, backend, server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock's session died with the database: releasing it fails too, but the caller
+    still gets the record's error, with what the calls cost."""
+    import harvest.job
+    from harvest.errors import UnrecordedHarvest
+    from harvest.job import harvest_transcript
+    from store import StorageFailure
+    from store.locks import TranscriptLock
+
+    def lose_the_database(*_args: Any, **_kwargs: Any) -> Any:
+        raise StorageFailure("the database went away", reason="test_database")
+
+    def unlock_fails(self: TranscriptLock) -> None:
+        raise StorageFailure("database error while locking a transcript", reason="test_unlock")
+
+    monkeypatch.setattr(harvest.job, "write_candidates", lose_the_database)
+    monkeypatch.setattr(TranscriptLock, "release", unlock_fails)
+    store = make_store(backend, **model_settings(server))
+    server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
+    with pytest.raises(UnrecordedHarvest) as raised:
+        harvest_transcript(store, transcript("I prefer tea.", cid="c1"), owner="alice")
+    assert raised.value.reason == "test_database" and raised.value.spent.model_calls == 1

@@ -95,8 +95,9 @@ def test_a_job_writing_new_notes_takes_five_round_trips(
         # the model call, then one transaction: its BEGIN, the forget lock and count, the
         # slug lookup sent ahead, the same-fact lookup ...
         "pipeline of 5",
-        # ... and the notes with their terms, the ledger row, the job's outcome, COMMIT
-        "pipeline of 4",
+        # ... and the notes with their terms, the ledger row, the job's cost should another
+        # delivery hold it now (store.jobs.add_cost_if_not_held), its outcome, COMMIT
+        "pipeline of 5",
         "statement",  # the unlock
     ]
     with store.transaction() as session:
