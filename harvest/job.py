@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
 from harvest.errors import HarvestError, UnrecordedHarvest
 from harvest.extraction import Extraction, run_extraction, uses_model
@@ -377,12 +377,12 @@ def _harvest(
                 skipped = plan.outcome("skipped", found.cost, model=found.model)
                 return _settle(steps, session, skipped)
     except StorageFailure as exc:
-        raise _unrecorded(steps, plan, usage.counts, exc) from exc
+        _raise_unrecorded(steps, plan, usage.counts, exc)
     except (HarvestError, ValueError) as exc:
         try:
             return steps.broke(plan, exc, spent)
         except StorageFailure as failure:
-            raise _unrecorded(steps, plan, usage.counts, failure) from failure
+            _raise_unrecorded(steps, plan, usage.counts, failure)
     except Exception:
         # Interrupted (a time limit, say) or a defect: not settled here, but the calls made
         # were paid for.
@@ -393,16 +393,16 @@ def _harvest(
     return recorded
 
 
-def _unrecorded(
+def _raise_unrecorded(
     steps: HarvestSteps[object], plan: Plan, paid: Counts, failure: StorageFailure
-) -> StorageFailure:
-    """The error to raise for a database failure before the outcome was recorded: the
-    failure itself when no model call was made, else ``UnrecordedHarvest`` carrying what the
-    calls cost, after ``steps.unrecorded`` kept it where it still could."""
+) -> NoReturn:
+    """Raise on a database failure before the outcome was recorded: the failure itself when
+    no model call was made, else ``UnrecordedHarvest`` carrying what the calls cost, once
+    ``steps.unrecorded`` kept it where it still could."""
     if not paid.model_calls:
-        return failure
+        raise failure
     steps.unrecorded(plan, paid)
-    return UnrecordedHarvest(failure, paid)
+    raise UnrecordedHarvest(failure, paid) from failure
 
 
 # How often in a row one harvest's write may lose a race with another writer (a slug taken

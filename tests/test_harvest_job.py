@@ -529,6 +529,7 @@ def test_a_direct_caller_gets_the_calls_of_a_harvest_the_database_failed_to_reco
     with pytest.raises(StorageFailure) as before_any_call:
         harvest_transcript(store, transcript("I prefer coffee.", cid="c2"), owner="alice")
     assert not isinstance(before_any_call.value, UnrecordedHarvest)
+    assert before_any_call.value.__cause__ is not before_any_call.value  # raised as it came
 
 
 def test_a_database_failure_after_the_model_answered_is_counted_in_the_run_summary(
@@ -563,6 +564,21 @@ def _one_job(store: Store, text: str = "I prefer tea.") -> str:
         store, [transcript(text, cid="c1")], owner="alice", provenance="compaction", queue="q"
     )
     return job_id
+
+
+def _paid_run_raising(
+    make_store: Any, backend: str, server: LLMServer, error: type[BaseException]
+) -> tuple[str, int, int, int]:
+    """Record a job, run it once (the model answers for 40 + 9 tokens) into ``error``; the
+    job's state and cost after it."""
+    from harvest.queue import run_job
+
+    store = make_store(backend, **model_settings(server))
+    server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
+    job_id = _one_job(store)
+    with pytest.raises(error):
+        run_job(store, job_id)
+    return _job_cost(store, job_id)
 
 
 def _job_cost(store: Store, job_id: str) -> tuple[str, int, int, int]:
@@ -603,7 +619,6 @@ def test_an_interrupted_run_keeps_the_calls_it_made_on_the_job(
     """A soft time limit (Celery raises it in the middle of whatever runs) or a defect after
     the model answered: the job is failed by the task, but its calls stay counted."""
     import harvest.job
-    from harvest.queue import run_job
 
     class Interrupted(Exception):
         pass
@@ -612,19 +627,14 @@ def test_an_interrupted_run_keeps_the_calls_it_made_on_the_job(
         raise Interrupted
 
     monkeypatch.setattr(harvest.job, "write_candidates", interrupt)
-    store = make_store(backend, **model_settings(server))
-    server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
-    job_id = _one_job(store)
-    with pytest.raises(Interrupted):
-        run_job(store, job_id)
-    assert _job_cost(store, job_id) == ("running", 1, 40, 9)
+    cost = _paid_run_raising(make_store, backend, server, Interrupted)
+    assert cost == ("running", 1, 40, 9)
 
 
 def test_a_commit_whose_answer_was_lost_is_not_counted_twice(
     make_store, backend, server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import harvest.job
-    from harvest.queue import run_job
     from store import StorageFailure
 
     record = harvest.job._record_racing
@@ -634,12 +644,8 @@ def test_a_commit_whose_answer_was_lost_is_not_counted_twice(
         raise StorageFailure("consuming input failed", reason="test_database")
 
     monkeypatch.setattr(harvest.job, "_record_racing", committed_then_lost)
-    store = make_store(backend, **model_settings(server))
-    server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
-    job_id = _one_job(store)
-    with pytest.raises(StorageFailure):
-        run_job(store, job_id)
-    assert _job_cost(store, job_id) == ("done", 1, 40, 9)
+    cost = _paid_run_raising(make_store, backend, server, StorageFailure)
+    assert cost == ("done", 1, 40, 9)
 
 
 def test_a_run_presumed_lost_that_commits_still_counts_its_calls(
