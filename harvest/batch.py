@@ -40,15 +40,14 @@ class Summary(Counts):
             self.skipped += 1
         else:
             self.fail(outcome.conversation_id or "?", outcome.error or "?")
-        for name, value in (self + outcome).counts().items():
-            setattr(self, name, value)
+        self.count_spent(outcome)
         self.reports.append(outcome.as_dict())
 
     def count_spent(self, cost: Counts) -> None:
-        """Add the model calls and tokens of a transcript that failed after they were made."""
-        self.model_calls += cost.model_calls
-        self.prompt_tokens += cost.prompt_tokens
-        self.completion_tokens += cost.completion_tokens
+        """Add ``cost``'s counts (an outcome's, or the calls of a transcript that failed
+        after they were made) to the run's."""
+        for name, value in (self + cost).counts().items():
+            setattr(self, name, value)
 
     def fail(self, label: str, error: str) -> None:
         self.failed += 1

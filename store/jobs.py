@@ -223,6 +223,13 @@ _CLAIM_PG = prepared.hot(
         func.set_config("synchronous_commit", "off", True).is_not(None)
     )
 )
+# The job's usage columns plus a run's, bound as ``_cost`` names them: for the statements
+# built once (``_cost_added`` is the same for one built per call).
+_USAGE_ADDED = {
+    "model_calls": JOBS.c.model_calls + bindparam("calls"),
+    "prompt_tokens": JOBS.c.prompt_tokens + bindparam("prompt"),
+    "completion_tokens": JOBS.c.completion_tokens + bindparam("completion"),
+}
 _FINISH = (
     update(JOBS)
     .where(JOBS.c.id == bindparam("job_id"))
@@ -231,9 +238,7 @@ _FINISH = (
         result=bindparam("outcome"),
         last_error=None,
         finished_at=bindparam("now"),
-        model_calls=JOBS.c.model_calls + bindparam("calls"),
-        prompt_tokens=JOBS.c.prompt_tokens + bindparam("prompt"),
-        completion_tokens=JOBS.c.completion_tokens + bindparam("completion"),
+        **_USAGE_ADDED,
     )
 )
 # Only while this delivery holds the running job: a run presumed lost records nothing, and
@@ -337,19 +342,13 @@ def _cost_added(result: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def add_cost(
-    session: Executor, job_id: str, result: dict[str, Any], token: str | None = None
-) -> None:
+def add_cost(session: Executor, job_id: str, result: dict[str, Any], token: str) -> None:
     """Add a run's model usage (from its ``result``) to the job's, changing nothing else: a
     run that paid for model calls and then failed before its outcome was recorded (its
-    database lost, an interrupt) keeps them on the job. With ``token``, not when that
-    delivery's outcome was recorded after all (a COMMIT whose answer was lost), which
-    counted them already."""
-    stmt = update(Job).where(Job.id == job_id)
-    if token is not None:
-        recorded = and_(Job.state.in_((DONE, FAILED)), Job.lease_token == token)
-        stmt = stmt.where(not_(recorded))
-    session.execute(stmt.values(_cost_added(result)))
+    database lost, an interrupt) keeps them on the job. Not when delivery ``token``'s
+    outcome was recorded after all (a COMMIT whose answer was lost), which counted them."""
+    recorded = and_(Job.state.in_((DONE, FAILED)), Job.lease_token == token)
+    session.execute(update(Job).where(Job.id == job_id, not_(recorded)).values(_cost_added(result)))
 
 
 # A run's usage added to a job its delivery no longer holds (``add_cost_if_not_held``).
@@ -359,11 +358,7 @@ _ADD_COST_NOT_HELD = prepared.hot(
         JOBS.c.id == bindparam("job_id"),
         not_(and_(func.coalesce(JOBS.c.lease_token, "") == bindparam("token"), IS_RUNNING)),
     )
-    .values(
-        model_calls=JOBS.c.model_calls + bindparam("calls"),
-        prompt_tokens=JOBS.c.prompt_tokens + bindparam("prompt"),
-        completion_tokens=JOBS.c.completion_tokens + bindparam("completion"),
-    )
+    .values(**_USAGE_ADDED)
 )
 
 
