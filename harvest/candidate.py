@@ -6,6 +6,8 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from store.text import unstorable
+
 # A word: at least one letter or digit, in any script.
 _WORD = re.compile(r"[^\W_]")
 
@@ -20,7 +22,9 @@ class NoteCandidate(BaseModel):
 
     A title or body with no word ("...", "—", "?!") is invalid: such a note says nothing, and
     with no words to compare it could never be found a duplicate. Topics with no word are
-    left out.
+    left out. A title, body or topic key holding what no stored text may hold (a NUL, which
+    a JSON answer can carry as ``\\u0000``, or a lone surrogate) is invalid: the note is
+    dropped, as the store would refuse it, before its key is looked up.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -37,7 +41,7 @@ class NoteCandidate(BaseModel):
     def _needs_a_word(cls, value: str) -> str:
         if not has_word(value):
             raise ValueError("holds no word (no letter or digit)")
-        return value
+        return _storable(value)
 
     @field_validator("topic_key")
     @classmethod
@@ -45,9 +49,16 @@ class NoteCandidate(BaseModel):
         # Small models send "" (or spaces) for no key: one blank key for every such note
         # would make them all one note.
         value = value.strip() if value is not None else None
-        return value or None
+        return _storable(value) if value else None
 
     @field_validator("topics")
     @classmethod
     def _topics_with_words(cls, value: list[str]) -> list[str]:
         return [topic for topic in value if has_word(topic)]
+
+
+def _storable(value: str) -> str:
+    problem = unstorable(value)
+    if problem is not None:
+        raise ValueError(f"holds {problem}, which no stored text may hold")
+    return value

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from store.errors import ReasonedError, StorageFailure
+from store.text import storable
 
 if TYPE_CHECKING:
     from harvest.outcome import Counts
@@ -34,9 +35,18 @@ class TranscriptFormatError(HarvestError):
 
 
 class ModelError(HarvestError):
-    """Raised when the harvest model fails to answer usefully."""
+    """Raised when the harvest model fails to answer usefully. The message often quotes the
+    model server (its error body): what no stored or printed text may hold (a NUL, a lone
+    surrogate) is replaced, so the failed job keeps it and a terminal can show it."""
 
     reason = "model_error"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(storable(message, MAX_MESSAGE_CHARS), reason=reason)
+
+
+# The longest message a model error keeps (a server's error body is cut shorter before).
+MAX_MESSAGE_CHARS = 4000
 
 
 class TransientModelError(ModelError):

@@ -210,7 +210,7 @@ def extract_notes(
         return run_extraction(plan.transcript, settings, llm, ready.known_keys, usage)
     except HarvestError as exc:
         # Named as a harvested transcript's is: by the server's answer, once there was one.
-        model = usage.model or str(settings.harvest_model or "offline")
+        model = model_named(usage, settings)
         return plan.outcome("failed", usage.counts, model=model, error=f"{exc.reason}: {exc}")
 
 
@@ -286,11 +286,9 @@ class HarvestSteps(Protocol[Nothing_co]):
     def end(self, session: Executor, outcome: HarvestOutcome) -> None:
         """In the transaction that settles the outcome (the one that writes the notes)."""
 
-    def broke(
-        self, plan: Plan, error: HarvestError | ValueError, spent: Extraction | None
-    ) -> HarvestOutcome:
+    def broke(self, plan: Plan, error: HarvestError | ValueError, paid: Usage) -> HarvestOutcome:
         """Extraction or the record raised: the outcome to return instead, or raise;
-        ``spent`` is the extraction when it had been made (its calls are paid for)."""
+        ``paid`` is what the model calls made so far cost (they are paid for)."""
 
     def unrecorded(self, plan: Plan, paid: Counts) -> None:
         """The run paid for model calls and then failed before its outcome was recorded (the
@@ -363,13 +361,11 @@ def _harvest(
     # What the model calls cost so far, filled in as they are made: a run that fails or is
     # interrupted after them still has them counted (``steps.unrecorded``).
     usage = Usage()
-    spent: Extraction | None = None
     try:
         found = extract_notes(plan, checked, settings, llm, usage)
         if isinstance(found, HarvestOutcome):
             with store.transaction() as session:
                 return _settle(steps, session, found)
-        spent = found
         try:
             recorded = _record_racing(store, steps, plan, checked, found)
         except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
@@ -380,7 +376,7 @@ def _harvest(
         _raise_unrecorded(steps, plan, usage.counts, exc)
     except (HarvestError, ValueError) as exc:
         try:
-            return steps.broke(plan, exc, spent)
+            return steps.broke(plan, exc, usage)
         except StorageFailure as failure:
             _raise_unrecorded(steps, plan, usage.counts, failure)
     except Exception:
@@ -483,23 +479,26 @@ class _InProcess:
     def end(self, session: Executor, outcome: HarvestOutcome) -> None:
         pass
 
-    def broke(
-        self, plan: Plan, error: HarvestError | ValueError, spent: Extraction | None
-    ) -> HarvestOutcome:
-        return failed_after(plan, error, spent)
+    def broke(self, plan: Plan, error: HarvestError | ValueError, paid: Usage) -> HarvestOutcome:
+        return failed_after(plan, error, paid, self.settings)
 
     def unrecorded(self, plan: Plan, paid: Counts) -> None:
         pass  # the caller gets the cost on the UnrecordedHarvest raised
 
 
 def failed_after(
-    plan: Plan, error: HarvestError | ValueError, spent: Extraction | None
+    plan: Plan, error: HarvestError | ValueError, paid: Usage, settings: Settings
 ) -> HarvestOutcome:
     """The ``failed`` outcome of a harvest that raised once planned: the reason, and what the
-    model calls already made cost (an error while writing comes after them)."""
-    if spent is None:
-        return plan.outcome("failed", error=format_error(error))
-    return plan.outcome("failed", spent.cost, model=spent.model, error=format_error(error))
+    model calls already made cost (an error while writing, or while settling a failed
+    extraction, comes after them)."""
+    model = model_named(paid, settings)
+    return plan.outcome("failed", paid.counts, model=model, error=format_error(error))
+
+
+def model_named(usage: Usage, settings: Settings) -> str:
+    """The model an outcome names: the one the server said answered, else the setting's."""
+    return usage.model or str(settings.harvest_model or "offline")
 
 
 def harvest_transcript(

@@ -14,8 +14,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from harvest.errors import HarvestError
-from harvest.extraction import Extraction
 from harvest.job import Plan, failed_after, plan_harvest, resolve_owner, run_harvest
+from harvest.model import Usage
 from harvest.outcome import Counts, HarvestOutcome
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Transcript
@@ -207,10 +207,8 @@ class _JobRun:
         else:
             job_records.finish(session, self.job_id, result, self.token)
 
-    def broke(
-        self, plan: Plan, error: HarvestError | ValueError, spent: Extraction | None
-    ) -> HarvestOutcome:
-        outcome = failed_after(plan, error, spent)
+    def broke(self, plan: Plan, error: HarvestError | ValueError, paid: Usage) -> HarvestOutcome:
+        outcome = failed_after(plan, error, paid, self.store.settings)
         result = outcome.as_dict()
         with self.store.transaction() as session:
             job_records.add_cost_if_not_held(session, self.job_id, result, self.token)

@@ -43,6 +43,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from store import prepared
 from store.models import DONE, FAILED, PENDING, RUNNING, ImportBatch, Job, utcnow
 from store.sql import dialect_name, lease_expired
+from store.text import storable
 
 if TYPE_CHECKING:
     from store.sql import Executor
@@ -140,6 +141,8 @@ def add_jobs(
 
 JOBS = cast(Table, Job.__table__)
 IS_RUNNING = JOBS.c.state == RUNNING
+# The longest error a failed job keeps.
+MAX_ERROR_CHARS = 4000
 
 
 @functools.cache
@@ -398,14 +401,18 @@ def fail(
         # A run in this process whose claim was rolled back with the error (SQLite: the
         # claim shares the first step's transaction) left the job pending.
         stmt = stmt.where(or_(held, Job.state == PENDING) if unclaimed_too else held)
+    # The error may quote a model server's message: kept whatever it holds (``storable``).
     values: dict[str, Any] = {
         "state": FAILED,
-        "last_error": error[:4000],
+        "last_error": storable(error, MAX_ERROR_CHARS),
         "finished_at": utcnow(),
         **_cost_added(result),
     }
     if result is not None:
-        values["result"] = result
+        values["result"] = {
+            key: storable(value, MAX_ERROR_CHARS) if isinstance(value, str) else value
+            for key, value in result.items()
+        }
     return bool(cast("CursorResult[Any]", session.execute(stmt.values(**values))).rowcount)
 
 

@@ -65,7 +65,9 @@ class Settings(BaseSettings):
         description="Search backend: fts (PostgreSQL full text / SQLite FTS5) or like.",
     )
     harvest_model: str | None = Field(
-        default=None, description="litellm model string; unset uses the offline harvester."
+        default=None,
+        max_length=200,  # the ledger keys each harvest by it (``harvester_version``)
+        description="litellm model string; unset uses the offline harvester.",
     )
     harvest_max_facts: int = Field(
         default=5, gt=0, le=50, description="Most notes one transcript may yield."

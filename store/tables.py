@@ -30,6 +30,8 @@ from sqlalchemy import (
     text,
 )
 
+from store.text import MODEL_MAX_CHARS
+
 # SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid FTS5 keys on).
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -99,7 +101,7 @@ HARVEST_LEDGER = Table(
     Column("notes_updated", Integer, nullable=False, default=0),
     Column("notes_skipped", Integer, nullable=False, default=0),
     Column("items_dropped", Integer, nullable=False, default=0),
-    Column("model", String(255), nullable=False),
+    Column("model", String(MODEL_MAX_CHARS), nullable=False),
     Column("model_calls", Integer, nullable=False, default=0),
     Column("prompt_tokens", Integer, nullable=False, default=0),
     Column("completion_tokens", Integer, nullable=False, default=0),

@@ -17,6 +17,8 @@ MAX_TOPICS = 8
 MAX_TOPIC_CHARS = 40
 REDACTED = "[REDACTED]"
 MAX_TOPIC_KEY_BYTES = 255
+# The longest model name the ledger keeps (a server names its model; longer ones are cut).
+MODEL_MAX_CHARS = 255
 # The setting of the note body limit (``Settings.max_body_bytes``), named where it is refused.
 MAX_BODY_BYTES_SETTING = "GLEANER_MAX_BODY_BYTES"
 
@@ -254,6 +256,27 @@ def check_text(
             reason="body_too_large",
         )
     return value
+
+
+# What no stored text may hold: NUL (PostgreSQL refuses it in text) and lone surrogates
+# (not UTF-8 at all).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(text: str, max_chars: int) -> str:
+    """``text`` from outside Gleaner's control that Gleaner keeps as its own record, not as a
+    note (a model server's error message or model name, on a job or in the ledger): NUL and
+    lone surrogates made U+FFFD and the text cut at ``max_chars``, so the record is always
+    written. A note's own text is refused instead (``check_text``), never changed."""
+    return _UNSTORABLE.sub("\ufffd", text[:max_chars])
+
+
+def unstorable(text: str) -> str | None:
+    """What keeps ``text`` from being stored as it is (a NUL, a lone surrogate), or None."""
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return None
+    return "a NUL character" if found.group() == "\x00" else "a lone surrogate"
 
 
 OWNER_MAX_CHARS = 255

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -13,7 +14,7 @@ from sqlalchemy import select
 from harvest.batch import harvest_paths
 from harvest.job import harvest_transcript
 from harvest.queue import record_jobs, run_job
-from store import job_reports
+from store import InvalidInput, job_reports
 from store import jobs as job_records
 from store.models import Job
 from tests.llm_server import LLMServer, answer, llm_server, note, server_error, truncated
@@ -74,6 +75,32 @@ def test_a_jobs_row_sums_the_cost_of_every_run_failed_ones_too(
         assert (row.state, row.model_calls) == ("done", 3)
         assert (row.prompt_tokens, row.completion_tokens) == (40, 9)
         assert job_reports.cost_by_state(session)["done"]["model_calls"] == 3
+
+
+def test_a_failed_run_whose_settling_raised_still_counts_its_calls(
+    make_store, backend: str, server: LLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store(backend, **model_settings(server))
+    [job_id] = record_jobs(
+        store, [transcript("I use vim.")], owner=None, provenance="compaction", queue="harvest"
+    )
+    server.script(server_error(), server_error())  # the model fails after 2 calls
+    real_fail, refused = job_records.fail, []
+
+    def refuse_once(*args: Any, **kwargs: Any) -> bool:  # the fault: settling it raises once
+        if not refused:
+            refused.append(args)
+            raise InvalidInput("refused once while settling", reason="test_fault")
+        return real_fail(*args, **kwargs)
+
+    monkeypatch.setattr(job_records, "fail", refuse_once)
+    result = run_job(store, job_id)
+    assert result is not None and refused
+    assert (result["status"], result["model_calls"]) == ("failed", 2)
+    assert result["error"] == "test_fault: refused once while settling"
+    with store.transaction() as session:
+        row = session.execute(select(Job).where(Job.id == job_id)).scalar_one()
+        assert (row.state, row.model_calls) == ("failed", 2)
 
 
 def test_status_shows_what_jobs_cost(

@@ -254,6 +254,7 @@ def test_the_settings_reach_the_request(server: LLMServer) -> None:
         ("harvest_response_format", "xml"),
         ("harvest_max_answer_tokens", 0),
         ("harvest_temperature", 3),
+        ("harvest_model", "openai/" + "m" * 200),  # the ledger keys harvests by it
     ],
 )
 def test_bad_settings_name_the_variable(variable: str, value: object) -> None:

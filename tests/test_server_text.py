@@ -1,0 +1,149 @@
+"""Text a model server sends that no stored text may hold: a NUL (which JSON carries as
+``\\u0000``), a lone surrogate (``\\ud800``), a model name longer than the ledger's column.
+
+Before, each made the harvest's write fail on PostgreSQL as a database error, which a worker
+retries, paying the model again every time, until the job was failed as ``worker_lost``; or
+(a lone surrogate in an error) failed the job with an encoder's message and lost the count of
+the call made. Now a note holding one is dropped like any invalid note, and the job keeps the
+server's error and model name with each such character made U+FFFD.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from harvest.candidate import NoteCandidate
+from harvest.job import harvest_transcript
+from harvest.queue import record_jobs, run_job
+from store import Store
+from store.models import HarvestLedger, Job, Memory
+from store.text import MODEL_MAX_CHARS, storable
+from tests.llm_server import Behaviour, LLMServer, answer, llm_server, note
+from tests.test_harvest_job import model_settings, rows, transcript
+
+HOSTILE = ["\u0000", "\ud800"]
+
+
+@pytest.fixture
+def server() -> Iterator[LLMServer]:
+    with llm_server() as running:
+        yield running
+
+
+def completion(model: str, notes: list[dict[str, Any]]) -> Behaviour:
+    """A chat completion whose ``model`` field is ``model``, as JSON escapes it."""
+    content = json.dumps({"notes": notes})
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": content},
+            }
+        ],
+        "usage": {"prompt_tokens": 30, "completion_tokens": 7},
+    }
+    return Behaviour(raw_body=json.dumps(body).encode())
+
+
+def refusal(message: str) -> Behaviour:
+    body = {"error": {"message": message, "type": "invalid_request_error"}}
+    return Behaviour(status=400, raw_body=json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("bad", HOSTILE, ids=["nul", "surrogate"])
+def test_storable_replaces_what_no_stored_text_may_hold(bad: str) -> None:
+    assert storable(f"a{bad}b", 10) == "a\ufffdb"
+    assert storable("x" * 20, 10) == "x" * 10
+
+
+@pytest.mark.parametrize("bad", HOSTILE, ids=["nul", "surrogate"])
+@pytest.mark.parametrize("field", ["title", "body", "topic_key"])
+def test_a_candidate_holding_unstorable_text_is_invalid(field: str, bad: str) -> None:
+    item = note("Prefers dark roast coffee", topic_key="drink/coffee")
+    item[field] = f"{item[field]} {bad}"
+    with pytest.raises(ValidationError):  # pydantic refuses a lone surrogate itself
+        NoteCandidate.model_validate(item)
+
+
+@pytest.mark.parametrize("bad", HOSTILE, ids=["nul", "surrogate"])
+def test_a_note_whose_key_holds_unstorable_text_is_dropped_and_the_rest_written(
+    make_store, backend: str, server: LLMServer, bad: str
+) -> None:
+    store: Store = make_store(backend, **model_settings(server))
+    server.script(
+        answer(
+            [
+                note("Uses zsh as the shell", topic_key=f"tool/{bad}shell"),
+                note("Prefers dark roast coffee", topic_key="drink/coffee"),
+            ]
+        )
+    )
+    outcome = harvest_transcript(store, transcript("I use zsh and drink dark roast."))
+    assert (outcome.status, outcome.notes_written, outcome.items_dropped) == ("harvested", 1, 1)
+    assert [m.topic_key for m in rows(store, Memory)] == ["drink/coffee"]
+    assert server.calls == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "kept"),
+    [
+        ("m" * 300, "m" * MODEL_MAX_CHARS),
+        ("local\u0000model", "local\ufffdmodel"),
+        ("local\ud800model", "local\ufffdmodel"),
+    ],
+    ids=["too-long", "nul", "surrogate"],
+)
+def test_a_model_name_the_ledger_cannot_hold_is_kept_as_it_can(
+    make_store, backend: str, server: LLMServer, model: str, kept: str
+) -> None:
+    store: Store = make_store(backend, **model_settings(server))
+    server.script(completion(model, [note("Prefers dark roast coffee")]))
+    [job_id] = record_jobs(
+        store,
+        [transcript("I drink dark roast.")],
+        owner=None,
+        provenance="compaction",
+        queue="harvest",
+    )
+    result = run_job(store, job_id)
+    assert result is not None
+    assert (result["status"], result["notes_written"], result["model"]) == ("harvested", 1, kept)
+    [entry] = rows(store, HarvestLedger)
+    assert (entry.model, entry.model_calls) == (kept, 1)
+    [job] = rows(store, Job)
+    assert (job.state, job.model_calls, job.result["model"]) == ("done", 1, kept)
+    assert server.calls == 1
+
+
+@pytest.mark.parametrize("bad", HOSTILE, ids=["nul", "surrogate"])
+def test_a_server_error_holding_unstorable_text_fails_the_job_once_with_its_call_counted(
+    make_store, backend: str, server: LLMServer, bad: str
+) -> None:
+    store: Store = make_store(backend, **model_settings(server))
+    server.script(refusal(f"unknown field{bad} in the request"))
+    [job_id] = record_jobs(
+        store,
+        [transcript("I drink dark roast.")],
+        owner=None,
+        provenance="compaction",
+        queue="harvest",
+    )
+    result = run_job(store, job_id)  # no StorageFailure: a worker would have retried it
+    assert result is not None and result["status"] == "failed"
+    assert result["model_calls"] == 1
+    assert "unknown field\ufffd in the request" in result["error"]
+    [job] = rows(store, Job)
+    assert (job.state, job.model_calls) == ("failed", 1)
+    assert job.last_error.startswith("model_permanent: HTTP 400: unknown field\ufffd in")
+    assert job.result["error"] == result["error"]
+    assert server.calls == 1
+    assert rows(store, Memory) == []
