@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from store.errors import (
     ConfigError,
+    DataRefused,
     InvalidInput,
     LinkRefused,
     NotFound,
@@ -94,6 +95,7 @@ else:
 
 __all__ = [
     "ConfigError",
+    "DataRefused",
     "Executor",
     "InvalidInput",
     "LinkRefused",

@@ -8,10 +8,10 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Executable
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError
 
 from store.db import make_engine, migrate
-from store.errors import NotFound, StorageFailure, StoreError
+from store.errors import DataRefused, NotFound, StorageFailure, StoreError
 from store.freshness import Freshness
 from store.schemas import (
     LinkResult,
@@ -401,6 +401,8 @@ def _storage_failure(exc: SQLAlchemyError) -> StorageFailure:
             "run `gleaner db upgrade`",
             reason="not_migrated",
         )
+    if isinstance(exc, DataError):
+        return DataRefused(f"the database refused a value: {detail}")
     return StorageFailure(f"database error: {detail}")
 
 

@@ -13,6 +13,7 @@ stable, machine-readable ``reason`` beside a human message::
         ├── SlugTaken       a new note's slug or topic key was taken at the commit; nothing written
         ├── NoteChanged     a note a harvest would rewrite changed since it was read; none written
         └── StorageFailure  the database failed; the transaction was rolled back (RuntimeError)
+            └── DataRefused the database refused a value sent (too long, NUL): again fails too
 """
 
 from __future__ import annotations
@@ -99,6 +100,15 @@ class StorageFailure(StoreError, RuntimeError):
     """Raised when the database fails; the unit of work was rolled back."""
 
     reason = "storage_failure"
+
+
+class DataRefused(StorageFailure):
+    """Raised when the database refused a value the unit of work sent (a DBAPI DataError: too
+    long for its column, out of range, a NUL): the database is up and the same work would be
+    refused again, so a worker fails the job with it instead of retrying. The transaction was
+    rolled back."""
+
+    reason = "data_refused"
 
 
 def format_error(error: BaseException) -> str:

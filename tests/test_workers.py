@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
 from store import Store
@@ -175,6 +175,47 @@ def test_a_failed_job_is_kept_listed_and_retried(
     assert retried.returncode == 0 and "re-enqueued 1" in retried.stdout
     wait_for(lambda: job_states(store).get("done", 0) == 1, 60)
     assert count(store, Memory) == 1
+
+
+# The database refusing every ledger row, as it refuses a value too long for its column: a
+# fault of the data, not of the database, which a retry would meet again.
+REFUSE_LEDGER_ROWS = """
+CREATE FUNCTION gleaner_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'value too long for type character varying(255)' USING ERRCODE = '22001';
+END $$;
+CREATE TRIGGER gleaner_test_refuse BEFORE INSERT ON harvest_ledger
+    FOR EACH ROW EXECUTE FUNCTION gleaner_test_refuse();
+"""
+
+
+def test_a_value_the_database_refuses_fails_the_job_at_once_its_call_counted(
+    cluster: Cluster, store: Store, model: LLMServer
+) -> None:
+    cluster.env.update(
+        {
+            "GLEANER_HARVEST_MODEL": "openai/test-model",
+            "GLEANER_HARVEST_API_BASE": model.api_base,
+            "GLEANER_HARVEST_API_KEY": "k",
+        }
+    )
+    model.default = answer([note("Prefers vim", type="preference")])
+    with store.transaction() as session:
+        session.execute(text(REFUSE_LEDGER_ROWS))
+    try:
+        cluster.start_worker(concurrency=1)
+        files = write_natives(cluster.tmp / "in", 1)
+        assert cluster.gleaner("enqueue", str(files[0])).returncode == 0
+        # A retry would come 5 s or more later and call the model again; none comes.
+        wait_for(lambda: job_states(store).get("failed", 0) == 1, 30)
+        with store.transaction() as session:
+            job = session.execute(select(Job)).scalar_one()
+        assert job.last_error.startswith("data_refused: the database refused a value: ")
+        assert (job.attempts, job.crashes, job.model_calls) == (1, 0, 1)
+        assert model.calls == 1 and count(store, Memory) == 0
+    finally:
+        with store.transaction() as session:
+            session.execute(text("DROP FUNCTION gleaner_test_refuse() CASCADE"))
 
 
 def test_a_child_over_the_memory_limit_is_replaced_after_its_task(

@@ -9,7 +9,7 @@ from celery import Task, shared_task
 from celery.utils.log import get_task_logger
 
 from harvest.outcome import COUNTERS
-from store import StorageFailure
+from store import DataRefused, StorageFailure
 from workers import runtime
 
 log = get_task_logger(__name__)
@@ -46,6 +46,13 @@ def harvest(self: Task, job_id: str) -> str | None:
     try:
         result = run_job(store, job_id, token=request.id, redelivered=redelivered)
     except StorageFailure as exc:
+        if exc.reason == DataRefused.reason:
+            # The database is up and refused a value this run sent: a retry would send it
+            # again (and pay the model again). Failed now, with the reason; its calls were
+            # added to the job before the error came here.
+            fail_run(store, job_id, exc, request.id)
+            log.warning("job %s failed: the database refused a value it sent", job_id)
+            return f"failed error={exc.reason}"
         delay = db_retry_delay(request.retries, store.settings.job_lease_seconds)
         raise self.retry(exc=exc, countdown=delay) from exc
     except SoftTimeLimitExceeded:
