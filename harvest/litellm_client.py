@@ -128,8 +128,8 @@ def _answer_from(response: Any, default_model: str) -> LLMAnswer:
     usage = getattr(response, "usage", None)
     return LLMAnswer(
         text=str(text),
-        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        prompt_tokens=getattr(usage, "prompt_tokens", None),
+        completion_tokens=getattr(usage, "completion_tokens", None),
         model=str(getattr(response, "model", None) or default_model),
         finish_reason=str(finish_reason),
     )

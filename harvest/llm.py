@@ -6,18 +6,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from store.text import MODEL_MAX_CHARS, storable
 
 if TYPE_CHECKING:
     from harvest.options import ModelOptions
 
 Messages = list[dict[str, str]]
+# The most tokens one call is counted at: what the ledger's and the job's columns hold.
+MAX_TOKENS = 2**31 - 1
 
 
 class LLMAnswer(BaseModel):
     """What one model call returned: the text, its usage and why the model stopped.
 
     ``finish_reason`` is the server's (``stop``, ``length``, ...), or "" when it sent none.
+    The usage and the model name are the server's word, taken as far as they can be kept: a
+    token count that is no whole number from 0 to ``MAX_TOKENS`` (a string, a negative or an
+    absurd number) is 0, unknown, rather than a failure of an answer that is otherwise good
+    (or a value the database refuses); the model name is ``storable``, cut at 255 characters.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -27,6 +35,21 @@ class LLMAnswer(BaseModel):
     completion_tokens: int = 0
     model: str = ""
     finish_reason: str = ""
+
+    @field_validator("prompt_tokens", "completion_tokens", mode="before")
+    @classmethod
+    def _token_count(cls, value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return 0
+        if isinstance(value, float) and not value.is_integer():  # NaN and infinity too
+            return 0
+        count = int(value)
+        return count if 0 <= count <= MAX_TOKENS else 0
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _storable_model(cls, value: object) -> str:
+        return storable(str(value or ""), MODEL_MAX_CHARS)
 
     @property
     def truncated(self) -> bool:

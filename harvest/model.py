@@ -32,7 +32,6 @@ from harvest.options import MIN_CONTEXT_TOKENS, ModelOptions
 from harvest.outcome import Counts
 from harvest.prompt import build_messages, reask_messages, render_message
 from harvest.transcript import Limits, Transcript, check_size, too_large
-from store.text import MODEL_MAX_CHARS, storable
 
 # The call contract, the options and token counting live in the modules named for them.
 __all__ = [
@@ -154,8 +153,7 @@ class _Meter:
         self._count(
             Counts(prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens)
         )
-        # The server names the model: kept as the ledger can hold it, whatever it sent.
-        self.model = storable(answer.model, MODEL_MAX_CHARS) or self.model
+        self.model = answer.model or self.model
         for counter in self.counters:
             counter.model = self.model
         return answer

@@ -199,11 +199,12 @@ def _answer(status: int, body: bytes, default_model: str) -> LLMAnswer:
         data = json.loads(body)
         choice = data["choices"][0]
         message = choice.get("message") or {}
-        usage = data.get("usage") or {}
+        usage = data.get("usage")
+        usage = usage if isinstance(usage, dict) else {}  # read as LLMAnswer reads counts
         return LLMAnswer(
             text=str(message.get("content") or ""),
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
             model=str(data.get("model") or default_model),
             finish_reason=str(choice.get("finish_reason") or ""),
         )

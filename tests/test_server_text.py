@@ -1,11 +1,14 @@
 """Text a model server sends that no stored text may hold: a NUL (which JSON carries as
-``\\u0000``), a lone surrogate (``\\ud800``), a model name longer than the ledger's column.
+``\\u0000``), a lone surrogate (``\\ud800``), a model name longer than the ledger's column;
+and token counts that are no counts (a string, a negative or absurd number).
 
 Before, each made the harvest's write fail on PostgreSQL as a database error, which a worker
 retries, paying the model again every time, until the job was failed as ``worker_lost``; or
 (a lone surrogate in an error) failed the job with an encoder's message and lost the count of
-the call made. Now a note holding one is dropped like any invalid note, and the job keeps the
-server's error and model name with each such character made U+FFFD.
+the call made; a count past the integer column was a refused value too, and a count that
+was no number made the lean client retry a good answer. Now a note holding one is dropped
+like any invalid note, the job keeps the server's error and model name with each such
+character made U+FFFD, and a count that is no count is 0.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def server() -> Iterator[LLMServer]:
         yield running
 
 
-def completion(model: str, notes: list[dict[str, Any]]) -> Behaviour:
+def completion(model: str, notes: list[dict[str, Any]], prompt_tokens: object = 30) -> Behaviour:
     """A chat completion whose ``model`` field is ``model``, as JSON escapes it."""
     content = json.dumps({"notes": notes})
     body = {
@@ -49,7 +52,7 @@ def completion(model: str, notes: list[dict[str, Any]]) -> Behaviour:
                 "message": {"role": "assistant", "content": content},
             }
         ],
-        "usage": {"prompt_tokens": 30, "completion_tokens": 7},
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7},
     }
     return Behaviour(raw_body=json.dumps(body).encode())
 
@@ -147,3 +150,34 @@ def test_a_server_error_holding_unstorable_text_fails_the_job_once_with_its_call
     assert job.result["error"] == result["error"]
     assert server.calls == 1
     assert rows(store, Memory) == []
+
+
+# litellm validates the usage itself: a count that is no number is its error (a retried
+# InternalServerError), True and 12.5 are 1 and 12 by then; whole numbers it passes on.
+NUMBERS = [(10**12, 0), (-5, 0), (1500.0, 1500), (30, 30)]
+NOT_NUMBERS = [(12.5, 0), ("12abc", 0), ([1], 0), (True, 0), (None, 0)]
+
+
+@pytest.mark.parametrize(
+    ("client", "sent", "counted"),
+    [("auto", *case) for case in NUMBERS + NOT_NUMBERS] + [("litellm", *case) for case in NUMBERS],
+)
+def test_a_token_count_that_is_no_count_is_unknown_and_the_answer_kept(
+    make_store, server: LLMServer, client: str, sent: object, counted: int
+) -> None:
+    store: Store = make_store("postgresql", **model_settings(server, harvest_llm=client))
+    server.script(completion("test-model", [note("Prefers dark roast coffee")], sent))
+    [job_id] = record_jobs(
+        store,
+        [transcript("I drink dark roast.")],
+        owner=None,
+        provenance="compaction",
+        queue="harvest",
+    )
+    result = run_job(store, job_id)
+    assert result is not None
+    assert (result["status"], result["notes_written"]) == ("harvested", 1), result["error"]
+    assert (result["prompt_tokens"], result["completion_tokens"]) == (counted, 7)
+    [entry] = rows(store, HarvestLedger)
+    assert (entry.prompt_tokens, entry.model_calls) == (counted, 1)
+    assert server.calls == 1
