@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from harvest.options import ModelOptions
 
 Messages = list[dict[str, str]]
-# The most tokens one call is counted at: what the ledger's and the job's columns hold.
-MAX_TOKENS = 2**31 - 1
+# The most tokens one call is counted at: more than any model's context holds, and small
+# enough that the sums of a transcript's calls and a job's runs fit their integer columns.
+MAX_TOKENS = 10_000_000
 
 
 class LLMAnswer(BaseModel):

@@ -5,7 +5,7 @@ and token counts that are no counts (a string, a negative or absurd number).
 Before, each made the harvest's write fail on PostgreSQL as a database error, which a worker
 retries, paying the model again every time, until the job was failed as ``worker_lost``; or
 (a lone surrogate in an error) failed the job with an encoder's message and lost the count of
-the call made; a count past the integer column was a refused value too, and a count that
+the call made; a count past the integer columns was a refused value too, and a count that
 was no number made the lean client retry a good answer. Now a note holding one is dropped
 like any invalid note, the job keeps the server's error and model name with each such
 character made U+FFFD, and a count that is no count is 0.
@@ -154,7 +154,7 @@ def test_a_server_error_holding_unstorable_text_fails_the_job_once_with_its_call
 
 # litellm validates the usage itself: a count that is no number is its error (a retried
 # InternalServerError), True and 12.5 are 1 and 12 by then; whole numbers it passes on.
-NUMBERS = [(10**12, 0), (-5, 0), (1500.0, 1500), (30, 30)]
+NUMBERS = [(10**12, 0), (10**7 + 1, 0), (-5, 0), (1500.0, 1500), (10**7, 10**7), (30, 30)]
 NOT_NUMBERS = [(12.5, 0), ("12abc", 0), ([1], 0), (True, 0), (None, 0)]
 
 
