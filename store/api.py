@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -68,7 +69,11 @@ class Store:
             migrate(self.engine)
 
     def dispose(self) -> None:
-        """Close the pooled connections (call in each forked worker child)."""
+        """Close the pooled connections and the transcript locks' own connection, which
+        releases any lock still held (the store opens new ones if used again)."""
+        locks = sys.modules.get("store.locks")  # not imported: no lock connection was opened
+        if locks is not None:
+            locks.close_for(self.engine)
         self.engine.dispose()
 
     def warm_up(self) -> None:

@@ -146,6 +146,10 @@ class ProcessLocks:
                 self._held.discard(key)
                 self._changed.notify_all()
 
+    def closed(self) -> bool:
+        """Whether no dedicated connection is open (none yet, or closed)."""
+        return self._connection is None or self._connection.closed
+
     def close(self) -> None:
         """Close the dedicated connection: PostgreSQL releases every lock it held."""
         with self._changed:
@@ -166,6 +170,15 @@ def locks_for(engine: Engine) -> ProcessLocks:
         if found is None:
             found = _by_engine[engine] = ProcessLocks(engine)
         return found
+
+
+def close_for(engine: Engine) -> None:
+    """Close the process's lock connection for ``engine``, if it opened one (the server
+    releases every lock it held); the next lock taken opens a new one."""
+    with _registry_lock:
+        found = _by_engine.pop(engine, None)
+    if found is not None:
+        found.close()
 
 
 def transcript_key(scope: Scope, digest: str) -> int:

@@ -35,8 +35,7 @@ def stores(pg_url: str) -> Iterator[tuple[Store, Store]]:
     second = Store(pg_url, settings=test_settings(db_pool_size=1))
     yield first, second
     for store in (first, second):
-        locks_for(store.engine).close()
-        store.dispose()
+        store.dispose()  # its lock connection too
 
 
 @pytest.mark.postgres
@@ -59,6 +58,20 @@ def test_a_lock_is_exclusive_across_processes_and_costs_no_pooled_connection(
         assert not mine.try_acquire()
     assert mine.try_acquire()
     mine.release()
+
+
+@pytest.mark.postgres
+def test_dispose_closes_the_lock_connection_and_releases_its_locks(
+    stores: tuple[Store, Store],
+) -> None:
+    first, second = stores
+    held = locks_for(first.engine)
+    assert first.transcript_lock(ALICE, DIGEST).try_acquire()
+    first.dispose()  # without releasing the lock, as a caller that is done would
+    assert held.closed()
+    assert second.transcript_lock(ALICE, DIGEST).try_acquire()  # the server released it
+    assert locks_for(first.engine) is not held  # used again: a new connection on demand
+    assert not first.transcript_lock(ALICE, DIGEST).try_acquire()
 
 
 @pytest.mark.postgres
