@@ -47,6 +47,15 @@ class ModelError(HarvestError):
 
 # The longest message a model error keeps (a server's error body is cut shorter before).
 MAX_MESSAGE_CHARS = 4000
+# The most of a server's error text a model error quotes.
+MAX_SERVER_TEXT = 500
+
+
+def server_text(text: str) -> str:
+    """A model server's error text as a model error quotes it: on one line (a server's
+    message may span lines: llama-cpp-python's validation error, litellm's with the whole
+    response it could not read), cut at ``MAX_SERVER_TEXT`` characters."""
+    return " ".join(text.split())[:MAX_SERVER_TEXT]
 
 
 class TransientModelError(ModelError):

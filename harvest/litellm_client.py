@@ -19,6 +19,7 @@ from harvest.errors import (
     PermanentModelError,
     ResponseFormatRejected,
     TransientModelError,
+    server_text,
 )
 from harvest.formats import ResponseFormat, format_payload, known_format, refuses_format
 from harvest.llm import LLMAnswer
@@ -190,8 +191,7 @@ def map_litellm_error(exc: BaseException) -> ModelError:
     unless its status code says otherwise: retrying the unknown is how a job loops.
     """
     errors = load_litellm().exceptions
-    # One line: a server's message may span lines (llama-cpp-python's validation error).
-    message = " ".join(str(exc).split()) or type(exc).__name__
+    message = server_text(str(exc)) or type(exc).__name__
     if isinstance(exc, errors.ContextWindowExceededError):
         return ContextWindowExceeded(message)
     transient = (

@@ -37,6 +37,7 @@ from harvest.errors import (
     PermanentModelError,
     ResponseFormatRejected,
     TransientModelError,
+    server_text,
 )
 from harvest.formats import format_payload, known_format, refuses_format
 from harvest.llm import LLMAnswer, Messages
@@ -52,8 +53,6 @@ _CONTEXT_WORDS = (
     "exceeds the available context",
     "too many tokens",
 )
-# The error text kept in a message (a server may echo the whole request back).
-MAX_ERROR_CHARS = 500
 
 # Connections of this thread, by (process, scheme, host, port): a forked child or another
 # thread opens its own (http.client connections are neither fork- nor thread-safe).
@@ -161,19 +160,14 @@ def _error_text(data: bytes) -> str:
     try:
         parsed = json.loads(text)
     except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
-        return one_line(text)
+        return server_text(text)
     error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, dict):
         parts = [str(error.get(key)) for key in ("message", "type", "code") if error.get(key)]
-        return one_line(" ".join(parts))
+        return server_text(" ".join(parts))
     if isinstance(error, str):
-        return one_line(error)
-    return one_line(text)
-
-
-def one_line(text: str) -> str:
-    """``text`` with its whitespace runs made single spaces, cut at MAX_ERROR_CHARS."""
-    return " ".join(text.split())[:MAX_ERROR_CHARS]
+        return server_text(error)
+    return server_text(text)
 
 
 def _error(status: int, text: str, headers: Mapping[str, str], mode: str) -> ModelError:

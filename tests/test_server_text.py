@@ -183,3 +183,18 @@ def test_a_token_count_that_is_no_count_is_unknown_and_the_answer_kept(
     [entry] = rows(store, HarvestLedger)
     assert (entry.prompt_tokens, entry.model_calls) == (counted, 1)
     assert server.calls == 1
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+def test_litellm_quoting_the_whole_answer_it_refused_is_cut_to_one_short_line(
+    make_store, server: LLMServer
+) -> None:
+    # litellm refuses a count that is no number, quoting its traceback and the whole answer
+    # (the notes the model wrote included): the job keeps the start of it, on one line.
+    store: Store = make_store("sqlite", **model_settings(server, harvest_llm="litellm"))
+    server.default = completion("test-model", [note("Prefers dark roast coffee")], "12abc")
+    outcome = harvest_transcript(store, transcript("I drink dark roast."))
+    assert (outcome.status, outcome.model_calls) == ("failed", server.calls)
+    assert outcome.error is not None and outcome.error.startswith("model_transient: litellm.")
+    assert "\n" not in outcome.error and len(outcome.error) <= 520
+    assert "dark roast" not in outcome.error
