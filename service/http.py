@@ -13,13 +13,15 @@ Every route calls :class:`gleaner.Gleaner` and adds no rule of its own; the key 
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import quote, unquote, unquote_to_bytes
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gleaner import (
     Gleaner,
@@ -36,6 +38,38 @@ from service.keys import Key, Refused, Service, allowed_owner
 
 # Refusals of the body itself: it is not one conversation that can be read.
 UNREADABLE = frozenset({"bad_transcript", "too_deep", "not_one_conversation"})
+OWNERS = b"/v1/owners/"
+
+
+class OwnerSegment:
+    """Routes ``/v1/owners/{owner}/...`` on the owner segment as sent, still percent-encoded:
+    an owner may hold ``/`` (``team/alice``, sent as ``team%2Falice``), which the decoded path
+    splits into two segments that no route matches. The routes decode it (``Owner``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw and raw.startswith(OWNERS):
+            segment, slash, rest = raw[len(OWNERS) :].partition(b"/")
+            encoded = quote(unquote_to_bytes(segment), safe="")  # one spelling of each owner
+            path = OWNERS.decode() + encoded + slash.decode() + unquote(rest.decode("latin-1"))
+            scope = {**scope, "path": path}
+        await self.app(scope, receive, send)
+
+
+Owner = Annotated[
+    str,
+    Path(
+        description="The owner, percent-encoded (an owner holding `/` sends it as `%2F`).",
+    ),
+]
+
+
+def owner_of(segment: str) -> str:
+    """The owner a path's segment names (``OwnerSegment`` left it percent-encoded)."""
+    return unquote(segment)
 
 
 class Accepted(BaseModel):
@@ -101,6 +135,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
         responses=ERRORS,
     )
     app.state.gleaner = gleaner
+    app.add_middleware(OwnerSegment)
     _handle_errors(app)
 
     @app.get("/healthz", tags=["service"])
@@ -162,30 +197,33 @@ def create_app(gleaner: Gleaner) -> FastAPI:
 
     @app.get("/v1/owners/{owner}/search", tags=["notes"])
     def search(
-        owner: str,
+        owner: Owner,
         q: Annotated[str, Query(max_length=1000)],
         key: Key,
         service: Service,
         limit: Annotated[int, Query(ge=1, le=100)] = 10,
     ) -> Hits:
         """The owner's live notes matching ``q``, best first."""
-        return Hits(hits=service.search(allowed_owner(service, key, owner), q, limit=limit))
+        name = allowed_owner(service, key, owner_of(owner))
+        return Hits(hits=service.search(name, q, limit=limit))
 
     @app.get("/v1/owners/{owner}/notes/{slug}", tags=["notes"])
-    def note(owner: str, slug: str, key: Key, service: Service) -> NoteDetail:
+    def note(owner: Owner, slug: str, key: Key, service: Service) -> NoteDetail:
         """One note with its links, backlinks, superseder and earlier versions."""
-        return service.note(allowed_owner(service, key, owner), slug)
+        return service.note(allowed_owner(service, key, owner_of(owner)), slug)
 
     @app.get("/v1/owners/{owner}/index", tags=["notes"])
-    def index_text(owner: str, key: Key, service: Service) -> IndexText:
+    def index_text(owner: Owner, key: Key, service: Service) -> IndexText:
         """The compact memory index that goes into the owner's system prompt."""
-        name = allowed_owner(service, key, owner)
+        name = allowed_owner(service, key, owner_of(owner))
         return IndexText(owner=name, text=service.index_text(name))
 
     @app.delete("/v1/owners/{owner}", tags=["owners"])
-    def forget(owner: str, key: Key, service: Service, allow_reharvest: bool = False) -> Forgotten:
+    def forget(
+        owner: Owner, key: Key, service: Service, allow_reharvest: bool = False
+    ) -> Forgotten:
         """Delete everything stored for the owner (``gleaner forget``): rows deleted by table."""
-        name = allowed_owner(service, key, owner)
+        name = allowed_owner(service, key, owner_of(owner))
         return Forgotten(owner=name, deleted=service.forget(name, allow_reharvest=allow_reharvest))
 
     return app

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -113,6 +114,31 @@ def test_openapi_is_served(api: Api) -> None:
     } <= set(spec["paths"])
     assert "HTTPBearer" in spec["components"]["securitySchemes"]
     assert api.client.get("/docs").status_code == 200
+
+
+@pytest.mark.parametrize("name", ["team/{}", "ünï {} %2F"])
+def test_an_owner_whose_name_holds_a_slash_is_reached_through_every_route(
+    api: Api, name: str
+) -> None:
+    owner = name.format(owner_name())  # a "/" and a "%2F" of its own, and non-ASCII letters
+    segment = quote(owner, safe="")
+    headers = api.key(owner)
+    accepted = submit(api, headers, native(13, owner=owner))
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.json()["owner"] == owner
+    hits = api.client.get(f"/v1/owners/{segment}/search", params={"q": "keymap13"}, headers=headers)
+    assert hits.status_code == 200, hits.text
+    slug = hits.json()["hits"][0]["memory"]["slug"]
+    note = api.client.get(f"/v1/owners/{segment}/notes/{slug}", headers=headers)
+    assert note.status_code == 200 and note.json()["memory"]["scope"]["id"] == owner
+    index = api.client.get(f"/v1/owners/{segment}/index", headers=headers).json()
+    assert index["owner"] == owner
+    # The key is allowed this owner only: the owner before the "/" is another one.
+    prefix = owner.split("/")[0] if "/" in owner else owner.split(" ")[0]
+    assert error_of(api.client.get(f"/v1/owners/{prefix}/index", headers=headers), 403)
+    forgotten = api.client.delete(f"/v1/owners/{segment}", headers=headers)
+    assert forgotten.status_code == 200 and forgotten.json()["owner"] == owner
+    assert forgotten.json()["deleted"]["notes"] >= 1
 
 
 def test_a_conversation_in_and_its_notes_out(api: Api) -> None:
