@@ -56,23 +56,29 @@ class Recovered:
 
 
 def recover_lost(
-    session: Session, lease: timedelta, max_crashes: int, limit: int = 1_000
+    session: Session,
+    lease: timedelta,
+    max_crashes: int,
+    limit: int = 1_000,
+    job_ids: Collection[str] | None = None,
 ) -> Recovered:
-    """Running jobs whose heartbeat is older than ``lease`` lost their worker (killed, past
-    the hard time limit, or cut off from the database past its retries, whatever became of
-    its message): each counts a crash and goes back to pending, or is failed with
-    :func:`worker_lost_error` once it reached ``max_crashes``. Returns what to send.
+    """Running jobs (all, or ``job_ids``) whose heartbeat is older than ``lease`` lost their
+    worker (killed, past the hard time limit, or cut off from the database past its retries,
+    whatever became of its message): each counts a crash and goes back to pending, or is
+    failed with :func:`worker_lost_error` once it reached ``max_crashes``. Returns what to
+    send.
 
     Rows another transaction holds (a claim taking the job over) are skipped, not waited for.
     """
     now = utcnow()
     expired = lease_expired(session, lease)
+    stmt = select(Job.id, Job.queue, Job.crashes).where(
+        Job.state == RUNNING, or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < expired)
+    )
+    if job_ids is not None:
+        stmt = stmt.where(Job.id.in_(list(job_ids)))
     rows = session.execute(
-        select(Job.id, Job.queue, Job.crashes)
-        .where(Job.state == RUNNING, or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < expired))
-        .order_by(Job.heartbeat_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
+        stmt.order_by(Job.heartbeat_at).limit(limit).with_for_update(skip_locked=True)
     ).all()
     out = Recovered()
     by_crashes: dict[int, list[str]] = {}
@@ -101,6 +107,20 @@ def recover_lost(
             .values(state=PENDING, crashes=Job.crashes + 1, enqueued_at=now, **RELEASED)
         )
     return out
+
+
+def unsent(
+    session: Session, older_than: timedelta, job_ids: Collection[str] | None = None
+) -> list[tuple[str, str]]:
+    """Pending jobs (all, or ``job_ids``) last sent, or recorded, longer than ``older_than``
+    ago, as ``(id, queue)``: where no broker carries them, jobs whose process died before
+    it ran them."""
+    stmt = select(Job.id, Job.queue).where(
+        Job.state == PENDING, Job.enqueued_at < utcnow() - older_than
+    )
+    if job_ids is not None:
+        stmt = stmt.where(Job.id.in_(list(job_ids)))
+    return [(str(i), str(q)) for i, q in session.execute(stmt.order_by(Job.enqueued_at)).all()]
 
 
 def pending_counts(session: Session, older_than: timedelta | None = None) -> dict[str, int]:

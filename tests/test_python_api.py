@@ -268,3 +268,71 @@ def test_a_broker_down_leaves_the_job_recorded_and_says_so(make_store: Any, back
     assert caught.value.reason == "broker_unavailable"
     (row,) = _jobs(store)
     assert row["state"] == "pending"  # beat's sweep sends it once the broker is back
+
+
+# A process that records and runs a job in process (no broker), killed in the model call.
+SUBMIT_AND_DIE = """
+import sys
+from gleaner import Gleaner
+from tests.samples import native
+Gleaner(sys.argv[1]).submit(native(21, owner="alice"))
+"""
+
+
+@pytest.mark.slow
+def test_jobs_a_dead_process_left_are_run_again_by_retry_without_a_broker(
+    store: Store, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No sweep runs without a broker: a job whose process was killed mid-run stayed
+    `running`, and one recorded by a process killed before running it stayed `pending`,
+    for ever; `gleaner retry --all` now runs both, and `status` says it will."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from harvest.queue import record_jobs
+    from harvest.transcript import Transcript
+    from tests.llm_server import answer, llm_server, note
+
+    url = store.engine.url.render_as_string(hide_password=False)
+    with llm_server(answer([note("Uses helix")])) as model:
+        env = {
+            "GLEANER_DATABASE_URL": url,
+            "GLEANER_HARVEST_MODEL": "openai/test-model",
+            "GLEANER_HARVEST_API_BASE": model.api_base,
+            "GLEANER_HARVEST_API_KEY": "k",
+            "GLEANER_JOB_HEARTBEAT_SECONDS": "1",
+            "GLEANER_JOB_LEASE_SECONDS": "3",
+            "GLEANER_REQUEUE_AFTER_SECONDS": "1",
+        }
+        model.script(answer([note("Uses helix")], delay=10.0))
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("GLEANER_")}
+        dying = subprocess.Popen([sys.executable, "-c", SUBMIT_AND_DIE, url], env={**clean, **env})
+        deadline = time.monotonic() + 30
+        while model.calls == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert model.calls == 1  # the dying process is inside its model call
+        dying.send_signal(signal.SIGKILL)
+        dying.wait(10)
+        [never_run] = record_jobs(  # as a process killed between recording and running
+            store,
+            [Transcript.model_validate(native(22, owner="alice"))],
+            owner=None,
+            provenance="compaction",
+            queue="harvest",
+        )
+        assert sorted(j["state"] for j in _jobs(store)) == ["pending", "running"]
+
+        cli = Cli(monkeypatch, capsys)
+        cli.env(**env)
+        time.sleep(3.5)  # the killed run's lease runs out; the pending one waited 1 s
+        assert "`gleaner retry --all` runs it" in cli("status").out
+        retried = cli("retry", "--all")
+        assert retried.code == 0, retried.err
+        assert retried.out.count(": harvested") == 2 and never_run in retried.out
+    assert [j["state"] for j in _jobs(store)] == ["done", "done"]
+    with store.engine.connect() as conn:
+        crashes = conn.execute(text("SELECT crashes FROM jobs ORDER BY crashes")).scalars()
+        assert list(crashes) == [0, 1]  # the killed run counts as one lost worker

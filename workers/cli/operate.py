@@ -132,12 +132,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("jobs: " + ", ".join(f"{state} {n}" for state, n in totals.items()))
     if out["oldest_pending_seconds"] is not None:
         print(f"oldest pending: {out['oldest_pending_seconds']} s")
+    # With no broker no sweep runs: a lost job waits for `gleaner retry --all`.
+    recovers = "the sweep recovers it" if settings.broker_url else "`gleaner retry --all` runs it"
     for job in running:
         beat = job["heartbeat_age_seconds"]
         print(
             f"  RUNNING {job['id']} on {job['queue']} for {job['running_seconds']} s, "
             + ("no heartbeat" if beat is None else f"last heartbeat {beat} s ago")
-            + (" (lease expired: the sweep recovers it)" if job["lease_expired"] else "")
+            + (f" (lease expired: {recovers})" if job["lease_expired"] else "")
         )
     print(
         f"harvested transcripts {harvested['transcripts']}, model calls "
@@ -213,10 +215,13 @@ def cmd_retry(args: argparse.Namespace) -> int:
         raise UsageError("say which failed job to re-run: JOB_ID or --all")
     settings = current_settings()
     store = open_store()
+    ids = None if args.all else [args.job_id]
     with store.transaction() as session:
-        reset = job_records.reset(session, None if args.all else [args.job_id])
+        stranded = [] if settings.broker_url else _stranded(session, settings, ids)
+        reset = stranded + job_records.reset(session, ids)
     if not reset:
-        print("no failed job to retry" if args.all else f"no failed job {args.job_id}")
+        what = "failed job" if settings.broker_url else "failed or stranded job"
+        print(f"no {what} to retry" if args.all else f"no {what} {args.job_id}")
         return EXIT_OK if args.all else EXIT_FAILED
     if settings.broker_url:
         from workers.app import make_celery
@@ -242,6 +247,22 @@ def cmd_retry(args: argparse.Namespace) -> int:
         failed += status == "failed"
         print(f"{job_id}: {status}")
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _stranded(session: Any, settings: Any, ids: list[str] | None) -> list[tuple[str, str]]:
+    """With no broker no sweep runs, and a job whose process died is only ever run again by
+    ``retry``: running with its lease run out (killed mid-run: back to pending, a crash
+    counted, or failed ``worker_lost`` at GLEANER_JOB_MAX_CRASHES, which ``reset`` then takes),
+    or pending since longer than GLEANER_REQUEUE_AFTER_SECONDS (killed before it ran it).
+    A job another live process runs keeps its lease fresh and is left to it."""
+    from datetime import timedelta
+
+    from store import job_leases
+
+    lease = timedelta(seconds=settings.job_lease_seconds)
+    lost = job_leases.recover_lost(session, lease, settings.job_max_crashes, job_ids=ids)
+    waiting = timedelta(seconds=settings.requeue_after_seconds)
+    return lost.requeued + job_leases.unsent(session, waiting, ids)
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
@@ -299,9 +320,19 @@ def register(sub: Any) -> None:
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
 
-    retry = sub.add_parser("retry", help="re-run failed jobs (on the queue, or in process)")
+    retry = sub.add_parser(
+        "retry",
+        help="re-run failed jobs (on the queue, or in process)",
+        description="Put failed jobs back to pending and send them to their queue, or, with no "
+        "broker, run them in process. With no broker it also runs the jobs a dead process left "
+        "stranded (no sweep runs there): running with their lease run out "
+        "(GLEANER_JOB_LEASE_SECONDS), or pending for longer than "
+        "GLEANER_REQUEUE_AFTER_SECONDS.",
+    )
     retry.add_argument("job_id", nargs="?", metavar="JOB_ID")
-    retry.add_argument("--all", action="store_true", help="every failed job")
+    retry.add_argument(
+        "--all", action="store_true", help="every failed job (and, with no broker, stranded one)"
+    )
     retry.set_defaults(func=cmd_retry)
 
     forget = sub.add_parser(
