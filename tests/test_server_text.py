@@ -57,6 +57,18 @@ def completion(model: str, notes: list[dict[str, Any]], prompt_tokens: object = 
     return Behaviour(raw_body=json.dumps(body).encode())
 
 
+def run_one_job(store: Store) -> dict[str, Any] | None:
+    """One conversation recorded as a job and run as a worker runs it (in this process)."""
+    [job_id] = record_jobs(
+        store,
+        [transcript("I drink dark roast.")],
+        owner=None,
+        provenance="compaction",
+        queue="harvest",
+    )
+    return run_job(store, job_id)
+
+
 def refusal(message: str) -> Behaviour:
     body = {"error": {"message": message, "type": "invalid_request_error"}}
     return Behaviour(status=400, raw_body=json.dumps(body).encode())
@@ -110,14 +122,7 @@ def test_a_model_name_the_ledger_cannot_hold_is_kept_as_it_can(
 ) -> None:
     store: Store = make_store(backend, **model_settings(server))
     server.script(completion(model, [note("Prefers dark roast coffee")]))
-    [job_id] = record_jobs(
-        store,
-        [transcript("I drink dark roast.")],
-        owner=None,
-        provenance="compaction",
-        queue="harvest",
-    )
-    result = run_job(store, job_id)
+    result = run_one_job(store)
     assert result is not None
     assert (result["status"], result["notes_written"], result["model"]) == ("harvested", 1, kept)
     [entry] = rows(store, HarvestLedger)
@@ -133,14 +138,7 @@ def test_a_server_error_holding_unstorable_text_fails_the_job_once_with_its_call
 ) -> None:
     store: Store = make_store(backend, **model_settings(server))
     server.script(refusal(f"unknown field{bad} in the request"))
-    [job_id] = record_jobs(
-        store,
-        [transcript("I drink dark roast.")],
-        owner=None,
-        provenance="compaction",
-        queue="harvest",
-    )
-    result = run_job(store, job_id)  # no StorageFailure: a worker would have retried it
+    result = run_one_job(store)  # no StorageFailure: a worker would have retried it
     assert result is not None and result["status"] == "failed"
     assert result["model_calls"] == 1
     assert "unknown field\ufffd in the request" in result["error"]
@@ -169,14 +167,7 @@ def test_a_token_count_that_is_no_count_is_unknown_and_the_answer_kept(
 ) -> None:
     store: Store = make_store("postgresql", **model_settings(server, harvest_llm=client))
     server.script(completion("test-model", [note("Prefers dark roast coffee")], sent))
-    [job_id] = record_jobs(
-        store,
-        [transcript("I drink dark roast.")],
-        owner=None,
-        provenance="compaction",
-        queue="harvest",
-    )
-    result = run_job(store, job_id)
+    result = run_one_job(store)
     assert result is not None
     assert (result["status"], result["notes_written"]) == ("harvested", 1), result["error"]
     assert (result["prompt_tokens"], result["completion_tokens"]) == (counted, 7)

@@ -145,9 +145,8 @@ def model() -> Iterator[LLMServer]:
         yield server
 
 
-def test_a_failed_job_is_kept_listed_and_retried(
-    cluster: Cluster, store: Store, model: LLMServer
-) -> None:
+def use_model(cluster: Cluster, model: LLMServer) -> None:
+    """The cluster's workers harvest through ``model`` (started after this)."""
     cluster.env.update(
         {
             "GLEANER_HARVEST_MODEL": "openai/test-model",
@@ -155,6 +154,12 @@ def test_a_failed_job_is_kept_listed_and_retried(
             "GLEANER_HARVEST_API_KEY": "k",
         }
     )
+
+
+def test_a_failed_job_is_kept_listed_and_retried(
+    cluster: Cluster, store: Store, model: LLMServer
+) -> None:
+    use_model(cluster, model)
     files = write_natives(cluster.tmp / "in", 1)
     model.script(unauthorized())
     cluster.start_worker(concurrency=1)
@@ -192,13 +197,7 @@ CREATE TRIGGER gleaner_test_refuse BEFORE INSERT ON harvest_ledger
 def test_a_value_the_database_refuses_fails_the_job_at_once_its_call_counted(
     cluster: Cluster, store: Store, model: LLMServer
 ) -> None:
-    cluster.env.update(
-        {
-            "GLEANER_HARVEST_MODEL": "openai/test-model",
-            "GLEANER_HARVEST_API_BASE": model.api_base,
-            "GLEANER_HARVEST_API_KEY": "k",
-        }
-    )
+    use_model(cluster, model)
     model.default = answer([note("Prefers vim", type="preference")])
     with store.transaction() as session:
         session.execute(text(REFUSE_LEDGER_ROWS))
@@ -238,13 +237,7 @@ def test_a_worker_child_killed_mid_task_loses_nothing(
     import os
     import signal
 
-    cluster.env.update(
-        {
-            "GLEANER_HARVEST_MODEL": "openai/test-model",
-            "GLEANER_HARVEST_API_BASE": model.api_base,
-            "GLEANER_HARVEST_API_KEY": "k",
-        }
-    )
+    use_model(cluster, model)
     model.script(answer([note("Slow fact")], delay=8.0), answer([note("Slow fact")]))
     worker = cluster.start_worker(concurrency=1)
     files = write_natives(cluster.tmp / "in", 1)
