@@ -68,8 +68,14 @@ Owner = Annotated[
 
 
 def owner_of(segment: str) -> str:
-    """The owner a path's segment names (``OwnerSegment`` left it percent-encoded)."""
-    return unquote(segment)
+    """The owner a path's segment names (``OwnerSegment`` left it percent-encoded); bytes
+    that are no UTF-8 are refused, not made U+FFFD (two spellings, one owner)."""
+    try:
+        return unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidRequest(
+            "owner in the path is not UTF-8 once percent-decoded", reason="bad_owner"
+        ) from None
 
 
 class Accepted(BaseModel):

@@ -139,6 +139,12 @@ def test_an_owner_whose_name_holds_a_slash_is_reached_through_every_route(
     forgotten = api.client.delete(f"/v1/owners/{segment}", headers=headers)
     assert forgotten.status_code == 200 and forgotten.json()["owner"] == owner
     assert forgotten.json()["deleted"]["notes"] >= 1
+    # Bytes that are no UTF-8 name no owner (decoded, each would be U+FFFD).
+    anyone = api.key(None)
+    for bad in ("%FF", "%FE", "team%2F%C3"):
+        assert error_of(api.client.get(f"/v1/owners/{bad}/index", headers=anyone), 422) == (
+            "bad_owner"
+        )
 
 
 def test_a_conversation_in_and_its_notes_out(api: Api) -> None:
