@@ -28,6 +28,10 @@ class ParsedNotes(BaseModel):
 
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n?(.*?)```", re.DOTALL)
+# A reasoning model's thoughts ahead of its answer, in the content itself (DeepSeek-R1 or
+# Qwen3 through llama.cpp or Ollama): a draft of the JSON in there is not the answer.
+_THOUGHTS = re.compile(r"\A\s*<(think|thinking|reasoning)>", re.IGNORECASE)
+ONLY_THOUGHTS = "it holds only the model's thoughts: its <{tag}> block never ends"
 # Scanning prose for JSON tries each '{' or '[' in turn; an answer is small, but this
 # keeps a pathological one from costing quadratic time.
 _MAX_SCAN_STARTS = 200
@@ -36,12 +40,25 @@ _MAX_SCAN_STARTS = 200
 def parse_answer(text: str, types: Sequence[str]) -> ParsedNotes:
     """The notes in a model answer: raw JSON, JSON in a ```json fence, or JSON inside prose.
 
-    The top level must be ``{"notes": [...]}`` or a bare list; each item is validated as a
-    :class:`NoteCandidate` whose type is one of ``types``, and invalid ones are dropped and
-    counted, a note whose title or body is the prompt's placeholder text among them. Raises
+    A reasoning model's ``<think>...</think>`` block ahead of the answer is left out (one
+    that never ends leaves no answer). The top level must be ``{"notes": [...]}`` or a bare
+    list; each item is validated as a :class:`NoteCandidate` whose type is one of
+    ``types``, and invalid ones are dropped and counted, a note whose title or body is the
+    prompt's placeholder text among them. Raises
     UnparseableAnswer when no JSON of that shape is found; its ``problem`` says why in one
     line that quotes nothing of the answer.
     """
+    thoughts = _THOUGHTS.match(text)
+    if thoughts is not None:
+        tag = thoughts.group(1).lower()
+        end = text.lower().find(f"</{tag}>", thoughts.end())
+        if end < 0:
+            problem = ONLY_THOUGHTS.format(tag=tag)
+            raise UnparseableAnswer(
+                f"the model's answer ({len(text)} characters) held no notes JSON: {problem}",
+                problem=problem,
+            )
+        text = text[end + len(tag) + 3 :]
     items = _find_items(text)
     if items is None:
         problem = _problem(text)

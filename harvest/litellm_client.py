@@ -22,7 +22,7 @@ from harvest.errors import (
     server_text,
 )
 from harvest.formats import ResponseFormat, format_payload, known_format, refuses_format
-from harvest.llm import LLMAnswer
+from harvest.llm import LLMAnswer, content_text
 from harvest.retry import retry_after_from
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def _answer_from(response: Any, default_model: str) -> LLMAnswer:
     finish_reason = getattr(choice, "finish_reason", None) or ""
     usage = getattr(response, "usage", None)
     return LLMAnswer(
-        text=str(text),
+        text=content_text(text),
         prompt_tokens=getattr(usage, "prompt_tokens", None),
         completion_tokens=getattr(usage, "completion_tokens", None),
         model=str(getattr(response, "model", None) or default_model),

@@ -58,6 +58,20 @@ class LLMAnswer(BaseModel):
         return self.finish_reason == "length"
 
 
+def content_text(content: object) -> str:
+    """A message's text as a client reads it from the server's answer: the string, or the
+    text parts of a list of content parts joined (``[{"type": "text", "text": ...}]``, as
+    some servers answer)."""
+    if isinstance(content, list):
+        return "".join(str(text) for part in content if (text := _part_text(part)) is not None)
+    return str(content or "")
+
+
+def _part_text(part: object) -> object:
+    # A part as JSON (a dict) or as a client library's object (litellm's).
+    return part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
+
+
 class HarvestLLM(Protocol):
     """A callable that makes ONE model call (``harvest_llm``).
 

@@ -40,7 +40,7 @@ from harvest.errors import (
     server_text,
 )
 from harvest.formats import format_payload, known_format, refuses_format
-from harvest.llm import LLMAnswer, Messages
+from harvest.llm import LLMAnswer, Messages, content_text
 from harvest.options import ModelOptions
 from harvest.retry import retry_after_from
 
@@ -196,7 +196,7 @@ def _answer(status: int, body: bytes, default_model: str) -> LLMAnswer:
         usage = data.get("usage")
         usage = usage if isinstance(usage, dict) else {}  # read as LLMAnswer reads counts
         return LLMAnswer(
-            text=str(message.get("content") or ""),
+            text=content_text(message.get("content")),
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
             model=str(data.get("model") or default_model),

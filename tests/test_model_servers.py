@@ -476,3 +476,50 @@ def test_formats_are_ordered_strongest_first_and_are_the_settings_choices() -> N
     assert FORMATS == ("json_schema", "json_object_schema", "json_object", "none")
     setting = Settings.model_fields["harvest_response_format"].annotation
     assert get_args(setting) == ("auto", *FORMATS)
+
+
+# --- 6. reasoning models, content parts -----------------------------------------------------
+
+# What a reasoning model (DeepSeek-R1, Qwen3 through llama.cpp or Ollama) sends ahead of its
+# answer, in the content itself: its thoughts, with a draft of the JSON it then changed.
+DRAFT = note("Draft the model dropped", body="A draft inside the thoughts.")
+THOUGHTS = f"<think>The user said tabs. A draft: {json.dumps({'notes': [DRAFT]})}</think>\n\n"
+
+
+def test_a_reasoning_models_thoughts_are_not_taken_for_its_answer(server: LLMServer) -> None:
+    server.default = text_answer(THOUGHTS + json.dumps({"notes": [TABS]}))
+    result = extract(SHORT, options(server))
+    assert [n.title for n in result.notes] == ["Uses tabs"] and server.calls == 1
+
+
+def test_thoughts_that_never_end_are_no_answer_and_asked_again(server: LLMServer) -> None:
+    server.script(text_answer(THOUGHTS.replace("</think>", "")), answer([TABS]))
+    result = extract(SHORT, options(server))
+    assert [n.title for n in result.notes] == ["Uses tabs"] and server.calls == 2
+    assert "its <think> block never ends" in server.requests[1].user_text
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+def test_an_answer_in_content_parts_is_read(server: LLMServer) -> None:
+    parts = [
+        {"type": "text", "text": '{"notes": ['},
+        {"type": "text", "text": json.dumps(TABS) + "]}"},
+    ]
+    message = {"role": "assistant", "content": parts}
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "test-model",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+        "usage": {"prompt_tokens": 30, "completion_tokens": 7},
+    }
+    server.default = Behaviour(raw_body=json.dumps(body).encode())
+    if CLIENT["llm"] == "litellm":
+        # litellm (the pinned range) refuses such an answer itself, as it refuses any body it
+        # cannot read; both clients count that as transient. The lean client reads it.
+        with pytest.raises(TransientModelError, match="Invalid response object"):
+            extract(SHORT, options(server))
+        assert server.calls == 3
+        return
+    result = extract(SHORT, options(server))
+    assert [n.title for n in result.notes] == ["Uses tabs"] and server.calls == 1
