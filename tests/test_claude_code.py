@@ -146,6 +146,81 @@ def test_bad_session_files_fail_clearly(tmp_path: Path) -> None:
     assert result.transcripts == [] and "empty conversation" in result.errors[0][1]
 
 
+def test_a_list_or_object_where_a_type_belongs_is_passed_over(tmp_path: Path) -> None:
+    # The file's first line was looked up by its type while the format was told: an object
+    # there raised TypeError (unhashable) and ended the whole import.
+    odd = {"type": {}, "sessionId": SESSION_ID, "uuid": "odd"}
+    result = read_path(write_lines(tmp_path / "s.jsonl", [odd, *lines(SESSION)]))
+    assert result.errors == []
+    assert [t.messages for t in result.transcripts] == [
+        t.messages for t in read_path(SESSION).transcripts
+    ]
+    rollout = lines(ROLLOUT)
+    at = rollout[0]["timestamp"]
+    odd_lines = [
+        {"timestamp": at, "type": ["response_item"], "payload": {}},
+        {
+            "timestamp": at,
+            "type": "response_item",
+            "payload": {"type": ["message"], "role": "user"},
+        },
+        {
+            "timestamp": at,
+            "type": "response_item",
+            "payload": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": {}, "text": "odd part"}],
+            },
+        },
+    ]
+    result = read_path(write_lines(tmp_path / "r.jsonl", [rollout[0], *odd_lines, *rollout[1:]]))
+    assert result.errors == []
+    assert [t.messages for t in result.transcripts] == [
+        t.messages for t in read_path(ROLLOUT).transcripts
+    ]
+
+
+def test_a_slash_commands_arguments_are_what_the_user_said(tmp_path: Path) -> None:
+    # The wrapper is the harness's, the arguments are what the person typed: they were
+    # dropped with it.
+    def turn(uuid: str, parent: str | None, role: str, content: str) -> dict[str, object]:
+        message = {"role": role, "content": content}
+        return {
+            "type": role,
+            "sessionId": "s-args",
+            "uuid": uuid,
+            "parentUuid": parent,
+            "timestamp": "2024-01-01T00:00:00Z",
+            "message": message,
+        }
+
+    said = "the login bug; we decided on PostgreSQL advisory locks"
+    events = [
+        turn(
+            "a",
+            None,
+            "user",
+            "<command-message>fix-issue is running…</command-message>\n"
+            f"<command-name>/fix-issue</command-name>\n<command-args>{said}</command-args>",
+        ),
+        turn("b", "a", "assistant", "Looking into it."),
+        turn(
+            "c", "b", "user", "<command-name>/clear</command-name>\n<command-args></command-args>"
+        ),
+        turn(
+            "d",
+            "c",
+            "user",
+            "<local-command-stdout><command-args>x</command-args></local-command-stdout>",
+        ),
+        turn("e", "d", "user", "I prefer vim."),
+    ]
+    [transcript] = read_path(write_lines(tmp_path / "s.jsonl", events)).transcripts
+    contents = [m.content for m in transcript.messages]
+    assert contents == [f"/fix-issue {said}", "Looking into it.", "I prefer vim."]
+
+
 @pytest.fixture
 def cli_env(store: Store, monkeypatch: pytest.MonkeyPatch) -> Store:
     """The CLI pointed at the test store's database through the environment."""

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from harvest.batch import Summary, read_all
 from harvest.errors import TranscriptFormatError
-from harvest.readers import ReadResult, iter_paths, read_path
+from harvest.readers import ReadResult, iter_paths, load, read_path
 from harvest.redact import redact_transcript
+from harvest.transcript import DEFAULT_LIMITS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -364,6 +366,77 @@ def test_chatgpt_export_with_one_broken_conversation(tmp_path: Path) -> None:
     ]
 
 
+def test_chatgpt_voice_mode_turns_keep_what_was_said(tmp_path: Path) -> None:
+    # Voice mode stores what was said as an audio_transcription part beside the audio's
+    # pointer: only string parts were read, and a voice-only conversation was "empty".
+    conv = chatgpt_branching_conversation()
+    voice = [
+        {"content_type": "audio_transcription", "text": "I moved to Porto.", "direction": "in"},
+        {"content_type": "audio_asset_pointer", "asset_pointer": "sediment://file_a"},
+    ]
+    conv["mapping"]["u3"]["message"]["content"] = {
+        "content_type": "multimodal_text",
+        "parts": voice,
+    }
+    reply = [{"content_type": "audio_transcription", "text": "Porto, noted.", "direction": "out"}]
+    conv["mapping"]["a3"]["message"]["content"] = {
+        "content_type": "multimodal_text",
+        "parts": reply,
+    }
+    t = only(read_path(write_json(tmp_path / "conversations.json", [conv])))
+    assert [m.content for m in t.messages][-2:] == ["I moved to Porto.", "Porto, noted."]
+    assert not any("sediment" in m.content for m in t.messages)
+
+
+def test_a_list_or_object_where_a_name_belongs_does_not_stop_the_file(tmp_path: Path) -> None:
+    # A list or an object where an export has a content type, a part type or a node id was
+    # looked up in a set or dict: TypeError (unhashable) ended the whole file's import.
+    odd_type = chatgpt_branching_conversation()
+    odd_type["mapping"]["u3"]["message"]["content"]["content_type"] = {"type": "text"}
+    odd_parent = {**chatgpt_branching_conversation(), "id": "c2", "conversation_id": "c2"}
+    odd_parent["mapping"]["root"]["parent"] = ["root"]
+    del odd_parent["current_node"]  # so the root is looked for through the parents
+    odd_part = native("n1")
+    odd_part["messages"][0]["content"] = [
+        {"type": ["text"], "text": "A part of no known type."},
+        {"type": "text", "text": "I prefer tabs."},
+    ]
+    path = write_json(tmp_path / "conversations.json", [odd_type, odd_parent, odd_part])
+    result = read_path(path)
+    assert result.errors == []
+    first, second, third = result.transcripts
+    assert "Here is the dashboard screenshot." not in [m.content for m in first.messages]
+    assert second.messages[-1].content == "The consumer lag looks fine."
+    assert third.messages[0].content == "I prefer tabs."
+
+
+def test_a_reader_tripping_on_a_value_fails_that_conversation_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whatever type check a reader still lacks: its TypeError fails the one conversation
+    # (logged), never the file or the folder's import, and the reason quotes no value.
+    real = load._READERS["native"]
+
+    def tripping(obj: Any, **kwargs: Any) -> Any:
+        if obj["conversation_id"] == "odd":
+            return obj["messages"] in frozenset({"text"})  # a list looked up in a set: TypeError
+        return real(obj, **kwargs)
+
+    monkeypatch.setitem(load._READERS, "native", tripping)
+    path = write_json(tmp_path / "n.json", [native("odd"), native("fine")])
+    folder_file = write_json(tmp_path / "m.json", native("other"))
+    summary = Summary()
+    found = read_all([tmp_path], summary, limits=DEFAULT_LIMITS)
+    assert sorted(t.conversation_id for t in found) == ["fine", "other"]
+    assert summary.failures == [
+        {
+            "conversation": f"{path}[0] odd",
+            "error": "a field holds a JSON value of an unexpected type (TypeError)",
+        }
+    ]
+    assert folder_file.exists()
+
+
 # Claude -------------------------------------------------------------------------------------
 
 
@@ -382,6 +455,25 @@ def test_claude_export_reads_text_blocks_only(tmp_path: Path) -> None:
     assert t.started_at == datetime(2024, 6, 3, 14, 2, 11, 503918, tzinfo=UTC)
     assert t.ended_at == datetime(2024, 6, 3, 14, 21, 47, tzinfo=UTC)
     assert t.messages[0].at == datetime(2024, 6, 3, 14, 2, 11, tzinfo=UTC)
+
+
+def test_claude_export_keeps_pasted_text_from_attachments(tmp_path: Path) -> None:
+    # claude.ai turns a long paste into an attachment's extracted_content and leaves the
+    # message's text empty: that paste was lost.
+    conv = claude_conversation()
+    first, _, last = conv["chat_messages"]
+    first["text"] = ""
+    first["content"] = [{"type": "text", "text": ""}]
+    paste = "My notes: we run PgBouncer as a sidecar."
+    first["attachments"] = [
+        {"file_name": "paste.txt", "file_type": "txt", "extracted_content": paste},
+        {"file_name": "diagram.png", "file_type": "png"},
+    ]
+    first["files"] = [{"file_name": "diagram.png"}]
+    last["attachments"] = [{"file_name": "", "extracted_content": "Pasted too."}]
+    t = only(read_path(write_json(tmp_path / "conversations.json", [conv])))
+    assert t.messages[0].content == f"[attached: paste.txt]\n{paste}"
+    assert t.messages[2].content == "Thanks!\n\n[attached]\nPasted too."
 
 
 def test_claude_export_skips_an_empty_conversation(tmp_path: Path) -> None:

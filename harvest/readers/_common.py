@@ -28,6 +28,13 @@ ROLES: dict[str, Role] = {
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 
 
+def name_of(value: object) -> str | None:
+    """A field read as a name (a type, a role, a node id): the string, or None for any other
+    JSON value. An export's list or object where a name belongs is then no known name, not
+    a TypeError from a set or dict lookup (a list or object cannot be hashed)."""
+    return value if isinstance(value, str) else None
+
+
 def bad(message: str) -> TranscriptFormatError:
     """A TranscriptFormatError for one conversation (the caller adds which one).
 
@@ -122,7 +129,7 @@ def text_of(content: object, field: str) -> str:
         for part in content:
             if isinstance(part, str):
                 texts.append(part)
-            elif isinstance(part, Mapping) and part.get("type", "text") in TEXT_PART_TYPES:
+            elif isinstance(part, Mapping) and name_of(part.get("type", "text")) in TEXT_PART_TYPES:
                 text = part.get("text")
                 if isinstance(text, str):
                     texts.append(text)

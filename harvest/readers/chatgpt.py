@@ -6,7 +6,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harvest.readers._common import ROLES, bad, build, identifier, optional_str, parse_time
+from harvest.readers._common import (
+    ROLES,
+    bad,
+    build,
+    identifier,
+    name_of,
+    optional_str,
+    parse_time,
+)
 from harvest.readers.native import _owner as named_owner
 from harvest.transcript import DEFAULT_LIMITS, Limits, Message, Transcript, check_message_count
 
@@ -37,7 +45,7 @@ def _branch(mapping: Mapping[str, Any], current: object) -> list[Any]:
             node_id = _get(mapping[node_id], "parent")
         chain.reverse()
         return chain
-    roots = [k for k, n in mapping.items() if _get(n, "parent") not in mapping]
+    roots = [k for k, n in mapping.items() if name_of(_get(n, "parent")) not in mapping]
     node_id = roots[0] if roots else None
     while isinstance(node_id, str) and node_id in mapping and node_id not in seen:
         seen.add(node_id)
@@ -45,6 +53,17 @@ def _branch(mapping: Mapping[str, Any], current: object) -> list[Any]:
         children = _get(mapping[node_id], "children")
         node_id = children[-1] if isinstance(children, list) and children else None
     return chain
+
+
+def _part_text(part: object) -> str | None:
+    """A part's text: a string, or what was said in voice mode (an ``audio_transcription``
+    part beside its audio pointer). Image, file and audio pointers are no text."""
+    if isinstance(part, str):
+        return part
+    text = _get(part, "text")
+    if _get(part, "content_type") == "audio_transcription" and isinstance(text, str):
+        return text
+    return None
 
 
 def _message(node: object, number: int) -> Message | None:
@@ -60,11 +79,12 @@ def _message(node: object, number: int) -> Message | None:
     if _get(message, "recipient") not in (None, "all"):
         return None
     content = _get(message, "content")
-    if _get(content, "content_type") not in _TEXT_TYPES:
+    if name_of(_get(content, "content_type")) not in _TEXT_TYPES:
         return None
     parts = _get(content, "parts")
-    # Image and file pointers are dicts among the parts: only the strings are text.
-    texts = [p for p in parts if isinstance(p, str)] if isinstance(parts, list) else []
+    texts = (
+        [t for p in parts if (t := _part_text(p)) is not None] if isinstance(parts, list) else []
+    )
     return Message(
         role=role,
         content="\n".join(texts),

@@ -21,22 +21,42 @@ _SENDERS: dict[str, Role] = {"human": "user", "assistant": "assistant"}
 
 
 def _text(item: Mapping[str, Any]) -> str:
-    """A chat message's text: its text blocks, else its flat ``text``.
+    """A chat message's text: its text blocks, else its flat ``text``, then the text of its
+    attachments (see :func:`_attached`).
 
     When ``content`` blocks are present they are the message; ``text`` then also renders tool
     use and attachments as placeholders, which are not what was said.
     """
     blocks = item.get("content")
     if isinstance(blocks, list) and blocks:
-        return "\n".join(
+        said = "\n".join(
             block["text"]
             for block in blocks
             if isinstance(block, Mapping)
             and block.get("type") == "text"
             and isinstance(block.get("text"), str)
         )
-    text = item.get("text")
-    return text if isinstance(text, str) else ""
+    else:
+        text = item.get("text")
+        said = text if isinstance(text, str) else ""
+    return "\n\n".join(t for t in (said, *_attached(item.get("attachments"))) if t.strip())
+
+
+def _attached(attachments: object) -> list[str]:
+    """The text of a message's attachments, each under a line naming it. claude.ai turns a
+    long paste into an attachment (its ``extracted_content``) and leaves the message's own
+    text empty: without it, what the user pasted is lost. Files with no extracted text
+    (``files``, images) are left out."""
+    if not isinstance(attachments, list):
+        return []
+    texts = []
+    for attachment in attachments:
+        content = attachment.get("extracted_content") if isinstance(attachment, Mapping) else None
+        if isinstance(content, str) and content.strip():
+            name = attachment.get("file_name")
+            label = f"[attached: {name}]" if isinstance(name, str) and name else "[attached]"
+            texts.append(f"{label}\n{content}")
+    return texts
 
 
 def read_claude(

@@ -9,7 +9,8 @@ The file is JSON Lines, one event a line: ``user`` and ``assistant`` turns (``me
 What the model is shown, and why: tool output is what a program printed, not something the
 user said, so only what the person typed and what the assistant wrote are kept:
 
-- user text; tool results, images and harness text (slash-command wrappers and their output,
+- user text, and a slash command's arguments with its name (``/fix-issue the login bug``);
+  tool results, images and harness text (slash-command wrappers and their output,
   ``!`` shell input and output, ``<system-reminder>`` blocks, "[Request interrupted ...]",
   meta and compaction-summary turns) are left out;
 - assistant text; ``thinking`` is left out, and the tools the assistant called become one
@@ -28,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harvest.readers._common import bad, build, optional_str, parse_time
+from harvest.readers._common import bad, build, name_of, optional_str, parse_time
 from harvest.readers.turns import Turns
 from harvest.transcript import DEFAULT_LIMITS, Limits, Role, Transcript
 
@@ -55,13 +56,17 @@ _HARNESS_PREFIXES = (
     "[Request interrupted by user",
 )
 _REMINDER = re.compile(r"<system-reminder>.*?(?:</system-reminder>|\Z)", re.DOTALL)
+# A slash command's wrapper: its name and the arguments the person typed after it.
+_COMMAND_WRAPPERS = ("<command-name>", "<command-message>", "<command-args>")
+_COMMAND_NAME = re.compile(r"<command-name>(.*?)</command-name>", re.DOTALL)
+_COMMAND_ARGS = re.compile(r"<command-args>(.*?)</command-args>", re.DOTALL)
 
 
 def is_session_event(obj: object) -> bool:
     """Whether one JSON line is a Claude Code session event (see ``BOOKKEEPING``)."""
     if not isinstance(obj, Mapping):
         return False
-    kind = obj.get("type")
+    kind = name_of(obj.get("type"))
     if kind in TURNS:
         return isinstance(obj.get("message"), Mapping) and "sessionId" in obj
     return kind in BOOKKEEPING and ("sessionId" in obj or "leafUuid" in obj or "messageId" in obj)
@@ -72,7 +77,20 @@ def _said(text: str) -> str:
     if "<system-reminder>" in text:
         text = _REMINDER.sub("", text)
     stripped = text.lstrip()
+    if stripped.startswith(_COMMAND_WRAPPERS):
+        return _typed_command(stripped)
     return "" if stripped.startswith(_HARNESS_PREFIXES) else text
+
+
+def _typed_command(text: str) -> str:
+    """What the person typed of a slash command, as typed (``/fix-issue the login bug``), or
+    "" for a command without arguments: the arguments are their words, the wrapper is not."""
+    args = _COMMAND_ARGS.search(text)
+    if args is None or not args.group(1).strip():
+        return ""
+    name = _COMMAND_NAME.search(text)
+    command = name.group(1).strip() if name is not None else ""
+    return f"{command} {args.group(1).strip()}".strip()
 
 
 def _content(content: object, role: Role, where: str) -> tuple[str, list[str]]:
@@ -122,7 +140,7 @@ def _turns(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, 
     return [
         (number, event)
         for number, event in enumerate(events, 1)
-        if event.get("type") in TURNS
+        if name_of(event.get("type")) in TURNS
         and not event.get("isSidechain")
         and not event.get("isMeta")
         and not event.get("isCompactSummary")
@@ -154,7 +172,7 @@ def read_claude_code(
     limits: Limits = DEFAULT_LIMITS,
 ) -> Transcript:
     """One Claude Code session: its main branch's user and assistant text (module doc)."""
-    everything = [(n, e) for n, e in enumerate(events, 1) if e.get("type") in TURNS]
+    everything = [(n, e) for n, e in enumerate(events, 1) if name_of(e.get("type")) in TURNS]
     kept = _turns(events)
     if everything and all(e.get("isSidechain") for _, e in everything):
         raise bad("a sub-agent's session (every turn isSidechain): its prompts are not the user's")

@@ -21,7 +21,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harvest.readers._common import TEXT_PART_TYPES, bad, build, identifier, parse_time
+from harvest.readers._common import (
+    TEXT_PART_TYPES,
+    bad,
+    build,
+    identifier,
+    name_of,
+    parse_time,
+)
 from harvest.readers.turns import Turns
 from harvest.transcript import DEFAULT_LIMITS, Limits, Role, Transcript
 
@@ -52,7 +59,7 @@ def is_rollout_line(obj: object) -> bool:
     """Whether one JSON line is a Codex rollout line (``{timestamp, type, payload}``)."""
     return (
         isinstance(obj, Mapping)
-        and obj.get("type") in ROLLOUT_TYPES
+        and name_of(obj.get("type")) in ROLLOUT_TYPES
         and isinstance(obj.get("payload"), Mapping)
         and "timestamp" in obj
     )
@@ -65,7 +72,7 @@ def _text(content: object, where: str) -> str:
         part["text"]
         for part in content
         if isinstance(part, Mapping)
-        and part.get("type") in TEXT_PART_TYPES
+        and name_of(part.get("type")) in TEXT_PART_TYPES
         and isinstance(part.get("text"), str)
         and not part["text"].lstrip().startswith(_CONTEXT_PREFIXES)
     ]
@@ -92,7 +99,7 @@ def read_codex(
             session_id = identifier(payload.get("id"), f"line {number} session_meta id")
         if kind != "response_item":
             continue
-        item = payload.get("type")
+        item = name_of(payload.get("type"))
         if item in _CALLS:
             name = payload.get("name")
             tool = name if isinstance(name, str) and name else _CALLS[str(item)]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harvest.errors import TranscriptFormatError
-from harvest.readers._common import json_problem, split_lines, too_deep
+from harvest.readers._common import bad, json_problem, split_lines, too_deep
 from harvest.readers.chatgpt import read_chatgpt
 from harvest.readers.claude import read_claude
 from harvest.readers.claude_code import read_claude_code
@@ -28,6 +29,8 @@ from harvest.readers.native import read_native, read_openai
 from harvest.readers.sessions import session_events, session_id, session_kind
 from harvest.redact import redact_text
 from harvest.transcript import DEFAULT_LIMITS, Limits, Transcript, too_large
+
+log = logging.getLogger(__name__)
 
 SUFFIXES = frozenset({".json", ".jsonl", ".zip"})
 _LINES_SUFFIXES = frozenset({".jsonl", ".ndjson"})
@@ -139,6 +142,15 @@ def _read_one(
         result.errors.append((label, _refusal(exc, where)))
     except RecursionError:
         result.errors.append((label, _refusal(too_deep(""), where)))
+    except (TypeError, AttributeError) as exc:
+        # A JSON value of a type the reader did not check for (a list where a name belongs):
+        # this conversation is refused, and the rest of the file and the import go on. Logged
+        # with its traceback, since a reader missed a check; no value is quoted.
+        log.warning(
+            "%s: the %s reader met a value of a type it did not expect", label, kind, exc_info=exc
+        )
+        problem = bad(f"a field holds a JSON value of an unexpected type ({type(exc).__name__})")
+        result.errors.append((label, _refusal(problem, where)))
     else:
         result.transcripts.append(transcript)
 
