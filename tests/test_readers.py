@@ -476,6 +476,57 @@ def test_claude_export_keeps_pasted_text_from_attachments(tmp_path: Path) -> Non
     assert t.messages[2].content == "Thanks!\n\n[attached]\nPasted too."
 
 
+def claude_tree(leaf: str | None = None) -> dict[str, Any]:
+    """A claude.ai conversation as its flat list keeps it: the user edited their second
+    message (h2 -> h2-new) and retried the answer to it (a2-new -> a2-retry)."""
+
+    def message(uuid: str, parent: str, sender: str, text: str) -> dict[str, Any]:
+        return {"uuid": uuid, "parent_message_uuid": parent, "sender": sender, "text": text}
+
+    chat = [
+        message("h1", "00000000-0000-4000-8000-000000000000", "human", "Which database?"),
+        message("a1", "h1", "assistant", "Postgres or Mongo."),
+        message("h2", "a1", "human", "ABANDONED: we will use MongoDB."),
+        message("a2", "h2", "assistant", "ABANDONED reply."),
+        message("h2-new", "a1", "human", "We will use PostgreSQL."),
+        message("a2-new", "h2-new", "assistant", "ABANDONED answer, retried."),
+        message("a2-retry", "h2-new", "assistant", "PostgreSQL it is."),
+    ]
+    conversation: dict[str, Any] = {"uuid": "tree", "chat_messages": chat}
+    if leaf is not None:
+        conversation["current_leaf_message_uuid"] = leaf
+    return conversation
+
+
+@pytest.mark.parametrize("leaf", [None, "a2-retry", "gone"])
+def test_claude_export_reads_the_branch_the_user_ended_on(tmp_path: Path, leaf: str | None) -> None:
+    # Every edit and retry sits in the one list: all of it was read, so an abandoned
+    # decision reached the model as if it stood.
+    t = only(read_path(write_json(tmp_path / "conversations.json", [claude_tree(leaf)])))
+    assert [m.content for m in t.messages] == [
+        "Which database?",
+        "Postgres or Mongo.",
+        "We will use PostgreSQL.",
+        "PostgreSQL it is.",
+    ]
+
+
+def test_claude_export_without_a_whole_chain_is_read_whole(tmp_path: Path) -> None:
+    older = claude_tree("a2")  # the leaf the export names wins over the newest
+    broken = {**claude_tree(), "uuid": "broken"}  # a parent the list lacks: lose nothing
+    broken["chat_messages"][0]["parent_message_uuid"] = "not-in-the-export"
+    flat = {**claude_tree(), "uuid": "flat"}  # no parents at all: the list as it is
+    for item in flat["chat_messages"]:
+        del item["parent_message_uuid"]
+    path = write_json(tmp_path / "conversations.json", [older, broken, flat])
+    first, second, third = read_path(path).transcripts
+    assert [m.content for m in first.messages][2:] == [
+        "ABANDONED: we will use MongoDB.",
+        "ABANDONED reply.",
+    ]
+    assert len(second.messages) == len(third.messages) == 7
+
+
 def test_claude_export_skips_an_empty_conversation(tmp_path: Path) -> None:
     empty = {"uuid": "empty", "name": "", "chat_messages": []}
     path = write_json(tmp_path / "conversations.json", [empty, claude_conversation("ok")])

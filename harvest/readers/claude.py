@@ -18,6 +18,41 @@ from harvest.transcript import (
 )
 
 _SENDERS: dict[str, Role] = {"human": "user", "assistant": "assistant"}
+# The parent claude.ai gives a conversation's first message.
+_ROOT_PARENT = "00000000-0000-4000-8000-000000000000"
+
+
+def _current_branch(chat: list[Any], leaf: object) -> set[str] | None:
+    """The uuids of the messages on the branch the user ended on; None: read every message.
+
+    claude.ai keeps every edited message and every retried answer in the one flat
+    ``chat_messages`` list, each naming its ``parent_message_uuid``: the branch is walked back
+    from ``current_leaf_message_uuid`` or, when the export has none, from the last message no
+    other follows. Without a uuid and a parent on every message, or when the walk meets a
+    parent the list lacks (a broken chain would lose the start), every message is read.
+    """
+    parent_of: dict[str, str | None] = {}
+    for item in chat:
+        if not isinstance(item, Mapping) or "parent_message_uuid" not in item:
+            return None
+        uuid, parent = item.get("uuid"), item["parent_message_uuid"]
+        if not isinstance(uuid, str) or not (parent is None or isinstance(parent, str)):
+            return None
+        parent_of[uuid] = parent
+    if not isinstance(leaf, str) or leaf not in parent_of:
+        followed = set(parent_of.values())
+        leaves = [uuid for uuid in parent_of if uuid not in followed]
+        if not leaves:
+            return None
+        leaf = leaves[-1]
+    branch: set[str] = set()
+    node: str | None = leaf
+    while node in parent_of and node not in branch:
+        branch.add(node)
+        node = parent_of[node]
+    if node is not None and node != _ROOT_PARENT:
+        return None  # a parent the list lacks, or a cycle: keep everything, lose nothing
+    return branch
 
 
 def _text(item: Mapping[str, Any]) -> str:
@@ -67,7 +102,8 @@ def read_claude(
     source_format: str,
     limits: Limits = DEFAULT_LIMITS,
 ) -> Transcript:
-    """One Claude conversation: its ``chat_messages`` from human and assistant, text only."""
+    """One Claude conversation: its ``chat_messages`` from human and assistant on the branch
+    the user ended on, text only."""
     conversation_id = identifier(obj.get("uuid"), "uuid")
     if conversation_id is None:
         raise bad("conversation has no uuid")
@@ -76,9 +112,12 @@ def read_claude(
         raise bad("chat_messages must be a list")
     check_message_count(len(chat), limits)  # before a Message is built
     messages: list[Message] = []
+    branch = _current_branch(chat, obj.get("current_leaf_message_uuid"))
     for number, item in enumerate(chat, 1):
         if not isinstance(item, Mapping):
             raise bad(f"chat message {number} must be an object")
+        if branch is not None and item["uuid"] not in branch:
+            continue  # an edited-away message or a retried answer
         role = _SENDERS.get(str(item.get("sender")))
         if role is None:
             continue
