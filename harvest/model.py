@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from harvest.options import MIN_CONTEXT_TOKENS, ModelOptions
 from harvest.outcome import Counts
 from harvest.prompt import build_messages, reask_messages, render_message
 from harvest.transcript import Limits, Transcript, check_size, too_large
+from store.terms import FactText, disagreement
 
 # The call contract, the options and token counting live in the modules named for them.
 __all__ = [
@@ -310,7 +310,8 @@ def _final(answer: LLMAnswer, options: ModelOptions, max_facts: int | None = Non
 
 
 def _title_key(title: str) -> str:
-    return " ".join(re.findall(r"\w+", title.casefold()))
+    # Case, spacing and closing punctuation aside: "Uses C++" and "Uses C#" stay two titles.
+    return " ".join(title.casefold().split()).rstrip(".!?;:, ")
 
 
 def spelled_as_known(
@@ -330,12 +331,34 @@ def spelled_as_known(
 
 
 def merge_notes(notes: Iterable[NoteCandidate], max_facts: int) -> list[NoteCandidate]:
-    """Deduplicate by normalized title (keeping the most confident), sort by confidence
-    (highest first, ties in order of appearance) and keep at most ``max_facts``."""
-    best: dict[str, NoteCandidate] = {}
+    """Deduplicate notes of one title (normalized) that hold one fact, keeping the most
+    confident; sort by confidence (highest first, ties in order of appearance) and keep at
+    most ``max_facts``.
+
+    Two notes of one title whose titles or bodies disagree (``store.terms.disagreement``:
+    "Editor preference" as Vim for Python and as VS Code for TypeScript, or "Uses C++" and
+    "Uses C#") are both kept: the title alone does not make them one fact, and the store's
+    same-fact rule then judges each as it judges notes from two conversations.
+    """
+    kept: list[NoteCandidate] = []
     for note in notes:
         key = _title_key(note.title) or note.title
-        if key not in best or note.confidence > best[key].confidence:
-            best[key] = note
-    ranked = sorted(best.values(), key=lambda n: -n.confidence)
+        twin = next(
+            (
+                i
+                for i, held in enumerate(kept)
+                if (_title_key(held.title) or held.title) == key
+                and disagreement(_fact(held), _fact(note)) is None
+            ),
+            None,
+        )
+        if twin is None:
+            kept.append(note)
+        elif note.confidence > kept[twin].confidence:
+            kept[twin] = note
+    ranked = sorted(kept, key=lambda n: -n.confidence)
     return ranked[:max_facts]
+
+
+def _fact(note: NoteCandidate) -> FactText:
+    return FactText(title=note.title, body=note.body)

@@ -589,6 +589,30 @@ def test_merge_notes_dedupes_by_normalized_title_keeping_the_most_confident() ->
     assert [(n.title, n.confidence) for n in merged] == [("uses tabs.", 0.7), ("Other", 0.5)]
 
 
+def test_merge_notes_keeps_notes_of_one_title_that_hold_different_facts() -> None:
+    # One answer's notes were merged by title words alone: the VS Code note and the C# note
+    # were lost, counted nowhere.
+    parsed = parse_answer(
+        json.dumps(
+            [
+                note("Editor preference", body="Uses Vim for Python.", confidence=0.9),
+                note("Editor preference", body="Uses VS Code for TypeScript.", confidence=0.8),
+                note("Uses C++ at work", confidence=0.7),
+                note("Uses C# at work", confidence=0.6),
+                note("Editor preference.", body="Uses Vim for Python!", confidence=0.95),
+            ]
+        ),
+        TYPES,
+    )
+    merged = merge_notes(parsed.notes, 5)
+    assert [(n.title, n.body) for n in merged] == [
+        ("Editor preference.", "Uses Vim for Python!"),
+        ("Editor preference", "Uses VS Code for TypeScript."),
+        ("Uses C++ at work", merged[2].body),
+        ("Uses C# at work", merged[3].body),
+    ]
+
+
 # --- retry policy, unit level ------------------------------------------------------------
 
 
