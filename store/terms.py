@@ -212,9 +212,11 @@ class FactText:
     topics: str = ""
 
 
-def _disagree(a: Sequence[str], b: Sequence[str]) -> str | None:
+def _disagree(a: Sequence[str], b: Sequence[str], *, title: bool = False) -> str | None:
     """Why two ordered term lists state different things, or None when one only adds to the
-    other."""
+    other. In a title, words added ahead of all the shared ones name another subject or a
+    state the fact is in (``Sister lives in Berlin``, ``Plans to move to Berlin``,
+    ``Former manager is Bob``), not a detail of it."""
     set_a, set_b = set(a), set(b)
     if (set_a ^ set_b) & POLAR_TERMS:
         return "polarity"
@@ -222,7 +224,24 @@ def _disagree(a: Sequence[str], b: Sequence[str]) -> str | None:
         return "substitution"
     if [t for t in a if t in set_b] != [t for t in b if t in set_a]:
         return "order"
+    if title and bool(_lead(a, set_b)) != bool(_lead(b, set_a)):
+        return "subject"
     return None
+
+
+# A title's own subject, named or not ("User prefers tabs" is "Prefers tabs").
+_THE_USER = frozenset({"user"})
+
+
+def _lead(terms: Sequence[str], shared: set[str]) -> list[str]:
+    """The terms ahead of the first one in ``shared``, the user aside."""
+    lead: list[str] = []
+    for term in terms:
+        if term in shared:
+            break
+        if term not in _THE_USER:
+            lead.append(term)
+    return lead
 
 
 def _marks(text: str) -> set[tuple[str, str]]:
@@ -230,8 +249,67 @@ def _marks(text: str) -> set[tuple[str, str]]:
     return {MARKERS[word] for word in _words(text) if word in MARKERS}
 
 
+# Verbs of a state that holds for a time, whose past says it no longer holds ("Lived in
+# Berlin" is not "Lives in Berlin"). An event's verb is left out: "Decided to use Redis" and
+# "Decides to use Redis" tell one decision.
+STATE_VERBS = frozenset(
+    {
+        "attend",
+        "belong",
+        "date",
+        "enjoy",
+        "follow",
+        "hate",
+        "host",
+        "like",
+        "live",
+        "love",
+        "maintain",
+        "manage",
+        "need",
+        "own",
+        "play",
+        "prefer",
+        "rent",
+        "reside",
+        "stay",
+        "study",
+        "support",
+        "use",
+        "want",
+        "work",
+    }
+)
+
+
+def _verb_tenses(text: str) -> dict[str, set[tuple[str, str]]]:
+    """The tense each ``STATE_VERBS`` verb carries in a text: ``past`` for its regular past
+    form (``lived``, ``used``: ends in -ed, which the stemmer takes off), ``present`` for any
+    other (``lives``, ``living``, ``live``). The stemmer makes them one term."""
+    words = _words(text)
+    cache = _cached(words)
+    tenses: dict[str, set[tuple[str, str]]] = {}
+    for word in words:
+        term = cache[word]
+        if term is None or term not in _STATE_TERMS:
+            continue
+        past = word.endswith("ed") and term != word
+        tenses.setdefault(term, set()).add(("tense", "past" if past else "present"))
+    return tenses
+
+
+_STATE_TERMS = frozenset(
+    str(snowballstemmer.stemmer("english").stemWord(verb)) for verb in STATE_VERBS
+)
+
+
 def _marked_apart(a: str, b: str) -> str | None:
-    """The first class in which each text carries a mark the other lacks, or None."""
+    """The first class in which each text carries a mark the other lacks, or None: the
+    ``MARKERS`` stop words, and the tense of a verb both texts use (``lives``/``lived``)."""
+    tenses_a, tenses_b = _verb_tenses(a), _verb_tenses(b)
+    for term in tenses_a.keys() & tenses_b.keys():
+        if tenses_a[term] - tenses_b[term] and tenses_b[term] - tenses_a[term]:
+            return "tense"
     marks_a, marks_b = _marks(a), _marks(b)
     only_a, only_b = marks_a - marks_b, marks_b - marks_a
     apart = {kind for kind, _ in only_a} & {kind for kind, _ in only_b}
@@ -242,7 +320,8 @@ def disagreement(a: FactText, b: FactText) -> str | None:
     """Why two notes hold different facts (``title-substitution``, ``body-tense``, ...), or
     None when neither title nor body contradicts the other."""
     for part, x, y in (("title", a.title, b.title), ("body", a.body, b.body)):
-        why = _disagree(content_terms(x), content_terms(y)) or _marked_apart(x, y)
+        title = part == "title"
+        why = _disagree(content_terms(x), content_terms(y), title=title) or _marked_apart(x, y)
         if why is not None:
             return f"{part}-{why}"
     return None

@@ -199,6 +199,27 @@ def test_more_than_max_facts_are_capped_highest_confidence_first(
     assert sorted(n.title for n in rows(store, Memory)) == ["Fact number 1", "Fact number 3"]
 
 
+@pytest.mark.parametrize(
+    ("held", "then"),
+    [
+        ("Lives in Berlin", "Sister lives in Berlin"),  # another person: rewrote the note
+        ("Plans to move to Berlin", "Moved to Berlin"),  # the plan done: was skipped
+        ("Lives in Berlin", "Lived in Berlin"),  # no longer so: was skipped
+    ],
+)
+def test_a_different_fact_one_word_apart_is_a_note_of_its_own(
+    make_store, backend, server, held: str, then: str
+) -> None:
+    store = make_store(backend, **model_settings(server))
+    topics = ["location", "profile"]
+    server.script(answer([note(held, body="Said in a chat.", topics=topics)]))
+    harvest_transcript(store, transcript("first", cid="c1"))
+    server.script(answer([note(then, body="Said in a chat.", topics=topics)]))
+    report = harvest_transcript(store, transcript("second", cid="c2"))
+    assert (report.notes_written, report.notes_updated, report.notes_skipped) == (1, 0, 0)
+    assert sorted(n.title for n in rows(store, Memory)) == sorted([held, then])
+
+
 def test_the_same_fact_updates_its_note_and_a_different_one_is_a_new_note(
     make_store, backend, server
 ) -> None:

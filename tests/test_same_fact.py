@@ -592,3 +592,25 @@ def test_a_blank_topic_key_is_refused_by_the_store(store: Store, key: str) -> No
     assert result.outcome == "invalid" and result.error is not None
     assert result.error.reason == "bad_topic_key"
     assert store.list_notes(ALICE) == []
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "why"),
+    [
+        ("Lives in Berlin", "Lived in Berlin", "title-tense"),
+        ("Works at Acme", "Worked at Acme", "title-tense"),
+        ("Lives in Berlin", "Sister lives in Berlin", "title-subject"),
+        ("Allergic to peanuts", "Son allergic to peanuts", "title-subject"),
+        ("Plans to move to Berlin", "Moved to Berlin", "title-subject"),
+        ("Former manager is Bob", "Manager is Bob", "title-subject"),
+        ("Used to drink coffee", "Drinks coffee", "title-subject"),
+        ("Prefers tabs", "User prefers tabs", None),  # the user is every title's subject
+        ("Decided to use Redis", "Decides to use Redis", None),  # one decision, told twice
+        ("Prefers tabs", "Prefers tabs in Go", None),  # a detail after the fact
+    ],
+)
+def test_a_verbs_tense_and_a_title_s_new_subject_disagree(a: str, b: str, why: str | None) -> None:
+    # The stemmer made lives/lived one word, and words added ahead of the fact read as a
+    # detail: the second note was skipped as adding nothing, or rewrote the first.
+    assert disagreement(FactText(a, ""), FactText(b, "")) == why
+    assert disagreement(FactText(b, ""), FactText(a, "")) == why
