@@ -98,7 +98,14 @@ MARKERS: dict[str, tuple[str, str]] = {
 
 _APOSTROPHES = re.compile(r"(?<=\w)['\u2019](?=\w)")
 _HYPHENS = re.compile(r"(?<=\w)[-\u2010\u2011](?=\w)")
-_WORD = re.compile(r"\w+", re.UNICODE)
+# A word, with what its punctuation says kept: a language named by its sign (``c++``, ``c#``,
+# ``f#``), a number of several groups (``3.10.10``, ``1,000,000``), a minus (``-18``). Split
+# on it, these were one word (``c``) or several (``3``, ``10``) and so other facts.
+_WORD = re.compile(
+    r"\w+(?:\+\+|#)(?![\w#+])|(?<![\w.,-])-?\d+(?:[.,]\d+)+(?![.,]?\d)|(?<![\w-])-\d+|\w+"
+)
+# Whether a text may hold any of those (else ASCII text is split without the regex).
+_SIGNED = re.compile(r"[+#]|[.,-]\d")
 # A Snowball stemmer keeps the word it works on in itself: threads sharing one corrupt each
 # other's stems (dedupe reads ahead on a thread; the HTTP service and a threads pool run
 # harvests side by side). Each thread gets its own.
@@ -151,6 +158,12 @@ def _term(word: str) -> str | None:
     return str(stemmer.stemWord(word))
 
 
+def _signed(text: str) -> bool:
+    # Plain membership first: most text holds none of these characters.
+    maybe = "+" in text or "#" in text or "." in text or "," in text or "-" in text
+    return maybe and _SIGNED.search(text) is not None
+
+
 def _words(text: str) -> list[str]:
     """The lowercased words of a text, apostrophes dropped and hyphenated compounds joined."""
     text = text.lower()
@@ -159,7 +172,9 @@ def _words(text: str) -> list[str]:
     if "-" in text or "\u2010" in text or "\u2011" in text:
         text = _HYPHENS.sub("", text)
     # ASCII text (most of it) is split without the regex, to the same words.
-    return text.translate(_ASCII_NON_WORD).split() if text.isascii() else _WORD.findall(text)
+    if text.isascii() and not _signed(text):
+        return text.translate(_ASCII_NON_WORD).split()
+    return _WORD.findall(text)
 
 
 def _cached(words: list[str]) -> dict[str, str | None]:

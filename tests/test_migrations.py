@@ -102,3 +102,50 @@ def test_0012_gives_notes_with_a_long_word_its_term_and_takes_it_back(fresh_stor
     migrate("head")
     assert terms() == now
     fresh_store.dispose()
+
+
+def test_0013_rebuilds_the_terms_of_notes_with_a_sign_or_a_grouped_number(
+    fresh_store: Store,
+) -> None:
+    from sqlalchemy import text
+
+    fresh_store.migrate()
+    scope = ("owner", "a")
+    plain = fresh_store.write(scope, {"title": "Short words only", "body": "b"}).memory.id
+    sharp = fresh_store.write(scope, {"title": "Uses C# at work", "body": "b"}).memory.id
+    grouped = fresh_store.write(scope, {"title": "Pinned to 3.10.10", "body": "b"}).memory.id
+    # As the earlier rule indexed them: C# was the term c, 3.10.10 the terms 3 and 10.
+    earlier = {plain: {"short", "word"}, sharp: {"use", "c", "work"}, grouped: {"pin", "3", "10"}}
+    config = alembic_config(fresh_store.engine)
+    with fresh_store.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0012")
+        conn.execute(text("DELETE FROM memory_terms"))
+        for note_id, terms in earlier.items():
+            for term in terms:
+                conn.execute(
+                    text(
+                        "INSERT INTO memory_terms (memory_id, term, scope_kind, scope_id)"
+                        " VALUES (:id, :term, 'owner', 'a')"
+                    ),
+                    {"id": note_id, "term": term},
+                )
+            conn.execute(
+                text("UPDATE memories SET term_count = :n WHERE id = :id"),
+                {"id": note_id, "n": len(terms)},
+            )
+    fresh_store.migrate()
+    with fresh_store.engine.connect() as conn:
+        counts = dict(conn.execute(text("SELECT id, term_count FROM memories")).all())
+        found = conn.execute(text("SELECT memory_id, term FROM memory_terms")).all()
+    terms = {i: {t for m, t in found if m == i} for i in counts}
+    assert terms == {
+        plain: {"short", "word"},
+        sharp: {"use", "c#", "work"},
+        grouped: {"pin", "3.10.10"},
+    }
+    assert counts == {plain: 2, sharp: 3, grouped: 2}
+    # A C note shares two of the C# note's four terms now (it scored 1.0: the same fact).
+    similar = fresh_store.write(scope, {"title": "Uses C at work", "body": "b"}).similar
+    assert [(s.slug, s.score) for s in similar] == [("uses-c-at-work", 0.5)]
+    fresh_store.dispose()

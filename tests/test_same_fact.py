@@ -25,7 +25,14 @@ from harvest.queue import record_jobs
 from harvest.readers.load import read_path
 from store import Scope, Store
 from store.models import Job, Memory, MemoryVersion
-from store.terms import FactText, content_terms, disagreement, same_fact, score
+from store.terms import (
+    FactText,
+    content_terms,
+    disagreement,
+    same_fact,
+    score,
+    similarity_terms,
+)
 from store.text import normalize_topics
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.test_harvest_job import model_settings, transcript
@@ -614,3 +621,20 @@ def test_a_verbs_tense_and_a_title_s_new_subject_disagree(a: str, b: str, why: s
     # detail: the second note was skipped as adding nothing, or rewrote the first.
     assert disagreement(FactText(a, ""), FactText(b, "")) == why
     assert disagreement(FactText(b, ""), FactText(a, "")) == why
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Uses C++ at work", "Uses C# at work"),
+        ("Prefers C for embedded code", "Prefers C++ for embedded code"),
+        ("Pinned to Python 3.10", "Pinned to Python 3.10.10"),
+        ("Latest release is 1.0", "Latest release is 1.0.1"),
+        ("Budget is $1,000", "Budget is $1,000,000"),
+        ("Freezer set to -18 C", "Freezer set to 18 C"),
+    ],
+)
+def test_a_sign_or_a_numbers_groups_make_another_fact(a: str, b: str) -> None:
+    # Split on punctuation, C++ and C# were the term c, and 3.10.10 the terms 3 and 10.
+    assert not same_fact(FactText(a, "x"), FactText(b, "x"), THRESHOLD)
+    assert similarity_terms(a, "") != similarity_terms(b, "")
