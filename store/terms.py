@@ -96,6 +96,24 @@ MARKERS: dict[str, tuple[str, str]] = {
     **dict.fromkeys(("some", "any", "several"), ("amount", "some")),
 }
 
+# Whose fact a title tells, by its pronouns' person (titles only: a body's "we discussed" or
+# "they said" tells who spoke, not whose fact it is). He, she and a singular they are one
+# person here; the gender MARKERS tell he from she.
+PERSONS: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(
+        ("i", "me", "my", "mine", "myself", "we", "us", "our", "ours", "ourselves"),
+        ("person", "first"),
+    ),
+    **dict.fromkeys(("you", "your", "yours", "yourself", "yourselves"), ("person", "second")),
+    **dict.fromkeys(
+        (
+            *("he", "him", "his", "himself", "she", "her", "hers", "herself"),
+            *("they", "them", "their", "theirs", "themselves"),
+        ),
+        ("person", "third"),
+    ),
+}
+
 _APOSTROPHES = re.compile(r"(?<=\w)['\u2019](?=\w)")
 _HYPHENS = re.compile(r"(?<=\w)[-\u2010\u2011](?=\w)")
 # A word, with what its punctuation says kept: a language named by its sign (``c++``, ``c#``,
@@ -259,9 +277,13 @@ def _lead(terms: Sequence[str], shared: set[str]) -> list[str]:
     return lead
 
 
-def _marks(text: str) -> set[tuple[str, str]]:
-    """The ``MARKERS`` classes and marks a text's words carry."""
-    return {MARKERS[word] for word in _words(text) if word in MARKERS}
+def _marks(text: str, *, title: bool = False) -> set[tuple[str, str]]:
+    """The ``MARKERS`` classes and marks a text's words carry (and, in a title, ``PERSONS``)."""
+    words = _words(text)
+    marks = {MARKERS[word] for word in words if word in MARKERS}
+    if title:
+        marks.update(PERSONS[word] for word in words if word in PERSONS)
+    return marks
 
 
 # Verbs of a state that holds for a time, whose past says it no longer holds ("Lived in
@@ -318,14 +340,15 @@ _STATE_TERMS = frozenset(
 )
 
 
-def _marked_apart(a: str, b: str) -> str | None:
+def _marked_apart(a: str, b: str, *, title: bool = False) -> str | None:
     """The first class in which each text carries a mark the other lacks, or None: the
-    ``MARKERS`` stop words, and the tense of a verb both texts use (``lives``/``lived``)."""
+    ``MARKERS`` stop words (and, in titles, ``PERSONS``), and the tense of a verb both texts
+    use (``lives``/``lived``)."""
     tenses_a, tenses_b = _verb_tenses(a), _verb_tenses(b)
     for term in tenses_a.keys() & tenses_b.keys():
         if tenses_a[term] - tenses_b[term] and tenses_b[term] - tenses_a[term]:
             return "tense"
-    marks_a, marks_b = _marks(a), _marks(b)
+    marks_a, marks_b = _marks(a, title=title), _marks(b, title=title)
     only_a, only_b = marks_a - marks_b, marks_b - marks_a
     apart = {kind for kind, _ in only_a} & {kind for kind, _ in only_b}
     return min(apart) if apart else None
@@ -336,7 +359,9 @@ def disagreement(a: FactText, b: FactText) -> str | None:
     None when neither title nor body contradicts the other."""
     for part, x, y in (("title", a.title, b.title), ("body", a.body, b.body)):
         title = part == "title"
-        why = _disagree(content_terms(x), content_terms(y), title=title) or _marked_apart(x, y)
+        why = _disagree(content_terms(x), content_terms(y), title=title) or _marked_apart(
+            x, y, title=title
+        )
         if why is not None:
             return f"{part}-{why}"
     return None

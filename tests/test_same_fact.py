@@ -614,9 +614,14 @@ def test_a_blank_topic_key_is_refused_by_the_store(store: Store, key: str) -> No
         ("Prefers tabs", "User prefers tabs", None),  # the user is every title's subject
         ("Decided to use Redis", "Decides to use Redis", None),  # one decision, told twice
         ("Prefers tabs", "Prefers tabs in Go", None),  # a detail after the fact
+        ("Our team uses Jira", "Their team uses Jira", "title-person"),
+        ("My manager is Bob", "Your manager is Bob", "title-person"),
+        ("They are vegetarian", "She is vegetarian", None),  # a singular they
     ],
 )
-def test_a_verbs_tense_and_a_title_s_new_subject_disagree(a: str, b: str, why: str | None) -> None:
+def test_a_verbs_tense_a_title_s_new_subject_or_person_disagree(
+    a: str, b: str, why: str | None
+) -> None:
     # The stemmer made lives/lived one word, and words added ahead of the fact read as a
     # detail: the second note was skipped as adding nothing, or rewrote the first.
     assert disagreement(FactText(a, ""), FactText(b, "")) == why
