@@ -322,13 +322,14 @@ STATE_VERBS = frozenset(
 def _verb_tenses(text: str) -> dict[str, set[tuple[str, str]]]:
     """The tense each ``STATE_VERBS`` verb carries in a text: ``past`` for its regular past
     form (``lived``, ``used``: ends in -ed, which the stemmer takes off), ``present`` for any
-    other (``lives``, ``living``, ``live``). The stemmer makes them one term."""
+    other (``lives``, ``living``, ``live``). The stemmer makes them one term. A verb after
+    ``to`` carries no tense (``used to use Vim`` is past by its ``used``)."""
     words = _words(text)
     cache = _cached(words)
     tenses: dict[str, set[tuple[str, str]]] = {}
-    for word in words:
+    for i, word in enumerate(words):
         term = cache[word]
-        if term is None or term not in _STATE_TERMS:
+        if term is None or term not in _STATE_TERMS or (i and words[i - 1] == "to"):
             continue
         past = word.endswith("ed") and term != word
         tenses.setdefault(term, set()).add(("tense", "past" if past else "present"))
