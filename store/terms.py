@@ -320,19 +320,28 @@ STATE_VERBS = frozenset(
 
 
 def _verb_tenses(text: str) -> dict[str, set[tuple[str, str]]]:
-    """The tense each ``STATE_VERBS`` verb carries in a text: ``past`` for its regular past
-    form (``lived``, ``used``: ends in -ed, which the stemmer takes off), ``present`` for any
-    other (``lives``, ``living``, ``live``). The stemmer makes them one term. A verb after
-    ``to`` carries no tense (``used to use Vim`` is past by its ``used``)."""
+    """The tense each verb carries in a text, by its ending (the stemmer makes the forms one
+    term). A ``STATE_VERBS`` verb: ``past`` for its regular past form (``lived``, ``used``),
+    ``present`` for any other (``lives``, ``living``, ``live``). Any other verb: ``done``
+    for its past form, ``ongoing`` for its -ing form (``learning`` / ``learned Rust``,
+    ``migrating`` / ``migrated CI``); its -s or bare form says neither (``decides`` and
+    ``decided`` tell one decision). A verb after ``to`` carries no tense (``used to use Vim``
+    is past by its ``used``)."""
     words = _words(text)
     cache = _cached(words)
     tenses: dict[str, set[tuple[str, str]]] = {}
     for i, word in enumerate(words):
         term = cache[word]
-        if term is None or term not in _STATE_TERMS or (i and words[i - 1] == "to"):
+        if term is None or (i and words[i - 1] == "to"):
             continue
         past = word.endswith("ed") and term != word
-        tenses.setdefault(term, set()).add(("tense", "past" if past else "present"))
+        if term in _STATE_TERMS:
+            mark = ("tense", "past" if past else "present")
+        elif past or (word.endswith("ing") and term != word):
+            mark = ("aspect", "done" if past else "ongoing")
+        else:
+            continue
+        tenses.setdefault(term, set()).add(mark)
     return tenses
 
 
@@ -346,9 +355,10 @@ def _marked_apart(a: str, b: str, *, title: bool = False) -> str | None:
     ``MARKERS`` stop words (and, in titles, ``PERSONS``), and the tense of a verb both texts
     use (``lives``/``lived``)."""
     tenses_a, tenses_b = _verb_tenses(a), _verb_tenses(b)
-    for term in tenses_a.keys() & tenses_b.keys():
-        if tenses_a[term] - tenses_b[term] and tenses_b[term] - tenses_a[term]:
-            return "tense"
+    for term in sorted(tenses_a.keys() & tenses_b.keys()):
+        only_a, only_b = tenses_a[term] - tenses_b[term], tenses_b[term] - tenses_a[term]
+        if only_a and only_b:
+            return min(kind for kind, _ in only_a | only_b)
     marks_a, marks_b = _marks(a, title=title), _marks(b, title=title)
     only_a, only_b = marks_a - marks_b, marks_b - marks_a
     apart = {kind for kind, _ in only_a} & {kind for kind, _ in only_b}

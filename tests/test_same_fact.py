@@ -612,6 +612,9 @@ def test_a_blank_topic_key_is_refused_by_the_store(store: Store, key: str) -> No
         ("Former manager is Bob", "Manager is Bob", "title-subject"),
         ("Used to drink coffee", "Drinks coffee", "title-subject"),
         ("Used to use Vim", "Uses Vim", "title-tense"),  # the verb after "to" has no tense
+        ("Learning Rust", "Learned Rust", "title-aspect"),  # under way, or done
+        ("Migrating CI to Buildkite", "Migrated CI to Buildkite", "title-aspect"),
+        ("Prefers detailed answers", "Prefers details in answers", None),
         ("Prefers tabs", "User prefers tabs", None),  # the user is every title's subject
         ("Decided to use Redis", "Decides to use Redis", None),  # one decision, told twice
         ("Prefers tabs", "Prefers tabs in Go", None),  # a detail after the fact
