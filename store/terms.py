@@ -94,6 +94,7 @@ MARKERS: dict[str, tuple[str, str]] = {
     **dict.fromkeys(("she", "her", "hers", "herself", "shes"), ("gender", "she")),
     **dict.fromkeys(("all", "every", "each", "both"), ("amount", "all")),
     **dict.fromkeys(("some", "any", "several"), ("amount", "some")),
+    **dict.fromkeys(("would", "should", "could"), ("mood", "modal")),
 }
 
 # Whose fact a title tells, by its pronouns' person (titles only: a body's "we discussed" or
@@ -117,13 +118,17 @@ PERSONS: dict[str, tuple[str, str]] = {
 _APOSTROPHES = re.compile(r"(?<=\w)['\u2019](?=\w)")
 _HYPHENS = re.compile(r"(?<=\w)[-\u2010\u2011](?=\w)")
 # A word, with what its punctuation says kept: a language named by its sign (``c++``, ``c#``,
-# ``f#``), a number of several groups (``3.10.10``, ``1,000,000``), a minus (``-18``). Split
-# on it, these were one word (``c``) or several (``3``, ``10``) and so other facts.
+# ``f#``), a number of several groups (``3.10.10``, ``v2.0.2``, ``1,000,000``, ``10:30``), a
+# minus (``-18``). Split on it, these were one word (``c``) or several (``3``, ``10``) and
+# so other facts.
 _WORD = re.compile(
-    r"\w+(?:\+\+|#)(?![\w#+])|(?<![\w.,-])-?\d+(?:[.,]\d+)+(?![.,]?\d)|(?<![\w-])-\d+|\w+"
+    r"\w+(?:\+\+|#)(?![\w#+])"
+    r"|(?<![\w.,:-])[-v]?\d+(?:[.,:]\d+)+(?![.,:]?\d)"
+    r"|(?<![\w-])-\d+"
+    r"|\w+"
 )
 # Whether a text may hold any of those (else ASCII text is split without the regex).
-_SIGNED = re.compile(r"[+#]|[.,-]\d")
+_SIGNED = re.compile(r"[+#]|[.,:-]\d")
 # A Snowball stemmer keeps the word it works on in itself: threads sharing one corrupt each
 # other's stems (dedupe reads ahead on a thread; the HTTP service and a threads pool run
 # harvests side by side). Each thread gets its own.
@@ -146,7 +151,19 @@ STOP_WORDS = (
     - _NEGATIONS
     - POLAR_WORDS
 )
-POLAR_TERMS = frozenset({NOT} | set(POLAR_WORDS))
+# Words of place and exception that are content terms anyway (stemmed as any other, so the
+# term index keeps them as it did): one in one title or body and not the other is a
+# disagreement too ("Lives near Berlin", "Works remotely except on Mondays").
+_POLAR_CONTENT = ("near", "outside", "inside", "except", "unless", "instead")
+POLAR_TERMS = frozenset(
+    {NOT}
+    | set(POLAR_WORDS)
+    | {str(snowballstemmer.stemmer("english").stemWord(w)) for w in _POLAR_CONTENT}
+)
+# In a title, a class of marker it does not use at all reads as this mark: a title says
+# what is so now ("Vegetarian" against "Was vegetarian", "Uses tabs" against "Should use
+# tabs"). A body is left as it is: it has room to tell its time and mood in other words.
+_IMPLIED = (("tense", "present"), ("mood", "plain"))
 
 
 # Term of each word seen (None: a stop word); words repeat across notes, so this saves the
@@ -178,7 +195,7 @@ def _term(word: str) -> str | None:
 
 def _signed(text: str) -> bool:
     # Plain membership first: most text holds none of these characters.
-    maybe = "+" in text or "#" in text or "." in text or "," in text or "-" in text
+    maybe = "+" in text or "#" in text or "." in text or "," in text or "-" in text or ":" in text
     return maybe and _SIGNED.search(text) is not None
 
 
@@ -308,6 +325,11 @@ STATE_VERBS = frozenset(
         "play",
         "prefer",
         "rent",
+        "report",
+        "mentor",
+        "volunteer",
+        "commute",
+        "practice",
         "reside",
         "stay",
         "study",
@@ -360,6 +382,10 @@ def _marked_apart(a: str, b: str, *, title: bool = False) -> str | None:
         if only_a and only_b:
             return min(kind for kind, _ in only_a | only_b)
     marks_a, marks_b = _marks(a, title=title), _marks(b, title=title)
+    if title:
+        for marks, tenses in ((marks_a, tenses_a), (marks_b, tenses_b)):
+            marks.update(m for found in tenses.values() for m in found if m[0] == "tense")
+            marks.update(m for m in _IMPLIED if all(kind != m[0] for kind, _ in marks))
     only_a, only_b = marks_a - marks_b, marks_b - marks_a
     apart = {kind for kind, _ in only_a} & {kind for kind, _ in only_b}
     return min(apart) if apart else None

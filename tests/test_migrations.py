@@ -114,8 +114,14 @@ def test_0013_rebuilds_the_terms_of_notes_with_a_sign_or_a_grouped_number(
     plain = fresh_store.write(scope, {"title": "Short words only", "body": "b"}).memory.id
     sharp = fresh_store.write(scope, {"title": "Uses C# at work", "body": "b"}).memory.id
     grouped = fresh_store.write(scope, {"title": "Pinned to 3.10.10", "body": "b"}).memory.id
+    timed = fresh_store.write(scope, {"title": "Standup at 9:30", "body": "b"}).memory.id
     # As the earlier rule indexed them: C# was the term c, 3.10.10 the terms 3 and 10.
-    earlier = {plain: {"short", "word"}, sharp: {"use", "c", "work"}, grouped: {"pin", "3", "10"}}
+    earlier = {
+        plain: {"short", "word"},
+        sharp: {"use", "c", "work"},
+        grouped: {"pin", "3", "10"},
+        timed: {"standup", "9", "30"},
+    }
     config = alembic_config(fresh_store.engine)
     with fresh_store.engine.begin() as conn:
         config.attributes["connection"] = conn
@@ -143,8 +149,9 @@ def test_0013_rebuilds_the_terms_of_notes_with_a_sign_or_a_grouped_number(
         plain: {"short", "word"},
         sharp: {"use", "c#", "work"},
         grouped: {"pin", "3.10.10"},
+        timed: {"standup", "9:30"},
     }
-    assert counts == {plain: 2, sharp: 3, grouped: 2}
+    assert counts == {plain: 2, sharp: 3, grouped: 2, timed: 2}
     # A C note shares two of the C# note's four terms now (it scored 1.0: the same fact).
     similar = fresh_store.write(scope, {"title": "Uses C at work", "body": "b"}).similar
     assert [(s.slug, s.score) for s in similar] == [("uses-c-at-work", 0.5)]

@@ -615,6 +615,16 @@ def test_a_blank_topic_key_is_refused_by_the_store(store: Store, key: str) -> No
         ("Learning Rust", "Learned Rust", "title-aspect"),  # under way, or done
         ("Migrating CI to Buildkite", "Migrated CI to Buildkite", "title-aspect"),
         ("Prefers detailed answers", "Prefers details in answers", None),
+        ("Reports to Bob", "Reported to Bob", "title-tense"),
+        # A title that names no tense or mood says what is so now.
+        ("Vegetarian", "Was vegetarian", "title-tense"),
+        ("Allergic to peanuts", "Was allergic to peanuts", "title-tense"),
+        ("Uses tabs", "Should use tabs", "title-mood"),
+        ("Deploys on Fridays", "Would deploy on Fridays", "title-mood"),
+        ("Vegetarian", "Is vegetarian", None),
+        # Place and exception words are polar too.
+        ("Lives in Berlin", "Lives near Berlin", "title-polarity"),
+        ("Works remotely on Mondays", "Works remotely except on Mondays", "title-polarity"),
         ("Prefers tabs", "User prefers tabs", None),  # the user is every title's subject
         ("Decided to use Redis", "Decides to use Redis", None),  # one decision, told twice
         ("Prefers tabs", "Prefers tabs in Go", None),  # a detail after the fact
@@ -641,6 +651,8 @@ def test_a_verbs_tense_a_title_s_new_subject_or_person_disagree(
         ("Latest release is 1.0", "Latest release is 1.0.1"),
         ("Budget is $1,000", "Budget is $1,000,000"),
         ("Freezer set to -18 C", "Freezer set to 18 C"),
+        ("Released v2.0", "Released v2.0.2"),
+        ("Meets the team at 10", "Meets the team at 10:30"),
     ],
 )
 def test_a_sign_or_a_numbers_groups_make_another_fact(a: str, b: str) -> None:

@@ -1,9 +1,9 @@
 """A word's sign and a number's groups are kept in its term: ``c++``, ``c#``, ``3.10.10``,
-``1,000,000``, ``-18``.
+``v2.0.2``, ``1,000,000``, ``10:30``, ``-18``.
 
 Before, ``C++``, ``C#`` and ``C`` were all the term ``c`` and ``3.10.10`` the terms ``3`` and
 ``10``, so two notes differing only there were the same fact (the newer hid the older). The
-notes whose title or topics hold a ``+``, a ``#`` or a digit after ``.``, ``,`` or ``-`` get
+notes whose title or topics hold a ``+``, a ``#`` or a digit after ``.``, ``,``, ``:`` or ``-`` get
 their ``memory_terms`` and ``memories.term_count`` rebuilt with
 ``store.terms.similarity_terms`` (a note among them whose terms do not change is written as it
 was); every other note's terms are as that function gives them already.
@@ -28,7 +28,7 @@ depends_on = None
 # Notes read per statement: bounded memory on a store of millions.
 BATCH = 5_000
 # The notes whose terms may change (a cheap first test, as store.terms makes it).
-_SIGNED = re.compile(r"[+#]|[.,-]\d")
+_SIGNED = re.compile(r"[+#]|[.,:-]\d")
 
 
 def upgrade() -> None:
