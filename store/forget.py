@@ -59,6 +59,7 @@ VACUUMED = (
     "harvest_ledger",
     "jobs",
     "imports",
+    "api_keys",  # a key for the owner names them
 )
 
 
