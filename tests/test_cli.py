@@ -178,3 +178,34 @@ def test_each_command_as_a_real_process(tmp_path: Path) -> None:
     assert run("forget", "--owner", "ann", "--yes")[0] == 0
     code, _, err = run("search", "x")
     assert code == 2 and "Traceback" not in err
+
+
+def test_keys_create_list_and_revoke(cli: Cli, fresh_url: str) -> None:
+    from gleaner import Gleaner
+
+    cli.env(GLEANER_DATABASE_URL=fresh_url)
+    assert cli("db", "upgrade").code == 0
+    # No owner named: a usage error, and no key made (an all-owners key takes --all-owners).
+    refused = cli("keys", "create")
+    assert refused.code == 2 and "--owner NAME or --all-owners" in refused.err
+    assert cli("keys", "list", "--json").json() == []
+    made = cli("keys", "create", "--owner", "alice", "--json")
+    assert made.code == 0, made.err
+    alice = made.json()
+    everyone = cli("keys", "create", "--all-owners", "--json").json()
+    gleaner = Gleaner(database_url=fresh_url)
+    try:
+        key = gleaner.verify_api_key(alice["token"])
+        assert key is not None and key.allows("alice") and not key.allows("bob")
+        wide = gleaner.verify_api_key(everyone["token"])
+        assert wide is not None and wide.owner is None and wide.allows("bob")
+        listed = cli("keys", "list")
+        assert alice["id"] in listed.out and "(all owners)" in listed.out
+        assert alice["token"] not in listed.out and everyone["token"] not in listed.out
+        assert all("token" not in k for k in cli("keys", "list", "--json").json())
+        revoked = cli("keys", "revoke", alice["id"])
+        assert revoked.code == 0 and f"revoked key {alice['id']} (alice)" in revoked.out
+        assert gleaner.verify_api_key(alice["token"]) is None
+        assert [k["id"] for k in cli("keys", "list", "--json").json()] == [everyone["id"]]
+    finally:
+        gleaner.close()

@@ -85,3 +85,28 @@ def test_a_model_call_with_its_retries_must_end_before_the_soft_time_limit() -> 
         load_settings(
             harvest_timeout_seconds=300, harvest_max_retry_seconds=30, task_soft_time_limit=320
         )
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "visibility"),
+    [(900, 900, 3600), (900, 1200, 1200), (900, 1200, 1000)],
+)
+def test_the_time_limits_must_stop_a_task_before_redis_hands_it_on(
+    soft: int, hard: int, visibility: int
+) -> None:
+    # A task still running when its message becomes visible again is run twice (paid twice).
+    with pytest.raises(ConfigError, match="GLEANER_BROKER_VISIBILITY_TIMEOUT must hold"):
+        load_settings(
+            task_soft_time_limit=soft, task_time_limit=hard, broker_visibility_timeout=visibility
+        )
+    assert load_settings(
+        task_soft_time_limit=900, task_time_limit=1200, broker_visibility_timeout=3600
+    )
+
+
+def test_the_harvest_model_is_at_most_200_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLEANER_HARVEST_MODEL", "openai/" + "m" * 193)
+    assert load_settings().harvest_model == "openai/" + "m" * 193
+    monkeypatch.setenv("GLEANER_HARVEST_MODEL", "openai/" + "m" * 194)
+    with pytest.raises(ConfigError, match="GLEANER_HARVEST_MODEL"):
+        load_settings()
