@@ -67,6 +67,8 @@ def fill(store: Store) -> None:
 def test_after_forget_no_table_or_index_holds_the_owners_words(store: Store) -> None:
     bob = Scope.owner("bob")
     store.write(bob, {"title": "Bob keeps this", "body": "kept"})
+    _, everyone = store.create_api_key(owner=None)  # names nobody: it stays
+    _, bobs = store.create_api_key(owner="bob")
     fill(store)
     counts = store.forget_owner(OWNER)
     assert counts["notes"] >= 3 and counts["versions"] >= 1 and counts["jobs"] == 1
@@ -74,6 +76,7 @@ def test_after_forget_no_table_or_index_holds_the_owners_words(store: Store) -> 
     dump = every_value(store)
     assert MARKER_TAIL not in dump and OWNER not in dump
     assert store.get(bob, "bob-keeps-this") is not None  # others' notes stay
+    assert store.verify_api_key(everyone) is not None and store.verify_api_key(bobs) is not None
 
 
 def test_a_postgresql_forget_vacuums_every_table_that_held_the_owner(make_store: Any) -> None:
