@@ -51,10 +51,13 @@ MAX_MESSAGE_CHARS = 4000
 MAX_SERVER_TEXT = 500
 
 
-def server_text(text: str) -> str:
+def server_text(text: str, secret: str | None = None) -> str:
     """A model server's error text as a model error quotes it: on one line (a server's
     message may span lines: llama-cpp-python's validation error, litellm's with the whole
-    response it could not read), cut at ``MAX_SERVER_TEXT`` characters."""
+    response it could not read), cut at ``MAX_SERVER_TEXT`` characters, and without
+    ``secret``, the API key sent (a server may quote the key it refused, whole)."""
+    if secret:
+        text = text.replace(secret, "[API key]")
     return " ".join(text.split())[:MAX_SERVER_TEXT]
 
 

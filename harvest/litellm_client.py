@@ -87,7 +87,7 @@ def litellm_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
         stop = stop_signal(exc)
         if stop is not None:
             raise stop from None  # the task is told to stop: no retry, no model error
-        error = map_litellm_error(exc)
+        error = map_litellm_error(exc, secret=kwargs.get("api_key"))
         if mode != "none" and rejects_format(exc, error):
             raise ResponseFormatRejected(
                 f"the server refused response_format {mode}: {error}", format=mode
@@ -183,15 +183,16 @@ def rejects_format(exc: BaseException, error: ModelError) -> bool:
     return refuses_format(status if isinstance(status, int) else None, str(exc))
 
 
-def map_litellm_error(exc: BaseException) -> ModelError:
+def map_litellm_error(exc: BaseException, *, secret: str | None = None) -> ModelError:
     """The harvest error for an exception litellm raised.
 
-    Order matters: ContextWindowExceededError and ContentPolicyViolationError subclass
+    ``secret`` (the API key sent) is left out of the message. Order matters:
+    ContextWindowExceededError and ContentPolicyViolationError subclass
     BadRequestError, so they are told apart before it. Anything unrecognised is permanent
     unless its status code says otherwise: retrying the unknown is how a job loops.
     """
     errors = load_litellm().exceptions
-    message = server_text(str(exc)) or type(exc).__name__
+    message = server_text(str(exc), secret) or type(exc).__name__
     if isinstance(exc, errors.ContextWindowExceededError):
         return ContextWindowExceeded(message)
     transient = (

@@ -149,25 +149,27 @@ def openai_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
     except (OSError, http.client.HTTPException) as exc:
         raise TransientModelError(f"connection error: {type(exc).__name__}: {exc}") from None
     if status >= 400:
-        raise _error(status, _error_text(data), response_headers, mode)
+        secret = None if options.api_key is None else options.api_key.get_secret_value()
+        raise _error(status, _error_text(data, secret), response_headers, mode)
     return _answer(status, data, options.model)
 
 
-def _error_text(data: bytes) -> str:
+def _error_text(data: bytes, secret: str | None = None) -> str:
     """The server's error message on one line: ``error.message`` of a JSON body, else the
-    body (llama-cpp-python's spans lines: a validation error, then its own source line)."""
+    body (llama-cpp-python's spans lines: a validation error, then its own source line),
+    without ``secret`` (the API key sent)."""
     text = data.decode("utf-8", "replace")
     try:
         parsed = json.loads(text)
     except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
-        return server_text(text)
+        return server_text(text, secret)
     error = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(error, dict):
         parts = [str(error.get(key)) for key in ("message", "type", "code") if error.get(key)]
-        return server_text(" ".join(parts))
+        return server_text(" ".join(parts), secret)
     if isinstance(error, str):
-        return server_text(error)
-    return server_text(text)
+        return server_text(error, secret)
+    return server_text(text, secret)
 
 
 def _error(status: int, text: str, headers: Mapping[str, str], mode: str) -> ModelError:

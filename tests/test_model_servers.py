@@ -16,7 +16,12 @@ import pytest
 
 from harvest.answer import parse_answer
 from harvest.candidate import NoteCandidate
-from harvest.errors import ResponseFormatRejected, TransientModelError, UnparseableAnswer
+from harvest.errors import (
+    PermanentModelError,
+    ResponseFormatRejected,
+    TransientModelError,
+    UnparseableAnswer,
+)
 from harvest.formats import FORMATS, forget_formats
 from harvest.job import harvest_transcript
 from harvest.litellm_client import auto_format, litellm_call, load_litellm
@@ -523,3 +528,25 @@ def test_an_answer_in_content_parts_is_read(server: LLMServer) -> None:
         return
     result = extract(SHORT, options(server))
     assert [n.title for n in result.notes] == ["Uses tabs"] and server.calls == 1
+
+
+# --- 7. the API key ------------------------------------------------------------------------
+
+SECRET_KEY = "sk-test-SECRET-0123456789abcdef"
+
+
+def test_a_server_quoting_the_api_key_it_refused_leaves_it_out_of_the_error(
+    server: LLMServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A server may quote the key it refused, whole ("Incorrect API key provided: sk-...");
+    # the error is kept on the job and logged, where the key must never be.
+    refusal = {
+        "message": f"Incorrect API key provided: {SECRET_KEY}.",
+        "type": "invalid_request_error",
+    }
+    server.default = Behaviour(status=401, error=refusal)
+    with pytest.raises(PermanentModelError) as caught:
+        extract(SHORT, options(server, api_key=SECRET_KEY))
+    assert "Incorrect API key provided" in str(caught.value)
+    assert SECRET_KEY not in str(caught.value) and SECRET_KEY not in repr(caught.value)
+    assert SECRET_KEY not in caplog.text
