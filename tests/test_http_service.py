@@ -292,3 +292,59 @@ def test_with_a_broker_the_job_is_queued(
         client.lrem("harvest", 0, message)
     client.close()
     assert len(mine) == 1
+
+
+@pytest.mark.slow
+def test_a_database_gone_is_503_never_a_refused_key_and_no_request_is_logged(
+    tmp_path: Path, worker_id: str
+) -> None:
+    # With the database unreachable, even a good key cannot be checked: the answer must say
+    # "try again" (503), not "your key is unknown" (401), which a platform takes as final.
+    # And with no --access-log, no request line names the owner or what was searched.
+    from tests.conftest import PG_BASE_URL, recreate_pg_database
+    from tests.service_harness import free_port, service_env, start
+
+    name = f"gleaner_http_down_{worker_id}"
+    url = recreate_pg_database(name)
+    Gleaner(url, settings=test_settings()).migrate()
+    gleaner = Gleaner(url, settings=test_settings())
+    _, token = gleaner.create_api_key("alice")
+    gleaner.close()
+    port = free_port()
+    service = start(
+        ["serve", "--port", str(port), "--log-level", "info"],
+        service_env(url),
+        tmp_path / "serve.log",
+        f"http://127.0.0.1:{port}",
+        "/healthz",
+    )
+    admin = create_engine(PG_BASE_URL, isolation_level="AUTOCOMMIT")
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        with httpx.Client(base_url=service.url, timeout=30) as client:
+            search = "/v1/owners/alice/search?q=zanzibarquux"
+            assert client.get(search, headers=headers).status_code == 200
+            with admin.connect() as conn:
+                conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"
+                    ),
+                    {"n": name},
+                )
+            assert error_of(client.get(search, headers=headers), 503) == "storage_failure"
+            posted = client.post(
+                "/v1/conversations", json=native(1, owner="alice"), headers=headers
+            )
+            assert error_of(posted, 503) == "storage_failure"
+            with admin.connect() as conn:
+                conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+            assert client.get(search, headers=headers).status_code == 200
+    finally:
+        service.stop()
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+        admin.dispose()
+    log = service.text()
+    assert "Uvicorn running" in log or "Application startup complete" in log  # info is on
+    assert "alice" not in log and "zanzibarquux" not in log
