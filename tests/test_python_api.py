@@ -53,27 +53,36 @@ def test_submit_in_process_harvests_and_the_job_reports_it(gleaner: Gleaner) -> 
     assert again.notes_written == 0
 
 
+@pytest.mark.parametrize(
+    ("raised", "recorded"),
+    [
+        (KeyError("speaker"), "internal_error: KeyError: 'speaker'"),
+        (KeyboardInterrupt(), "interrupted: the run was stopped (KeyboardInterrupt)"),
+    ],
+)
 def test_a_run_in_process_that_raises_leaves_its_job_failed_for_retry_not_running(
     gleaner: Gleaner,
     store: Store,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    raised: BaseException,
+    recorded: str,
 ) -> None:
     """No queue retries an in-process run and no sweep runs there: a run that raises (a
-    defect here; a database failure or an interrupt alike) marks its job failed with the
-    reason, so `gleaner retry` runs it again."""
+    defect, Ctrl-C; a database failure alike) marks its job failed with the reason, so
+    `gleaner retry` runs it again."""
     import harvest.queue
 
     def defect(*_args: object, **_kwargs: object) -> None:
-        raise KeyError("speaker")
+        raise raised
 
     with monkeypatch.context() as patch:
         patch.setattr(harvest.queue, "plan_harvest", defect)
-        with pytest.raises(KeyError):
+        with pytest.raises(type(raised)):
             gleaner.submit(native(1, owner="alice"))
     with store.engine.connect() as conn:
         job_id, state, error = conn.execute(text("SELECT id, state, last_error FROM jobs")).one()
-    assert state == "failed" and error.startswith("internal_error: KeyError: 'speaker'")
+    assert state == "failed" and error.startswith(recorded)
 
     cli = Cli(monkeypatch, capsys)  # `gleaner retry`, in process: no broker set
     cli.env(GLEANER_DATABASE_URL=store.engine.url.render_as_string(hide_password=False))
