@@ -171,3 +171,27 @@ def test_no_wait_returns_queued_then_status_watch_follows_to_the_end(
     partly = cli("import", str(mixed), "--no-wait")
     assert partly.code == 1
     assert re.search(r"UNREADABLE \S*broken\.json: \w+", partly.err), partly.err
+
+
+def test_an_import_in_process_whose_harvests_failed_exits_1_and_lists_20(
+    cli: Cli, tmp_path: Path
+) -> None:
+    # Scripts read the exit code: conversations that failed to harvest must not look done.
+    from tests.llm_server import Behaviour, llm_server
+
+    folder = tmp_path / "export"
+    write_natives(folder, 22, owner="dana")
+    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path / 'g.db'}")
+    assert cli("db", "upgrade").code == 0
+    with llm_server() as server:
+        server.default = Behaviour(status=400, error={"message": "bad request"})
+        cli.env(
+            GLEANER_HARVEST_MODEL="openai/test-model",
+            GLEANER_HARVEST_API_BASE=server.api_base,
+            GLEANER_HARVEST_API_KEY="test",
+        )
+        ran = cli("import", str(folder))
+    assert ran.code == 1, ran.err
+    failed = [line for line in ran.err.splitlines() if line.lstrip().startswith("FAILED")]
+    assert len(failed) == 20 and "... and 2 more (--json lists them)" in ran.err
+    assert "failed 22" in ran.out
