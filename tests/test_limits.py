@@ -634,3 +634,28 @@ def test_a_transcript_from_python_meets_the_limits_before_anything_else(make_sto
         harvest_transcript(store, big)  # the offline extractor: no model to stop it
     assert caught.value.reason == "too_large" and "tabs" not in str(caught.value)
     assert store.fingerprint(("owner", "alice"))[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "priced"),
+    [("openai/gpt-4o-mini", "a price"), ("openai/no-such-model-here", None), (None, 0.0)],
+)
+def test_dry_run_prices_the_calls_from_litellms_table(
+    tmp_path: Path, model: str | None, priced: str | float | None
+) -> None:
+    # The cost a person decides an import on: from the bundled table (no network), unknown
+    # for a model it lacks (never a made-up 0), nothing for the offline harvester.
+    write_json(tmp_path / "good.json", native("good"))
+    found = estimate([tmp_path], test_settings(harvest_model=model))
+    if priced == "a price":
+        assert found.model_calls == 1 and found.cost_usd is not None and found.cost_usd > 0
+        import litellm
+
+        prompt, completion = litellm.cost_per_token(
+            model="openai/gpt-4o-mini",
+            prompt_tokens=found.prompt_tokens,
+            completion_tokens=found.completion_tokens,
+        )
+        assert found.cost_usd == round(prompt + completion, 4)
+    else:
+        assert found.cost_usd == priced
