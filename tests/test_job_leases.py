@@ -462,6 +462,38 @@ def test_a_waiting_backlog_is_not_sent_again_but_a_lost_message_is(
     assert sorted(map(str, queued_ids(cluster, LIVE_QUEUE))) == sorted([*backlog, recent])
 
 
+def test_a_sweep_sends_at_most_send_limit_jobs_a_queue_and_the_next_sweep_the_rest(
+    cluster: Cluster, jobs_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After Redis lost everything, one sweep must not flood the queue and the broker in one
+    # go: a bounded batch each minute until every lost job is sent again, each once.
+    import workers.enqueue
+
+    monkeypatch.setattr(workers.enqueue, "SEND_LIMIT", 50)
+    lost = record(jobs_store, 120)
+    set_columns(jobs_store, lost, enqueued_at=utcnow() - LONG_AGO)
+    cluster.redis().flushdb()
+    assert [requeue_stale(jobs_store) for _ in range(4)] == [50, 50, 20, 0]
+    assert sorted(map(str, queued_ids(cluster, LIVE_QUEUE))) == sorted(lost)
+
+
+def test_housekeep_requeue_older_than_leaves_a_job_sent_lately(
+    cluster: Cluster, jobs_store: Store, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    from tests.cli_harness import Cli
+
+    [recent] = record(jobs_store, 1)
+    cluster.redis().flushdb()  # its message lost at once
+    cli = Cli(monkeypatch, capsys)
+    cli.env(**{k: v for k, v in cluster.env.items() if k.startswith("GLEANER_")})
+    waited = cli("housekeep", "requeue", "--older-than", "3600", "--json")
+    assert waited.code == 0 and waited.json() == {"requeued": 0}
+    assert queued_ids(cluster, LIVE_QUEUE) == []
+    now = cli("housekeep", "requeue", "--json")  # an operator's default: zero, send now
+    assert now.code == 0 and now.json() == {"requeued": 1}
+    assert queued_ids(cluster, LIVE_QUEUE) == [recent]
+
+
 def test_the_sweep_recovers_lost_running_jobs_and_fails_them_at_the_crash_limit(
     cluster: Cluster,
 ) -> None:
