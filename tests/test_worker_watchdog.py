@@ -131,3 +131,38 @@ def test_an_idle_worker_and_a_busy_one_stay_up(
     wait_for(lambda: done(store) == 2, 60)
     assert worker.proc.poll() is None, worker.text()
     assert "stopped taking messages" not in worker.text()
+
+
+# --- the bootstep ------------------------------------------------------------------------------
+
+
+def test_stall_seconds_zero_leaves_the_watchdog_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.watchdog import Watchdog
+
+    monkeypatch.setenv("GLEANER_WORKER_STALL_SECONDS", "0")
+    assert not Watchdog(None).include_if(None)
+    monkeypatch.setenv("GLEANER_WORKER_STALL_SECONDS", "30")
+    assert Watchdog(None).include_if(None)
+
+
+def test_a_broker_that_does_not_answer_never_ends_the_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The broker down is the consumer's to reconnect to: the check counts nothing (the window
+    # starts over) and never exits, however long it lasts.
+    from types import SimpleNamespace
+
+    from workers.watchdog import Watchdog
+
+    monkeypatch.setenv("GLEANER_WORKER_STALL_SECONDS", "1")
+    watchdog = Watchdog(None)
+    watchdog.queues = ["harvest"]
+    watchdog.stall.observe(waiting=1, reserved=0, capacity=1, now=time.monotonic() - 60)
+    nowhere = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    worker = SimpleNamespace(
+        app=SimpleNamespace(conf=SimpleNamespace(broker_url=nowhere)),
+        consumer=SimpleNamespace(qos=SimpleNamespace(value=1)),
+    )
+    for _ in range(3):
+        watchdog._check(worker)  # no SystemExit
+    assert watchdog.stall.since is None
