@@ -187,6 +187,11 @@ def test_status_takes_the_import_id_the_progress_line_shows(cli: Cli, tmp_path: 
     assert shown.json()["import_id"] == "3ef6ebb8" + "0" * 24
     ambiguous = cli("status", "--import", "3ef6eb")
     assert ambiguous.code == 2 and "more than one import" in ambiguous.err
+    assert cli("status", "--import", "3EF6EBB9").code == 0  # case aside
+    # Under 4 characters (or not hex) no prefix is taken: "3ef" would name nearly anything.
+    for short in ("3ef", "3ef6ebbz"):
+        refused = cli("status", "--import", short)
+        assert refused.code == 1 and "no import" in refused.err, refused.err
 
 
 @pytest.mark.slow
