@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
 from store import Store
 from store.models import HarvestLedger, Job, Memory
 from tests.conftest import test_settings
-from tests.llm_server import LLMServer, answer, llm_server, note, unauthorized
+from tests.llm_server import Behaviour, LLMServer, answer, llm_server, note, unauthorized
 from tests.samples import native, write_chatgpt_export, write_natives
 from tests.workers_harness import Cluster, cluster_store, fresh_cluster, wait_for
 
@@ -286,3 +287,19 @@ def test_a_worker_started_without_concurrency_runs_two_children_per_core(
     files = write_natives(cluster.tmp / "in", 4, facts=1)
     assert cluster.gleaner("enqueue", *map(str, files)).returncode == 0
     wait_for(lambda: job_states(store).get("done", 0) == 4, 60)
+
+
+def test_an_import_whose_jobs_failed_exits_1_followed_and_in_status(
+    cluster: Cluster, store: Store, model: LLMServer
+) -> None:
+    # Scripts read the exit code: an import whose conversations failed to harvest is not done.
+    use_model(cluster, model)
+    model.default = Behaviour(status=400, error={"message": "bad request"})
+    write_natives(cluster.tmp / "in", 2)
+    cluster.start_worker(concurrency=1)
+    followed = cluster.gleaner("import", str(cluster.tmp / "in"), "--owner", "dana")
+    assert followed.returncode == 1, followed.stdout + followed.stderr
+    found = re.search(r"import ([0-9a-f]{8,})", followed.stdout + followed.stderr)
+    assert found is not None, followed.stdout + followed.stderr
+    status = cluster.gleaner("status", "--import", found[1])
+    assert status.returncode == 1 and "2 failed" in status.stdout, status.stdout
