@@ -195,3 +195,26 @@ def test_an_import_in_process_whose_harvests_failed_exits_1_and_lists_20(
     failed = [line for line in ran.err.splitlines() if line.lstrip().startswith("FAILED")]
     assert len(failed) == 20 and "... and 2 more (--json lists them)" in ran.err
     assert "failed 22" in ran.out
+
+
+def test_an_import_is_recorded_in_batches_each_conversation_once(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Batches bound a transaction on a big export; none may drop or repeat a conversation.
+    from sqlalchemy import text
+
+    import harvest.imports
+
+    monkeypatch.setattr(harvest.imports, "RECORD_BATCH", 2)
+    write_natives(tmp_path / "in", 5, owner="dana")
+    planned = harvest.imports.plan_import(store, tmp_path / "in", owner="dana")
+    assert len(planned.job_ids) == len(set(planned.job_ids)) == 5
+    with store.engine.connect() as conn:
+        total = conn.execute(
+            text("SELECT total FROM imports WHERE id = :i"), {"i": planned.import_id}
+        ).scalar_one()
+        jobs = conn.execute(
+            text("SELECT count(DISTINCT transcript_hash) FROM jobs WHERE import_id = :i"),
+            {"i": planned.import_id},
+        ).scalar_one()
+    assert (total, jobs) == (5, 5)
