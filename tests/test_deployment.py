@@ -82,6 +82,9 @@ def test_beat_schedule_names_registered_tasks_routed_to_housekeeping() -> None:
         assert entry["options"] == {"time_limit": None, "soft_time_limit": None}  # the worker's
     assert entries["decay"]["task"] == tasks.decay.name
     assert entries["dedupe"]["task"] == tasks.dedupe.name
+    # As README's "Housekeeping" says: decay hourly, dedupe every 10 minutes.
+    assert entries["decay"]["schedule"] == timedelta(hours=1)
+    assert entries["dedupe"]["schedule"] == timedelta(minutes=10)
     assert app.conf.beat_schedule == entries
 
 

@@ -389,6 +389,30 @@ def test_known_keys_are_bounded(make_store, backend, server) -> None:
     assert shown == ["k/3", "k/11", "k/10", "k/9", "k/8"]
 
 
+def test_known_keys_zero_shows_the_model_none(make_store, backend, server) -> None:
+    store = make_store(backend, **model_settings(server, harvest_known_keys=0))
+    store.mem_save("alice", "Lisbon", type="profile", title="City", topic_key="profile/city")
+    server.script(answer([]))
+    harvest_transcript(store, transcript("I live in Lisbon.", cid="c1"))
+    assert "profile/city" not in json.dumps(server.requests[-1].body)
+
+
+def test_write_lists_as_similar_only_notes_from_the_similar_threshold(make_store) -> None:
+    # {alpha, beta, gamma, delta} and {alpha, beta, gamma, epsilon}: 3 of 5, listed; a note
+    # sharing one word of nine (0.11) is not, until the threshold is below it.
+    for threshold, listed in ((0.3, ["alpha-beta-gamma-delta"]), (0.1, None)):
+        store = make_store("sqlite", similar_threshold=threshold)
+        owner = Scope.owner(f"owner-{threshold}")
+        store.write(owner, {"title": "Alpha beta gamma delta", "body": "b"})
+        store.write(owner, {"title": "Alpha zeta eta theta iota", "body": "b"})
+        similar = store.write(owner, {"title": "Alpha beta gamma epsilon", "body": "b"}).similar
+        slugs = [s.slug for s in similar]
+        if listed is not None:
+            assert slugs == listed
+        else:
+            assert sorted(slugs) == ["alpha-beta-gamma-delta", "alpha-zeta-eta-theta-iota"]
+
+
 def test_the_ledger_check_reads_the_keys_only_while_there_is_work(store: Store) -> None:
     from store import ledger
     from store.keyed import KeyedNote
