@@ -269,3 +269,34 @@ def test_a_schema_newer_than_this_gleaner_is_left_alone(cli: Cli, tmp_path: Path
     ran = cli("harvest", str(EXAMPLES / "native.json"))
     assert ran.code == 1
     assert "schema_too_new" in one_line(ran.err) and "from-the-future" in ran.err
+
+
+def test_an_interrupted_harvest_in_process_exits_130_and_a_rerun_skips_what_it_kept(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C in the middle of a folder: what was harvested is committed, the exit says
+    # interrupted (130, as a shell reports it), and the same command again does the rest.
+    import harvest.batch
+    from tests.samples import write_natives
+
+    folder = tmp_path / "in"
+    write_natives(folder, 3, owner="dana")
+    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/i.db")
+    real = harvest.batch.harvest_transcript
+    calls: list[object] = []
+
+    def interrupted_second(*args: object, **kwargs: object) -> object:
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(harvest.batch, "harvest_transcript", interrupted_second)
+        stopped = cli("harvest", str(folder))
+    assert stopped.code == 130, stopped.err
+    assert "run the same command again" in stopped.err and "Traceback" not in stopped.err
+    again = cli("harvest", str(folder), "--json")
+    assert again.code == 0, again.err
+    done = again.json()
+    assert (done["harvested"], done["skipped"]) == (2, 1)
