@@ -5,7 +5,8 @@ and hyphenated compounds joined (``don't`` -> ``dont``, ``front-end`` -> ``front
 English stop words left out (the classic list of the ``stopwords`` package) and each word
 reduced by the Snowball English stemmer (``answers`` -> ``answer``, ``binding`` -> ``bind``);
 a word of over ``MAX_TERM_CHARS`` characters (a token, a long identifier) becomes its first
-``LONG_WORD_PREFIX`` and a digest of the whole.
+``LONG_WORD_PREFIX`` and a digest of the whole; a language's sign and a number's groups stay
+in its word (``c++``, ``c#``, ``3.10.10``, ``1,000,000``, ``10:30``, ``-18``).
 Words that flip a fact are never stop words here: negations (all read as ``not``) and the
 few words of direction, order and amount listed in ``POLAR_WORDS``.
 
@@ -17,10 +18,16 @@ reaches the threshold and nothing in them disagrees (``disagreement``):
   another is a different fact; a word added is a detail);
 - the terms both titles share come in the same order (``Kafka over Polars`` is not
   ``Polars over Kafka``);
-- a negation or polar word in one title or body and not in the other;
+- in a title, words added ahead of all the shared ones (another subject or state:
+  ``Sister lives in Berlin``, ``Plans to move to Berlin``);
+- a negation or polar word (``POLAR_TERMS``: place and exception words too) in one title or
+  body and not in the other;
 - a stop word that still marks the fact (``MARKERS``: tense of *be*/*have*, whose gender a
-  pronoun is, all or some) where each side has one of its class the other lacks
-  (``was vegetarian`` is not ``is vegetarian``; ``she`` added to a note is only a detail);
+  pronoun is, all or some, mood; in titles ``PERSONS`` too) where each side has one of its
+  class the other lacks (``was vegetarian`` is not ``is vegetarian``; ``she`` added to a
+  note is only a detail), a title with no tense or mood reading as present and plain;
+- a verb both use in another tense, read from its ending (``STATE_VERBS``: ``lives`` /
+  ``lived``; any verb's -ing against its past: ``learning`` / ``learned``);
 - bodies: the same tests, so a fact held only in the body is kept apart too.
 """
 
