@@ -341,18 +341,14 @@ def merge_notes(notes: Iterable[NoteCandidate], max_facts: int) -> list[NoteCand
     same-fact rule then judges each as it judges notes from two conversations.
     """
     kept: list[NoteCandidate] = []
+    by_title: dict[str, list[int]] = {}  # normalized title -> its notes' places in kept
     for note in notes:
-        key = _title_key(note.title) or note.title
+        same_title = by_title.setdefault(_title_key(note.title) or note.title, [])
         twin = next(
-            (
-                i
-                for i, held in enumerate(kept)
-                if (_title_key(held.title) or held.title) == key
-                and disagreement(_fact(held), _fact(note)) is None
-            ),
-            None,
+            (i for i in same_title if disagreement(_fact(kept[i]), _fact(note)) is None), None
         )
         if twin is None:
+            same_title.append(len(kept))
             kept.append(note)
         elif note.confidence > kept[twin].confidence:
             kept[twin] = note

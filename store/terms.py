@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import snowballstemmer
@@ -162,11 +162,15 @@ STOP_WORDS = (
 # term index keeps them as it did): one in one title or body and not the other is a
 # disagreement too ("Lives near Berlin", "Works remotely except on Mondays").
 _POLAR_CONTENT = ("near", "outside", "inside", "except", "unless", "instead")
-POLAR_TERMS = frozenset(
-    {NOT}
-    | set(POLAR_WORDS)
-    | {str(snowballstemmer.stemmer("english").stemWord(w)) for w in _POLAR_CONTENT}
-)
+
+
+def _stems(words: Iterable[str]) -> frozenset[str]:
+    """The stems of a fixed list of words (at import, on this thread's own stemmer)."""
+    stemmer = snowballstemmer.stemmer("english")
+    return frozenset(str(stemmer.stemWord(word)) for word in words)
+
+
+POLAR_TERMS = frozenset({NOT}) | POLAR_WORDS | _stems(_POLAR_CONTENT)
 # In a title, a class of marker it does not use at all reads as this mark: a title says
 # what is so now ("Vegetarian" against "Was vegetarian", "Uses tabs" against "Should use
 # tabs"). A body is left as it is: it has room to tell its time and mood in other words.
@@ -301,9 +305,8 @@ def _lead(terms: Sequence[str], shared: set[str]) -> list[str]:
     return lead
 
 
-def _marks(text: str, *, title: bool = False) -> set[tuple[str, str]]:
+def _marks(words: Sequence[str], *, title: bool = False) -> set[tuple[str, str]]:
     """The ``MARKERS`` classes and marks a text's words carry (and, in a title, ``PERSONS``)."""
-    words = _words(text)
     marks = {MARKERS[word] for word in words if word in MARKERS}
     if title:
         marks.update(PERSONS[word] for word in words if word in PERSONS)
@@ -317,6 +320,7 @@ STATE_VERBS = frozenset(
     {
         "attend",
         "belong",
+        "commute",
         "date",
         "enjoy",
         "follow",
@@ -327,28 +331,27 @@ STATE_VERBS = frozenset(
         "love",
         "maintain",
         "manage",
+        "mentor",
         "need",
         "own",
         "play",
+        "practice",
         "prefer",
         "rent",
         "report",
-        "mentor",
-        "volunteer",
-        "commute",
-        "practice",
         "reside",
         "stay",
         "study",
         "support",
         "use",
+        "volunteer",
         "want",
         "work",
     }
 )
 
 
-def _verb_tenses(text: str) -> dict[str, set[tuple[str, str]]]:
+def _verb_tenses(words: list[str]) -> dict[str, set[tuple[str, str]]]:
     """The tense each verb carries in a text, by its ending (the stemmer makes the forms one
     term). A ``STATE_VERBS`` verb: ``past`` for its regular past form (``lived``, ``used``),
     ``present`` for any other (``lives``, ``living``, ``live``). Any other verb: ``done``
@@ -356,7 +359,6 @@ def _verb_tenses(text: str) -> dict[str, set[tuple[str, str]]]:
     ``migrating`` / ``migrated CI``); its -s or bare form says neither (``decides`` and
     ``decided`` tell one decision). A verb after ``to`` carries no tense (``used to use Vim``
     is past by its ``used``)."""
-    words = _words(text)
     cache = _cached(words)
     tenses: dict[str, set[tuple[str, str]]] = {}
     for i, word in enumerate(words):
@@ -374,21 +376,20 @@ def _verb_tenses(text: str) -> dict[str, set[tuple[str, str]]]:
     return tenses
 
 
-_STATE_TERMS = frozenset(
-    str(snowballstemmer.stemmer("english").stemWord(verb)) for verb in STATE_VERBS
-)
+_STATE_TERMS = _stems(STATE_VERBS)
 
 
 def _marked_apart(a: str, b: str, *, title: bool = False) -> str | None:
     """The first class in which each text carries a mark the other lacks, or None: the
     ``MARKERS`` stop words (and, in titles, ``PERSONS``), and the tense of a verb both texts
     use (``lives``/``lived``)."""
-    tenses_a, tenses_b = _verb_tenses(a), _verb_tenses(b)
+    words_a, words_b = _words(a), _words(b)
+    tenses_a, tenses_b = _verb_tenses(words_a), _verb_tenses(words_b)
     for term in sorted(tenses_a.keys() & tenses_b.keys()):
         only_a, only_b = tenses_a[term] - tenses_b[term], tenses_b[term] - tenses_a[term]
         if only_a and only_b:
             return min(kind for kind, _ in only_a | only_b)
-    marks_a, marks_b = _marks(a, title=title), _marks(b, title=title)
+    marks_a, marks_b = _marks(words_a, title=title), _marks(words_b, title=title)
     if title:
         for marks, tenses in ((marks_a, tenses_a), (marks_b, tenses_b)):
             marks.update(m for found in tenses.values() for m in found if m[0] == "tense")
