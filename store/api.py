@@ -6,6 +6,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Executable
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from store.decay import DecayResult
     from store.dedupe import DedupeResult
     from store.locks import TranscriptLock
+    from store.search_index import ReindexResult
 
 # Each method imports the module it calls when first called, so a command pays at start-up
 # only for what it uses (`gleaner search` never loads the write path, links or keys). The
@@ -63,10 +65,21 @@ class Store:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
-    def migrate(self) -> None:
-        """Bring the schema to the newest Alembic revision."""
+    def migrate(self, *, progress: Callable[[int], None] | None = None) -> None:
+        """Bring the schema to the newest Alembic revision, then put every note not in the
+        search index yet into it (``reindex``)."""
         with self._failures():
             migrate(self.engine)
+        self.reindex(progress=progress)
+
+    def reindex(self, *, progress: Callable[[int], None] | None = None) -> ReindexResult:
+        """Index the notes the search index lacks, rebuilding it whole when it was built by
+        another tokenizer version (``store.search_index``); ``progress`` gets the count so
+        far after each batch."""
+        from store import search_index
+
+        with self._failures():
+            return search_index.reindex(self.connection, progress=progress)
 
     def dispose(self) -> None:
         """Close the pooled connections and the transcript locks' own connection, which
@@ -253,12 +266,21 @@ class Store:
         return self._run(links.link, scope, from_slug, to_slug, rel)
 
     def search(
-        self, scope: Scope | tuple[str, str], query: str, limit: int = 10
+        self,
+        scope: Scope | tuple[str, str],
+        query: str,
+        limit: int = 10,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[SearchHit]:
-        """Ranked lexical search over the scope's live notes."""
+        """Ranked any-word search over the scope's live notes (BM25, recency, pinning: see
+        ``store.search``), said within ``[since, until)`` when given."""
         from store import search
 
-        return self._read(search.search, self.settings, scope, query, limit)
+        return self._read(
+            search.search, self.settings, scope, query, limit, since=since, until=until
+        )
 
     def fingerprint(self, scope: Scope | tuple[str, str]) -> tuple[int, int]:
         """``(live note count, max updated_seq)`` of the scope."""

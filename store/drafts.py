@@ -48,6 +48,8 @@ class Draft:
     pinned: bool
     confidence: float | None
     source: dict[str, str] | None
+    # Search keywords (normalized as topics are): searchable, not part of the same-fact rule.
+    keywords: str = ""
 
 
 def text_field(field: str, max_bytes: int | None = None, *, optional: bool = False) -> Any:
@@ -76,14 +78,19 @@ def _slug(value: object) -> object:
     return value
 
 
-def _topics(value: object) -> object:
-    if value is None:
-        return value
-    if not (isinstance(value, list | tuple) and all(isinstance(t, str) for t in value)):
-        raise InvalidInput(
-            f"topics must be a list of strings, got {quoted(value)}", reason="bad_topics"
-        )
-    return [check_text(topic, "topic") for topic in value]
+def _words_list(field: str, reason: str) -> Any:
+    """A before-validator: a list of short texts (``topics``, ``keywords``)."""
+
+    def check(value: object) -> object:
+        if value is None:
+            return value
+        if not (isinstance(value, list | tuple) and all(isinstance(t, str) for t in value)):
+            raise InvalidInput(
+                f"{field} must be a list of strings, got {quoted(value)}", reason=reason
+            )
+        return [check_text(item, field.rstrip("s")) for item in value]
+
+    return BeforeValidator(check)
 
 
 def _source(value: object) -> object:
@@ -110,7 +117,8 @@ class _Attrs(BaseModel):
     title: Annotated[str, text_field("title", MAX_TITLE_BYTES)]
     body: Annotated[str, text_field("body")]
     slug: Annotated[str | None, BeforeValidator(_slug)] = None
-    topics: Annotated[list[str] | None, BeforeValidator(_topics)] = None
+    topics: Annotated[list[str] | None, _words_list("topics", "bad_topics")] = None
+    keywords: Annotated[list[str] | None, _words_list("keywords", "bad_keywords")] = None
     pinned: bool = False
     confidence: Annotated[float | None, Field(ge=0, le=1, allow_inf_nan=False)] = None
     source: Annotated[_Source | None, BeforeValidator(_source)] = None
@@ -122,6 +130,7 @@ _FIELD_REASONS = {
     "body": "bad_type",
     "slug": "bad_slug",
     "topics": "bad_topics",
+    "keywords": "bad_keywords",
     "pinned": "bad_pinned",
     "confidence": "bad_confidence",
     "source": "bad_source",
@@ -192,6 +201,7 @@ def validate_attrs(attrs: Mapping[str, object], settings: Settings) -> Draft:
         pinned=checked.pinned,
         confidence=checked.confidence,
         source=source,
+        keywords=normalize_topics(checked.keywords),
     )
 
 
@@ -239,6 +249,7 @@ def draft_columns(draft: Draft, provenance: str, now: datetime, term_count: int)
         "title": draft.title,
         "body": draft.body,
         "topics": draft.topics,
+        "keywords": draft.keywords,
         "pinned": draft.pinned,
         "confidence": draft.confidence,
         "source": draft.source,

@@ -54,6 +54,7 @@ VACUUMED = (
     "memories",
     "memory_versions",
     "memory_terms",
+    "search_postings",
     "memory_links",
     "sessions",
     "harvest_ledger",
@@ -148,8 +149,8 @@ def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -
 
     With ``tombstones`` (the default) each harvested transcript leaves a hash, so harvesting
     it again writes nothing; without, the owner's tombstones (of earlier forgets too) are
-    removed, so every conversation may come back. Links and term rows go with their notes
-    (ON DELETE CASCADE). Global notes are kept.
+    removed, so every conversation may come back. Links, term rows and search postings go
+    with their notes (ON DELETE CASCADE). Global notes are kept.
     """
     scope = Scope.owner(principal)
     principal = scope.id  # as stored: normalized by the owner rule
@@ -209,9 +210,6 @@ def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -
         "tombstones": buried,
     }
     _scrub_housekeeping(session)
-    if not postgres:
-        # FTS5 keeps a deleted note's words in its segments until they are merged.
-        session.execute(text("INSERT INTO memories_fts(memories_fts) VALUES ('optimize')"))
     return counts
 
 

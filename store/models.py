@@ -4,8 +4,8 @@
 ``store.tables``, which the read commands use without the ORM; every other table is declared
 here, in the same ``METADATA``.
 
-The search index (PostgreSQL's generated ``search_vector`` column, SQLite's ``memories_fts``
-table and its triggers) is dialect-specific and lives only in the migrations.
+The search index is ``SEARCH_POSTINGS``, a Core table written by ``store.search_index`` (search
+reads it through text SQL, without the ORM).
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Column,
     DateTime,
     Float,
     ForeignKey,
     Index,
     Integer,
+    PrimaryKeyConstraint,
     String,
+    Table,
     Text,
     UniqueConstraint,
     text,
@@ -74,6 +77,7 @@ class Memory(Base):
     type: Mapped[str | None]
     topics: Mapped[str]
     topic_key: Mapped[str | None]
+    keywords: Mapped[str]
     session_id: Mapped[str | None]
     provenance: Mapped[str]
     source: Mapped[dict[str, Any] | None]
@@ -89,6 +93,7 @@ class Memory(Base):
     updated_seq: Mapped[int]
     weight: Mapped[float]
     term_count: Mapped[int]
+    search_length: Mapped[float | None]
 
 
 # mem_save: same topic_key + same user upserts in place.
@@ -112,6 +117,37 @@ Index(
     sqlite_where=text("session_id IS NOT NULL AND topic_key IS NULL"),
     postgresql_where=text("session_id IS NOT NULL AND topic_key IS NULL"),
 )
+
+
+# The search index: one row per (note, search term), keyed by scope and term first, so a
+# query reads only its scope's postings of its own words. ``weight`` is the term's weighted
+# frequency in the note and ``length`` the note's weighted length (store.search_terms), so
+# BM25 is computed from this table alone. Rows are written and deleted with their note's
+# text, in the same transaction. Declared here, not in store.tables: its PostgreSQL INCLUDE
+# loads that dialect, which a read command on SQLite has no use for (search reads the table
+# through text SQL).
+SEARCH_POSTINGS = Table(
+    "search_postings",
+    METADATA,
+    Column("scope_kind", String(16), nullable=False),
+    Column("scope_id", String(255), nullable=False),
+    Column("term", String(64), nullable=False),
+    Column("memory_id", BigId, ForeignKey("memories.id", ondelete="CASCADE"), nullable=False),
+    Column("weight", Float, nullable=False),
+    Column("length", Float, nullable=False),
+    # PostgreSQL: the scores' two columns in the key's index too (an index-only read);
+    # SQLite: the table is its key's b-tree.
+    PrimaryKeyConstraint(
+        "scope_kind",
+        "scope_id",
+        "term",
+        "memory_id",
+        name="pk_search_postings",
+        postgresql_include=["weight", "length"],
+    ),
+    sqlite_with_rowid=False,
+)
+Index("ix_search_postings_memory", SEARCH_POSTINGS.c.memory_id)
 
 
 class MemoryTerm(Base):
@@ -147,6 +183,7 @@ class MemoryVersion(Base):
     title: Mapped[str] = mapped_column(Text)
     body: Mapped[str] = mapped_column(Text)
     topics: Mapped[str] = mapped_column(Text, default="")
+    keywords: Mapped[str] = mapped_column(Text, default="", server_default="")
     type: Mapped[str | None] = mapped_column(String(32))
     pinned: Mapped[bool] = mapped_column(Boolean, default=False)
     confidence: Mapped[float | None] = mapped_column(Float)

@@ -1,4 +1,4 @@
-"""PostgreSQL: a batch of new notes and their term rows in one statement.
+"""PostgreSQL: a batch of new notes, their term rows and search postings in one statement.
 
 The rows travel as one JSON array of value arrays (``jsonb_array_elements``), so the statement's
 text is the same for any batch size: psycopg prepares it once and the server plans it once,
@@ -30,6 +30,7 @@ from sqlalchemy.dialects import postgresql
 from store import prepared
 from store.errors import SlugTaken
 from store.schemas import Scope
+from store.search_index import Postings
 from store.tables import MEMORIES
 
 if TYPE_CHECKING:
@@ -41,12 +42,15 @@ def insert_notes(
     scope: Scope,
     rows: Sequence[Mapping[str, Any]],
     terms: Mapping[str, Sequence[str]],
+    postings: Mapping[str, Postings],
 ) -> dict[str, Any]:
     """Insert ``rows`` (every column but ``id`` and ``updated_seq``, the same keys in each)
-    and each inserted row's ``terms`` (by slug); returns the ``(id, slug)`` rows inserted, by
-    slug (a slug missing from it was taken meanwhile)."""
+    and each inserted row's ``terms`` and search ``postings`` (by slug); returns the ``(id,
+    slug)`` rows inserted, by slug (a slug missing from it was taken meanwhile)."""
     columns = tuple(rows[0])
-    found = prepared.execute(session, _statement(columns), _params(scope, columns, rows, terms))
+    found = prepared.execute(
+        session, _statement(columns), _params(scope, columns, rows, terms, postings)
+    )
     return {row.slug: row for row in found}
 
 
@@ -55,6 +59,7 @@ def insert_notes_at_commit(
     scope: Scope,
     rows: Sequence[Mapping[str, Any]],
     terms: Mapping[str, Sequence[str]],
+    postings: Mapping[str, Postings],
 ) -> None:
     """``insert_notes`` with the COMMIT of ``session``'s transaction (one
     ``store.prepared.begin`` opened): every row is inserted then, or the transaction rolls
@@ -63,7 +68,7 @@ def insert_notes_at_commit(
     prepared.later(
         session,
         _statement(columns, strict=True),
-        _params(scope, columns, rows, terms),
+        _params(scope, columns, rows, terms, postings),
         conflict=lambda: SlugTaken(
             f"a slug or topic key of {len(rows)} new note(s) was taken by another writer "
             "before the commit; nothing was written"
@@ -76,13 +81,20 @@ def _params(
     columns: tuple[str, ...],
     rows: Sequence[Mapping[str, Any]],
     terms: Mapping[str, Sequence[str]],
+    postings: Mapping[str, Postings],
 ) -> dict[str, Any]:
     # Arrays of values rather than objects: the column names are not repeated per row.
     payload = [[_plain(row[name]) for name in columns] for row in rows]
     term_rows = [[slug, term] for slug, found in terms.items() for term in found]
+    posting_rows = [
+        [slug, term, weight, found.length]
+        for slug, found in postings.items()
+        for term, weight in found.weights.items()
+    ]
     return {
         "rows": json.dumps(payload),
         "terms": json.dumps(term_rows),
+        "postings": json.dumps(posting_rows),
         "kind": scope.kind,
         "sid": scope.id,
     }
@@ -117,6 +129,11 @@ def _statement(columns: tuple[str, ...], *, strict: bool = False) -> TextClause:
         " INSERT INTO memory_terms (memory_id, term, scope_kind, scope_id)"
         " SELECT new.id, t.v->>1, :kind, :sid"
         " FROM new JOIN jsonb_array_elements(CAST(:terms AS jsonb)) AS t(v)"
-        " ON t.v->>0 = new.slug)"
+        " ON t.v->>0 = new.slug),"
+        " postings AS ("
+        " INSERT INTO search_postings (scope_kind, scope_id, term, memory_id, weight, length)"
+        " SELECT :kind, :sid, p.v->>1, new.id, CAST(p.v->>2 AS float8), CAST(p.v->>3 AS float8)"
+        " FROM new JOIN jsonb_array_elements(CAST(:postings AS jsonb)) AS p(v)"
+        " ON p.v->>0 = new.slug)"
         " SELECT id, slug FROM new"
     )

@@ -124,6 +124,8 @@ class Note(Frozen):
     type: str | None
     topics: list[str]
     topic_key: str | None
+    # Search keywords the harvest model gave (words a later question may use).
+    keywords: list[str] = []
     session_id: str | None
     provenance: str
     source: dict[str, Any] | None
@@ -137,8 +139,10 @@ class Note(Frozen):
     updated_at: datetime
     updated_seq: int
     weight: float
+    # When the fact was said: the conversation's time, else when the text was last written.
+    said_at: datetime | None = None
 
-    @field_validator("occurred_at", "created_at", "updated_at")
+    @field_validator("occurred_at", "created_at", "updated_at", "said_at")
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:
         return _aware(value)
@@ -154,6 +158,7 @@ class Note(Frozen):
             type=row.type,
             topics=row.topics.split(),
             topic_key=row.topic_key,
+            keywords=(getattr(row, "keywords", "") or "").split(),
             session_id=row.session_id,
             provenance=row.provenance,
             source=row.source,
@@ -167,6 +172,7 @@ class Note(Frozen):
             updated_at=row.updated_at,
             updated_seq=row.updated_seq,
             weight=row.weight,
+            said_at=row.occurred_at or row.updated_at,
         )
 
 
@@ -212,7 +218,9 @@ class ScoreParts(Frozen):
 
 class SearchHit(Frozen):
     """One search result. ``lexical`` and ``recency`` are the raw factors (0..1); ``parts``
-    are their shares of ``score`` (set by ``Store.search``)."""
+    are their shares of ``score`` (set by ``Store.search``); ``bm25`` is the note's raw
+    relevance to the query (``lexical`` is it over the best hit's). When the fact was said
+    is ``memory.said_at``."""
 
     memory: Note
     score: float
@@ -221,6 +229,7 @@ class SearchHit(Frozen):
     snippet: str
     backend: str
     parts: ScoreParts | None = None
+    bm25: float = 0.0
 
 
 class NoteChange(Frozen):
@@ -252,6 +261,7 @@ class NoteVersion(Frozen):
     title: str
     body: str
     topics: list[str]
+    keywords: list[str] = []
     type: str | None
     pinned: bool
     confidence: float | None
@@ -268,7 +278,7 @@ class NoteVersion(Frozen):
     def _utc(cls, value: datetime) -> datetime:
         return _aware(value) or value
 
-    @field_validator("topics", mode="before")
+    @field_validator("topics", "keywords", mode="before")
     @classmethod
     def _topic_list(cls, value: object) -> object:
         # Stored as the normalized topic string.

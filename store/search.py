@@ -1,34 +1,53 @@
-"""Lexical search with recency and pinning in the ranking.
+"""Ranked any-word search: BM25 over the store's own postings, with recency and pinning.
 
-    score = (1 - recency_weight) * lexical + recency_weight * recency + pinned_bonus * pinned
-    lexical = r / (1 + r)                       r = the engine's raw relevance, >= 0
-    recency = 0.5 ** (age_days / half_life_days) age since the note was last updated
+A query is looked up by its **search terms** (``store.search_terms``: stemmed words less
+stop words). A note matching *any* of them is a hit; hits rank by
 
-``r`` is ``ts_rank_cd`` on PostgreSQL and ``-bm25`` on SQLite FTS5 (title weighs 10, topics 5,
-body 1). The LIKE fallback, used when the engine cannot use the query (a parse error, or a
-word the engine takes for a stop word), scores the share of query words found. Only live notes
-match.
+    score    = (1 - recency_weight) * lexical + recency_weight * recency + pinned_bonus * pinned
+    lexical  = bm25 / (the highest bm25 among the query's hits)       1.0 for the best match
+    bm25     = sum over the query's terms t in the note of
+               idf(t) * f * (k1 + 1) / (f + k1 * (1 - b + b * length / avg_length))
+    idf(t)   = ln(1 + (N - df + 0.5) / (df + 0.5))
+    recency  = 0.5 ** (age_days / half_life_days)       age since the fact was said
 
-A query is searched by its **content words** (``content_words``): its words less English stop
-words (the ``stopwords`` package's list, apostrophe-free entries, and the pieces contractions
-split into). A query with none (``the``, ``-``, ``?!``) matches nothing: it returns no hit
-rather than every note holding ``the`` (callers say why: see ``content_words``).
+with ``k1`` = 1.2 and ``b`` = 0.75 (Okapi BM25's usual values); ``f`` the term's weighted
+frequency in the note (a title word counts 2, a topic, topic-key or keyword word 1.5, a body
+word 1); ``length`` the note's weighted length; ``N``, ``avg_length`` and ``df`` counted in
+the owner's scope (``N`` and ``avg_length`` over its live notes, ``df`` over the notes
+holding the term). The fact was said at ``occurred_at`` (the conversation's time), else when
+the note's text was last written (``updated_at``). Only live notes match; ``since`` and
+``until`` bound when the fact was said.
 
-The score is computed for a bounded candidate set: the newest ``RANK_CANDIDATES`` matches of
-the scope (by ``updated_seq`` on PostgreSQL, by note id on SQLite); the top ``limit`` of those
-by the formula is returned. A scope with fewer matches is ranked in full.
+Bounds that keep a heavy user's search fast (a scope of 100,000 notes):
+
+- a term's postings are read newest first, at most ``TERM_CANDIDATES`` of them: a note
+  holding only words that common, and older than that many notes holding them, is not a
+  candidate (its words are weak evidence anyway: their idf is low);
+- ``df`` is counted up to ``DF_CAP`` (a term in more notes is scored as if in that many);
+- ``N`` and ``avg_length`` of a scope of ``CACHED_SCOPE_NOTES`` notes or more are read at
+  most once every ``STATS_SECONDS`` per process (a minute's writes barely move them).
+
+The LIKE backend (``GLEANER_SEARCH=like``) and the fallback when the index finds nothing
+(a query of words the tokenizer cannot match inside longer words: ``postgres`` in
+``PostgreSQL``, a run of Chinese characters) score the share of query words found as
+substrings of title, topics, keywords or body. A query with no content word (``the``,
+``?!``) matches nothing; no query is ever a syntax error.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
-import stopwords
 from sqlalchemy import BigInteger, Connection, Float, Row, TextClause, column, select, text
-from sqlalchemy.exc import OperationalError
 
 from store.errors import InvalidInput
 from store.schemas import Note, Scope, ScoreParts, SearchHit
+from store.search_terms import STOP_WORDS, query_terms
 from store.sql import recency_sql
 from store.tables import LIVE, MEMORIES
 from store.text import check_text, quoted, snippet, words
@@ -39,15 +58,21 @@ if TYPE_CHECKING:
 
 MAX_LIMIT = 100
 MAX_QUERY_WORDS = 32
-# Words that carry no meaning on their own; a contraction splits into a word and one of the
-# trailing pieces ("don't" -> "don", "t"), which are no words either.
-SEARCH_STOP_WORDS = frozenset(
-    w for w in stopwords.get_stopwords("english") if w and "'" not in w
-) | frozenset({"s", "t", "d", "ll", "re", "ve", "m"})
+K1 = 1.2
+B = 0.75
+TERM_CANDIDATES = 5_000
+DF_CAP = 20_000
+CACHED_SCOPE_NOTES = 10_000
+STATS_SECONDS = 60.0
+# Words that carry no meaning on their own (the search tokenizer's list).
+SEARCH_STOP_WORDS = STOP_WORDS
+# When the fact was said: the conversation's time, else when the text was last written.
+SAID_AT = "coalesce(m.occurred_at, m.updated_at)"
 
 
 def content_words(query: str) -> list[str]:
-    """The words of ``query`` that search looks for (lowercased, in order, at most 32).
+    """The words of ``query`` that search looks for (lowercased, in order, at most 32), as
+    written: snippets and the LIKE backend use them; the index uses their stems.
 
     Empty when the query holds only stop words or no word at all: ``search`` then returns no
     hit, and a caller that shows results says the query had nothing to look for.
@@ -55,88 +80,111 @@ def content_words(query: str) -> list[str]:
     return [w for w in words(query) if w not in SEARCH_STOP_WORDS][:MAX_QUERY_WORDS]
 
 
-def search_params(settings: Settings, scope: Scope, limit: int) -> dict[str, Any]:
-    """The parameters every search statement takes (scope, ranking settings, limit)."""
-    return {
-        "kind": scope.kind,
-        "sid": scope.id,
-        "live": LIVE,
-        "w": settings.recency_weight,
-        "half": settings.half_life_days,
-        "bonus": settings.pinned_bonus,
-        "limit": limit,
-        "candidates": RANK_CANDIDATES,
-    }
+@dataclass(frozen=True)
+class _Stats:
+    notes: int
+    avg_length: float
+    at: float
 
 
-# Only the newest RANK_CANDIDATES matches are ranked: a common word in a large scope matches
-# tens of thousands of notes, and fetching and ranking each one costs far more than the query.
-# For a common query the planner walks the scope's notes newest first and stops after that
-# many matches; for a rarer one the scoped GIN index (scope_id, search_vector) yields the
-# scope's matches alone. ts_rank_cd runs only on the candidates.
-RANK_CANDIDATES = 100
+# Statistics of large scopes, by (database, scope); bounded (see _remember).
+_STATS: dict[tuple[str, str, str], _Stats] = {}
+_STATS_LOCK = threading.Lock()
+_STATS_MAX = 4_096
 
-# The recency fragment is the store's own SQL (store.sql), no input: every value is bound.
-_PG_FTS = text(
-    f"""
-    SELECT id, lexical, recency,
-           (1 - :w) * lexical + :w * recency + CASE WHEN pinned THEN :bonus ELSE 0 END AS score
-    FROM (
-        SELECT m.id, m.pinned,
-               ts_rank_cd(m.search_vector, q, 32) AS lexical,
-               {recency_sql("postgresql", "m.updated_at")} AS recency
+_SCOPE_STATS = text(
+    "SELECT count(*), avg(search_length) FROM memories"
+    " WHERE scope_kind = :kind AND scope_id = :sid AND status = :live"
+    " AND search_length IS NOT NULL"
+)
+
+
+def _scope_stats(conn: Connection, scope: Scope) -> tuple[int, float]:
+    """``N`` and ``avg_length`` of the scope's live indexed notes."""
+    key = (conn.engine.url.render_as_string(hide_password=True), scope.kind, scope.id)
+    now = time.monotonic()
+    cached = _STATS.get(key)
+    if cached is not None and now - cached.at < STATS_SECONDS:
+        return cached.notes, cached.avg_length
+    count, average = conn.execute(
+        _SCOPE_STATS, {"kind": scope.kind, "sid": scope.id, "live": LIVE}
+    ).one()
+    notes, avg_length = int(count or 0), float(average or 0.0)
+    if notes >= CACHED_SCOPE_NOTES:
+        with _STATS_LOCK:
+            if len(_STATS) >= _STATS_MAX:
+                _STATS.clear()
+            _STATS[key] = _Stats(notes, avg_length, now)
+    return notes, avg_length
+
+
+def _document_frequencies(conn: Connection, scope: Scope, terms: list[str]) -> list[int]:
+    """How many of the scope's notes hold each term (counted up to ``DF_CAP``)."""
+    counts = ", ".join(
+        "(SELECT count(*) FROM (SELECT 1 FROM search_postings"  # noqa: S608 - placeholders only
+        f" WHERE scope_kind = :kind AND scope_id = :sid AND term = :t{i} LIMIT :cap) x{i})"
+        for i in range(len(terms))
+    )
+    params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id, "cap": DF_CAP}
+    params.update({f"t{i}": term for i, term in enumerate(terms)})
+    row = conn.execute(text(f"SELECT {counts}"), params).one()
+    return [int(n) for n in row]
+
+
+def _idf(notes: int, df: int) -> float:
+    df = min(df, notes)
+    return math.log(1 + (notes - df + 0.5) / (df + 0.5))
+
+
+def _window(since: datetime | None, until: datetime | None) -> str:
+    where = ""
+    if since is not None:
+        where += f" AND {SAID_AT} >= :since"
+    if until is not None:
+        where += f" AND {SAID_AT} < :until"
+    return where
+
+
+def _bm25_query(dialect: str, terms: int, window: str) -> TextClause:
+    """The ranking statement for ``terms`` query terms: each term's newest postings, summed
+    into BM25 per note, joined with the live notes of the scope and scored."""
+    postings = " UNION ALL ".join(
+        "SELECT * FROM (SELECT memory_id, weight, length, "  # noqa: S608 - placeholders only
+        f"CAST(:idf{i} AS FLOAT) AS idf FROM search_postings"
+        f" WHERE scope_kind = :kind AND scope_id = :sid AND term = :t{i}"
+        f" ORDER BY memory_id DESC LIMIT :per_term) p{i}"
+        for i in range(terms)
+    )
+    recency = recency_sql(dialect, SAID_AT)
+    return text(
+        f"""
+        SELECT id, bm25, lexical, recency,
+               (1 - :w) * lexical + :w * recency
+               + CASE WHEN pinned THEN :bonus ELSE 0 END AS score
         FROM (
-            SELECT c.id
-            FROM memories c
-            WHERE c.scope_kind = :kind AND c.scope_id = :sid AND c.status = :live
-              AND c.search_vector @@ websearch_to_tsquery('english', :q)
-            ORDER BY c.updated_seq DESC
-            LIMIT :candidates
-        ) newest
-        JOIN memories m ON m.id = newest.id,
-        websearch_to_tsquery('english', :q) q
-    ) ranked
-    ORDER BY score DESC, id DESC
-    LIMIT :limit
-    """  # noqa: S608
-)
-
-# FTS5 hands matches out by rowid (the note id, so creation order) and stops after the newest
-# RANK_CANDIDATES in the scope; bm25 is computed only for those.
-_PG_CUSTOM_PLAN = text("SET LOCAL plan_cache_mode = force_custom_plan")
-_PG_EMPTY = text("SELECT numnode(websearch_to_tsquery('english', :q)) = 0")
-
-_SQLITE_FTS = text(
-    f"""
-    SELECT id, lexical, recency,
-           (1 - :w) * lexical + :w * recency + CASE WHEN pinned THEN :bonus ELSE 0 END AS score
-    FROM (
-        SELECT m.id, m.pinned,
-               (-bm25(memories_fts, 10.0, 5.0, 1.0)) / (1 - bm25(memories_fts, 10.0, 5.0, 1.0))
-                   AS lexical,
-               {recency_sql("sqlite", "m.updated_at")} AS recency
-        FROM memories_fts JOIN memories m ON m.id = memories_fts.rowid
-        WHERE memories_fts MATCH :q
-          AND m.scope_kind = :kind AND m.scope_id = :sid AND m.status = :live
-        ORDER BY memories_fts.rowid DESC
-        LIMIT :candidates
-    ) ranked
-    ORDER BY score DESC, id DESC
-    LIMIT :limit
-    """  # noqa: S608
-)
-
-
-def _fts5_query(tokens: list[str]) -> str:
-    # Each word quoted: FTS5 operators and punctuation in the user's text stay literal.
-    return " ".join('"' + token.replace('"', '""') + '"' for token in tokens)
+            SELECT m.id, m.pinned, c.bm25, c.bm25 / max(c.bm25) OVER () AS lexical,
+                   {recency} AS recency
+            FROM (
+                SELECT memory_id,
+                       sum(idf * weight * (:k1 + 1)
+                           / (weight + :k1 * (1 - :b + :b * length / :avg_length))) AS bm25
+                FROM ({postings}) candidates
+                GROUP BY memory_id
+            ) c
+            JOIN memories m ON m.id = c.memory_id
+            WHERE m.status = :live AND m.scope_kind = :kind AND m.scope_id = :sid{window}
+        ) ranked
+        ORDER BY score DESC, id DESC
+        LIMIT :limit
+        """  # noqa: S608 - only generated placeholders and the store's own SQL
+    )
 
 
 def _like_query(
-    dialect: str, settings: Settings, scope: Scope, needles: list[str], limit: int
+    dialect: str, scope: Scope, needles: list[str], window: str
 ) -> tuple[TextClause, dict[str, Any]]:
-    recency = recency_sql(dialect)
-    params = search_params(settings, scope, limit)
+    recency = recency_sql(dialect, SAID_AT)
+    params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id, "live": LIVE}
     hits = []
     for i, needle in enumerate(needles):
         params[f"n{i}"] = (
@@ -144,19 +192,20 @@ def _like_query(
         )
         hits.append(
             " OR ".join(
-                f"lower({col}) LIKE :n{i} ESCAPE '\\'" for col in ("title", "topics", "body")
+                f"lower(m.{col}) LIKE :n{i} ESCAPE '\\'"
+                for col in ("title", "topics", "keywords", "body")
             )
         )
     matched = " + ".join(f"(CASE WHEN {h} THEN 1 ELSE 0 END)" for h in hits)
     sql = f"""
-        SELECT id, lexical, recency,
+        SELECT id, lexical AS bm25, lexical, recency,
                (1 - :w) * lexical + :w * recency
                + CASE WHEN pinned THEN :bonus ELSE 0 END AS score
         FROM (
-            SELECT id, pinned, ({matched}) * 1.0 / {len(needles)} AS lexical,
+            SELECT m.id, m.pinned, ({matched}) * 1.0 / {len(needles)} AS lexical,
                    {recency} AS recency
-            FROM memories
-            WHERE scope_kind = :kind AND scope_id = :sid AND status = :live
+            FROM memories m
+            WHERE m.scope_kind = :kind AND m.scope_id = :sid AND m.status = :live{window}
         ) ranked
         WHERE lexical > 0
         ORDER BY score DESC, id DESC
@@ -167,21 +216,82 @@ def _like_query(
 
 def _ranked(conn: Connection, sql: TextClause, params: dict[str, Any]) -> list[Row[Any]]:
     """The notes the ranking query picks, read with their scores in the same round trip:
-    each row is a ``memories`` row (Core, no ORM) plus ``lexical``, ``recency``, ``score``."""
+    each row is a ``memories`` row (Core, no ORM) plus ``bm25``, ``lexical``, ``recency``,
+    ``score``."""
     ranked = sql.columns(
         column("id", BigInteger),
+        column("bm25", Float),
         column("lexical", Float),
         column("recency", Float),
         column("score", Float),
     ).subquery("ranked")
     return list(
         conn.execute(
-            select(MEMORIES, ranked.c.lexical, ranked.c.recency, ranked.c.score)
+            select(MEMORIES, ranked.c.bm25, ranked.c.lexical, ranked.c.recency, ranked.c.score)
             .join(ranked, MEMORIES.c.id == ranked.c.id)
             .order_by(ranked.c.score.desc(), ranked.c.id.desc()),
             params,
         ).all()
     )
+
+
+def _checked_time(value: object, name: str) -> datetime | None:
+    """``value`` as an aware UTC time (a naive one is taken as UTC), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise InvalidInput(
+            f"{name} must be a date and time, got {quoted(value)}", reason="bad_time_window"
+        )
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def _time_param(dialect: str, value: datetime | None) -> object:
+    """A bound time as the column holds it: SQLite keeps naive UTC text, compared as text."""
+    if value is None or dialect == "postgresql":
+        return value
+    return value.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+
+
+def _bm25_rows(
+    conn: Connection,
+    settings: Settings,
+    scope: Scope,
+    terms: list[str],
+    *,
+    limit: int,
+    since: datetime | None,
+    until: datetime | None,
+) -> list[Row[Any]]:
+    notes, avg_length = _scope_stats(conn, scope)
+    if notes == 0:
+        return []
+    dfs = _document_frequencies(conn, scope, terms)
+    present = [(term, df) for term, df in zip(terms, dfs, strict=True) if df > 0]
+    if not present:
+        return []
+    params: dict[str, Any] = {
+        "kind": scope.kind,
+        "sid": scope.id,
+        "live": LIVE,
+        "w": settings.recency_weight,
+        "half": settings.half_life_days,
+        "bonus": settings.pinned_bonus,
+        "limit": limit,
+        "per_term": TERM_CANDIDATES,
+        "k1": K1,
+        "b": B,
+        "avg_length": max(avg_length, 1e-9),
+        "since": _time_param(conn.dialect.name, since),
+        "until": _time_param(conn.dialect.name, until),
+    }
+    for i, (term, df) in enumerate(present):
+        params[f"t{i}"] = term
+        params[f"idf{i}"] = _idf(notes, df)
+    sql = _bm25_query(conn.dialect.name, len(present), _window(since, until))
+    return _ranked(conn, sql, params)
 
 
 def search(
@@ -190,45 +300,45 @@ def search(
     scope: Scope | tuple[str, str],
     query: str,
     limit: int = 10,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> list[SearchHit]:
-    """Ranked live notes of the scope matching ``query`` (see the module doc for the score).
+    """Ranked live notes of the scope matching any word of ``query`` (see the module doc),
+    said within ``[since, until)`` when given.
 
     Reads through Core on ``conn`` (a session's is ``session.connection()``)."""
     scope = Scope.of(scope)
     query = check_text(query, "query", max_bytes=4_000)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidInput(f"limit must be 1..{MAX_LIMIT}, got {quoted(limit)}", reason="bad_limit")
-    tokens = content_words(query)
-    if not tokens:
+    since, until = _checked_time(since, "since"), _checked_time(until, "until")
+    if since is not None and until is not None and since >= until:
+        raise InvalidInput(
+            f"since ({since.isoformat()}) must be before until ({until.isoformat()})",
+            reason="bad_time_window",
+        )
+    needles = content_words(query)
+    if not needles:
         return []  # only stop words or punctuation: nothing to look for
-    dialect = conn.dialect.name
-    rows: list[Row[Any]] | None = None
+    rows: list[Row[Any]] = []
     backend = "like"
     if settings.search != "like":
-        params = search_params(settings, scope, limit)
-        if dialect == "postgresql":
-            params["q"] = " ".join(tokens)
-            # The driver prepares a statement run often, and PostgreSQL may then settle on one
-            # generic plan; the best plan here depends on how common the words are.
-            conn.execute(_PG_CUSTOM_PLAN)
-            rows, backend = _ranked(conn, _PG_FTS, params), "postgres-fts"
-            # No hit may mean only stop words: nothing for full text to match on.
-            if not rows and conn.execute(_PG_EMPTY, params).scalar_one():
-                rows, backend = None, "like"
-        else:
-            params["q"] = _fts5_query(tokens)
-            try:
-                with conn.begin_nested():
-                    rows = _ranked(conn, _SQLITE_FTS, params)
-                backend = "sqlite-fts5"
-            except OperationalError as exc:
-                # Only FTS5 refusing the query sends it to LIKE: a missing table or a locked
-                # database is a failure to report, not a reason to search another way.
-                if "fts5" not in str(exc.orig).lower():
-                    raise
-                rows, backend = None, "like"
-    if rows is None:
-        sql, params = _like_query(dialect, settings, scope, tokens, limit)
+        terms = query_terms(query, MAX_QUERY_WORDS)
+        if terms:
+            rows = _bm25_rows(conn, settings, scope, terms, limit=limit, since=since, until=until)
+            backend = "bm25"
+    if not rows:
+        backend = "like"
+        sql, params = _like_query(conn.dialect.name, scope, needles, _window(since, until))
+        params.update(
+            w=settings.recency_weight,
+            half=settings.half_life_days,
+            bonus=settings.pinned_bonus,
+            limit=limit,
+            since=_time_param(conn.dialect.name, since),
+            until=_time_param(conn.dialect.name, until),
+        )
         rows = _ranked(conn, sql, params)
     weight, bonus = settings.recency_weight, settings.pinned_bonus
     return [
@@ -238,7 +348,8 @@ def search(
             score=round(float(row.score), 6),
             lexical=round(float(row.lexical), 6),
             recency=round(float(row.recency), 6),
-            snippet=snippet(row.body, tokens),
+            bm25=round(float(row.bm25), 6),
+            snippet=snippet(row.body, needles),
             backend=backend,
             # The score's three terms, from values already fetched: no work for the database.
             parts=ScoreParts(

@@ -60,9 +60,10 @@ class Settings(BaseSettings):
     similar_threshold: float = Field(
         default=0.3, gt=0, le=1, description="Lowest Jaccard score listed in write's `similar`."
     )
-    search: Literal["fts", "like"] = Field(
-        default="fts",
-        description="Search backend: fts (PostgreSQL full text / SQLite FTS5) or like.",
+    search: Literal["bm25", "like"] = Field(
+        default="bm25",
+        description="Search backend: bm25 (any-word BM25 over the store's own index, both "
+        "databases) or like (substring match); fts, its former name, means bm25.",
     )
     harvest_model: str | None = Field(
         default=None,
@@ -221,6 +222,12 @@ class Settings(BaseSettings):
         default=DEFAULT_OBSERVATION_TYPES,
         description="Allowed mem_save types, comma-separated in the environment.",
     )
+
+    @field_validator("search", mode="before")
+    @classmethod
+    def _former_search_name(cls, value: object) -> object:
+        # A configuration written for the full-text backend keeps working.
+        return "bm25" if value == "fts" else value
 
     @field_validator("observation_types", mode="before")
     @classmethod

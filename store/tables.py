@@ -60,6 +60,9 @@ MEMORIES = Table(
     Column("type", String(32)),
     Column("topics", Text, nullable=False, default="", server_default=""),
     Column("topic_key", String(255)),
+    # Search keywords the harvest model gave (synonyms and categories a question may use),
+    # normalized as topics are: searchable, never part of the same-fact rule.
+    Column("keywords", Text, nullable=False, default="", server_default=""),
     Column("session_id", String(64)),
     Column("provenance", String(16), nullable=False),
     Column("source", JSON),
@@ -78,6 +81,9 @@ MEMORIES = Table(
     Column("weight", Float, nullable=False, default=1.0, server_default=text("1.0")),
     # Size of the note's similarity term set (rows in memory_terms): Jaccard in SQL.
     Column("term_count", Integer, nullable=False, default=0, server_default=text("0")),
+    # Weighted length of the note in search terms (store.search_terms); NULL until the note
+    # is in the search index (a note written before it existed, until `gleaner db reindex`).
+    Column("search_length", Float),
     UniqueConstraint("scope_kind", "scope_id", "slug", name="uq_memories_scope_slug"),
     # The two partial unique indexes of mem_save are store.models': their dialect options
     # load the PostgreSQL dialect, which a read on SQLite has no use for.

@@ -30,6 +30,7 @@ from store.errors import NoteChanged, StorageFailure
 from store.models import ARCHIVED, LIVE, SUPERSEDED, Memory, MemoryTerm, utcnow
 from store.pg_insert import insert_notes, insert_notes_at_commit
 from store.schemas import Scope
+from store.search_index import Postings, delete_postings, insert_postings, postings_of
 from store.sql import Executor, dialect_insert, dialect_name, next_seqs, seq_expression
 from store.term_index import insert_terms
 from store.terms import similarity_terms
@@ -95,6 +96,7 @@ class _Op:
     current: dict[str, Any] | None = None
     versions: list[dict[str, Any]] = field(default_factory=list)
     row: Memory | None = None  # with ``rows``: the row as written
+    postings: Postings | None = None  # the note's search index rows, set by ``_apply``
 
 
 @dataclass
@@ -334,6 +336,8 @@ _TEXT_KEYS = (
     "title",
     "body",
     "topics",
+    "keywords",
+    "topic_key",
     "type",
     "pinned",
     "confidence",
@@ -351,6 +355,10 @@ def _apply(
     ``at_commit`` (``write_items``) the inserts may go with the COMMIT.
     """
     now = utcnow()
+    for op in ops:
+        # The note's text as this write leaves it (an update keeps what it does not set).
+        op.postings = postings_of({**(op.current or {}), **op.values})
+        op.values["search_length"] = op.postings.length
     updates = [op for op in ops if not op.inserted]
     changes = [
         {"id": op.row_id, **op.values, **({"status": LIVE} if op.revive else {})} for op in updates
@@ -372,6 +380,7 @@ def _apply(
         session.execute(
             delete(MemoryTerm).where(MemoryTerm.memory_id.in_([op.row_id for op in updates]))
         )
+        delete_postings(session, [int(op.row_id or 0) for op in updates])
     inserts = [op for op in ops if op.inserted]
     retry: list[_Op] = []
     dialect = dialect_name(session)
@@ -401,11 +410,13 @@ def _apply(
             for op in chunk
         ]
         if late:
-            insert_notes_at_commit(session, scope, values, {op.slug: _terms(op) for op in chunk})
+            insert_notes_at_commit(
+                session, scope, values, {op.slug: _terms(op) for op in chunk}, _postings(chunk)
+            )
             continue
         if lean:
             terms = {op.slug: _terms(op) for op in chunk}
-            returned = insert_notes(session, scope, values, terms)
+            returned = insert_notes(session, scope, values, terms, _postings(chunk))
         else:
             # executemany with RETURNING: one compiled statement, sent as multi-row INSERTs.
             stmt = _insert_statement(dialect, "updated_seq" in values[0], rows)
@@ -424,6 +435,18 @@ def _apply(
             for op in ops
             if op not in retry and op.row_id is not None and not (lean and op.inserted)
             for term in _terms(op)
+        ],
+    )
+    insert_postings(
+        session,
+        scope,
+        [
+            (int(op.row_id), op.postings)
+            for op in ops
+            if op not in retry
+            and op.row_id is not None
+            and op.postings is not None
+            and not (lean and op.inserted)
         ],
     )
     # The texts the batch replaced (an inserted note's id is known only now).
@@ -445,6 +468,11 @@ def _update_by_id(session: Executor, changes: list[dict[str, Any]]) -> None:
         by_columns.setdefault(frozenset(row), []).append({**row, "row_id": change["id"]})
     for rows in by_columns.values():
         session.execute(_UPDATE_BY_ID, rows)
+
+
+def _postings(ops: Sequence[_Op]) -> dict[str, Postings]:
+    """The search postings of inserted notes, by slug."""
+    return {op.slug: op.postings for op in ops if op.postings is not None}
 
 
 def _terms(op: _Op) -> list[str]:

@@ -51,7 +51,7 @@ READ_COMMANDS = {
     "search": (["search", "pgbouncer", "--owner", "alice"], "uses-pgbouncer"),
     "search --json --explain": (
         ["search", "pgbouncer", "--owner", "alice", "--json", "--explain"],
-        '"backend": "sqlite-fts5"',
+        '"backend": "bm25"',
     ),
     "index": (["index", "--owner", "alice"], "<gleaner-memory-index"),
     "notes list": (["notes", "list", "--owner", "alice", "--status", "all"], "prefers-tabs"),

@@ -1,4 +1,4 @@
-"""Reading notes: ``db upgrade``, ``search``, ``show``, ``index``."""
+"""Reading notes: ``db upgrade``/``reindex``, ``search``, ``show``, ``index``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from workers.cli.common import (
@@ -22,9 +23,32 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from store.db import current_revision
 
     store = open_store()
-    store.migrate()
+    store.migrate(progress=_reindex_progress)
     print(f"database at revision {current_revision(store.engine)} ({store.dialect})")
     return EXIT_OK
+
+
+def cmd_db_reindex(args: argparse.Namespace) -> int:
+    store = open_store()
+    result = store.reindex(progress=_reindex_progress)
+    how = "rebuilt (the tokenizer version had changed)" if result.rebuilt else "up to date"
+    print(f"search index {how}: {result.indexed} note(s) indexed, version {result.version}")
+    return EXIT_OK
+
+
+def _reindex_progress(done: int) -> None:
+    print(f"gleaner: search index: {done} note(s) indexed", file=sys.stderr, flush=True)
+
+
+def said_time(text: str) -> datetime:
+    """An ISO date or date and time (``2024-05-01``, ``2024-05-01T18:00:00Z``); naive is UTC."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO date or time (e.g. 2024-05-01 or 2024-05-01T18:00:00Z)"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -44,7 +68,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             print("[]")
         return EXIT_USAGE
     store = open_store()
-    hits = store.search(scope, query, limit=args.limit)
+    hits = store.search(scope, query, limit=args.limit, since=args.since, until=args.until)
     if args.json:
         out = [
             {
@@ -52,7 +76,16 @@ def cmd_search(args: argparse.Namespace) -> int:
                 "score": h.score,
                 "snippet": h.snippet,
                 "backend": h.backend,
-                **({"parts": h.parts.model_dump() if h.parts else None} if args.explain else {}),
+                **(
+                    {
+                        "parts": h.parts.model_dump() if h.parts else None,
+                        "bm25": h.bm25,
+                        "lexical": h.lexical,
+                        "recency": h.recency,
+                    }
+                    if args.explain
+                    else {}
+                ),
             }
             for h in hits
         ]
@@ -63,14 +96,17 @@ def cmd_search(args: argparse.Namespace) -> int:
     for hit in hits:
         note = hit.memory
         pin = " [pinned]" if note.pinned else ""
-        print(f"{hit.score:6.3f}  {note.slug}{pin}  {note.title}")
+        said = f"  (said {note.said_at:%Y-%m-%d})" if note.said_at else ""
+        print(f"{hit.score:6.3f}  {note.slug}{pin}  {note.title}{said}")
         if args.explain and hit.parts is not None:
             parts = hit.parts
             print(
-                f"        = lexical {parts.lexical:.3f} (match {hit.lexical:.3f}) "
-                f"+ recency {parts.recency:.3f} (factor {hit.recency:.3f}) "
+                f"        = lexical {parts.lexical:.3f} (match {hit.lexical:.3f}, bm25 "
+                f"{hit.bm25:.3f}) + recency {parts.recency:.3f} (factor {hit.recency:.3f}) "
                 f"+ pinned {parts.pinned:.3f}   [{hit.backend}]"
             )
+            if note.keywords:
+                print(f"        keywords: {' '.join(note.keywords)}")
         print(f"        {hit.snippet}")
     return EXIT_OK
 
@@ -140,15 +176,32 @@ def _print_history(versions: Sequence[Any]) -> None:
 def register(sub: Any) -> None:
     db = sub.add_parser("db", help="database schema commands")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    upgrade = db_sub.add_parser("upgrade", help="migrate the database to the newest schema")
+    upgrade = db_sub.add_parser(
+        "upgrade",
+        help="migrate the database to the newest schema",
+        description="Migrate the database to the newest schema, then put every note the "
+        "search index lacks into it (progress on stderr): a store from before the index, or "
+        "one built by another tokenizer version, is indexed here.",
+    )
     upgrade.set_defaults(func=cmd_db_upgrade)
+    reindex = db_sub.add_parser(
+        "reindex",
+        help="index the notes the search index lacks (db upgrade does it too)",
+        description="Index every note not in the search index yet, in batches (progress on "
+        "stderr); when the index was built by another tokenizer version, rebuild it whole. "
+        "Safe to run while workers write; a stopped run resumes where it was.",
+    )
+    reindex.set_defaults(func=cmd_db_reindex)
 
     search = sub.add_parser(
         "search",
-        help="search a scope's notes (lexical, recency-ranked)",
+        help="search a scope's notes (any word, BM25 and recency ranked)",
         description="Search the scope's live notes for the words given (one or more "
-        "arguments; any text is safe). Exit 0 with hits or none, 2 when the query has no "
-        "content word (only stop words or punctuation: nothing is searched).",
+        "arguments; any text is safe, a question in plain words too). A note matching any "
+        "of the words is a hit; hits rank by BM25 (rarer words and title words weigh more), "
+        "recency of when the fact was said, and pinning. Exit 0 with hits or none, 2 when "
+        "the query has no content word (only stop words or punctuation: nothing is "
+        "searched).",
     )
     search.add_argument("query", nargs="+", metavar="WORD", help="words to look for")
     add_scope_flags(search)
@@ -157,7 +210,20 @@ def register(sub: Any) -> None:
     search.add_argument(
         "--explain",
         action="store_true",
-        help="show each hit's score as its lexical, recency and pinned parts",
+        help="show each hit's score as its lexical, recency and pinned parts (and its BM25 "
+        "and search keywords)",
+    )
+    search.add_argument(
+        "--since",
+        type=said_time,
+        metavar="WHEN",
+        help="only facts said at or after this ISO date or time (naive: UTC)",
+    )
+    search.add_argument(
+        "--until",
+        type=said_time,
+        metavar="WHEN",
+        help="only facts said before this ISO date or time (naive: UTC)",
     )
     search.set_defaults(func=cmd_search)
 
