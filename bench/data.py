@@ -7,9 +7,11 @@ About 1% of notes are planted near-duplicates of an earlier note of their scope 
 and topics plus one extra word: Jaccard >= 0.8; same body: the same fact restated), and 0.5%
 exact copies.
 
-PostgreSQL is loaded with COPY (the generated tsvector computed by the server), its GIN index
-built after the load; SQLite with executemany through the FTS5 triggers. The term index
-(``memory_terms``) is not loaded: search, decay and dedupe do not read it.
+PostgreSQL is loaded with COPY, the search index's key built after the load; SQLite with
+executemany. The search index (``search_postings`` and ``memories.search_length``) is
+loaded with the notes, computed by ``store.search_index.postings_of`` as a write computes
+it. The term index (``memory_terms``) is not loaded: search, decay and dedupe do not read
+it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sqlalchemy.engine import make_url
 
 from bench.core import PG_ADMIN_URL, Context
 from store import Settings, Store
+from store.search_index import Postings, postings_of
 
 SMALL_SCOPES = 1_000
 BIG_SCOPE = "big"
@@ -121,14 +124,15 @@ def generate(n: int, seed: int = 1) -> Dataset:
     return Dataset(n=n, notes=notes, words=words, scope_sizes=counts)
 
 
-def queries(words: list[str], count: int = 500, seed: int = 3) -> list[str]:
-    """``count`` queries of 1-3 words, each word common (top 50) or rare (rank 2k-20k)."""
+def queries(words: list[str], count: int = 500, seed: int = 3, most: int = 3) -> list[str]:
+    """``count`` queries of 1 to ``most`` words, each word common (top 50) or rare (rank
+    2k-20k)."""
     rng = random.Random(seed)
     out = []
     for _ in range(count):
         chosen = [
             rng.choice(words[:50]) if rng.random() < 0.5 else rng.choice(words[2_000:])
-            for _ in range(rng.randint(1, 3))
+            for _ in range(rng.randint(1, most))
         ]
         out.append(" ".join(chosen))
     return out
@@ -136,11 +140,23 @@ def queries(words: list[str], count: int = 500, seed: int = 3) -> list[str]:
 
 _COLUMNS = (
     "id, scope_kind, scope_id, slug, title, body, topics, provenance, pinned, status, "
-    "content_hash, created_at, updated_at, updated_seq, weight, term_count"
+    "content_hash, created_at, updated_at, updated_seq, weight, term_count, search_length"
 )
+_POSTING_COLUMNS = "scope_kind, scope_id, term, memory_id, weight, length"
 
 
-def _values(row: NoteRow) -> tuple[object, ...]:
+def _postings(row: NoteRow) -> Postings:
+    return postings_of({"title": row.title, "body": row.body, "topics": row.topics})
+
+
+def _posting_rows(row: NoteRow, postings: Postings) -> list[tuple[object, ...]]:
+    return [
+        ("owner", row.scope, term, row.id, weight, postings.length)
+        for term, weight in postings.weights.items()
+    ]
+
+
+def _values(row: NoteRow, postings: Postings) -> tuple[object, ...]:
     return (
         row.id,
         "owner",
@@ -158,29 +174,37 @@ def _values(row: NoteRow) -> tuple[object, ...]:
         row.id,
         1.0,
         0,
+        postings.length,
     )
 
 
 def load_pg(url: str, data: Dataset) -> None:
-    """COPY the notes in; the GIN index is dropped for the load and built once after it."""
+    """COPY the notes and their postings in; the postings' key and index are dropped for
+    the load and built once after it."""
     engine = create_engine(url)
     raw = engine.raw_connection()
     try:
         cur = raw.cursor()
-        # The full-text GIN index(es) of the schema, built once after the load.
         cur.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memories' "
-            "AND indexdef LIKE '%USING gin%'"
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conname = 'pk_search_postings'"
         )
-        gin = cur.fetchall()
-        for name, _ in gin:
-            cur.execute(f'DROP INDEX "{name}"')
+        key = cur.fetchone()[0]  # type: ignore[index]
+        cur.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_search_postings_memory'")
+        memory_index = cur.fetchone()[0]  # type: ignore[index]
+        cur.execute("ALTER TABLE search_postings DROP CONSTRAINT pk_search_postings")
+        cur.execute("DROP INDEX ix_search_postings_memory")
+        postings = [_postings(row) for row in data.notes]
         with cur.copy(f"COPY memories ({_COLUMNS}) FROM STDIN") as copy:  # type: ignore[attr-defined]
-            for row in data.notes:
-                copy.write_row(_values(row))
+            for row, found in zip(data.notes, postings, strict=True):
+                copy.write_row(_values(row, found))
+        with cur.copy(f"COPY search_postings ({_POSTING_COLUMNS}) FROM STDIN") as copy:  # type: ignore[attr-defined]
+            for row, found in zip(data.notes, postings, strict=True):
+                for posting in _posting_rows(row, found):
+                    copy.write_row(posting)
         cur.execute("SET maintenance_work_mem = '512MB'")
-        for _, definition in gin:
-            cur.execute(definition)
+        cur.execute(f"ALTER TABLE search_postings ADD CONSTRAINT pk_search_postings {key}")
+        cur.execute(memory_index)
         cur.execute("SELECT setval('memories_updated_seq_seq', %s)", (data.n + 1,))
         cur.execute("SELECT setval('memories_id_seq', %s)", (data.n + 1,))
         raw.commit()
@@ -188,22 +212,32 @@ def load_pg(url: str, data: Dataset) -> None:
         raw.close()
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE memories"))
+        conn.execute(text("VACUUM ANALYZE search_postings"))
     engine.dispose()
 
 
 def load_sqlite(path: Path, data: Dataset) -> None:
-    """executemany through the FTS5 triggers, in one transaction."""
+    """executemany of the notes and their postings, in one transaction."""
     conn = sqlite3.connect(path)
     stamp = "%Y-%m-%d %H:%M:%S.%f"
+    postings = [_postings(row) for row in data.notes]
     with conn:
         conn.executemany(
-            f"INSERT INTO memories ({_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+            f"INSERT INTO memories ({_COLUMNS}) VALUES ({', '.join('?' * 17)})",
             (
                 tuple(
                     v.astimezone(UTC).strftime(stamp) if isinstance(v, datetime) else v
-                    for v in _values(row)
+                    for v in _values(row, found)
                 )
-                for row in data.notes
+                for row, found in zip(data.notes, postings, strict=True)
+            ),
+        )
+        conn.executemany(
+            f"INSERT INTO search_postings ({_POSTING_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                posting
+                for row, found in zip(data.notes, postings, strict=True)
+                for posting in _posting_rows(row, found)
             ),
         )
     conn.execute("ANALYZE")

@@ -10,6 +10,8 @@ from store.text import unstorable
 
 # A word: at least one letter or digit, in any script.
 _WORD = re.compile(r"[^\W_]")
+# Search keywords kept of a candidate (more are cut off, not a reason to drop the note).
+MAX_KEYWORDS = 8
 
 
 def has_word(text: str) -> bool:
@@ -35,6 +37,8 @@ class NoteCandidate(BaseModel):
     topics: list[str] = Field(default_factory=list, max_length=8)
     confidence: float = Field(default=0.5, ge=0.0, le=1.0)
     topic_key: str | None = Field(default=None, max_length=255)
+    # Words a later question may use that the note does not hold (synonyms, categories).
+    keywords: list[str] = Field(default_factory=list)
 
     @field_validator("title", "body")
     @classmethod
@@ -55,6 +59,13 @@ class NoteCandidate(BaseModel):
     @classmethod
     def _topics_with_words(cls, value: list[str]) -> list[str]:
         return [topic for topic in value if has_word(topic)]
+
+    @field_validator("keywords")
+    @classmethod
+    def _some_keywords(cls, value: list[str]) -> list[str]:
+        # Bounded here (the store normalizes each to 40 characters); unstorable ones dropped.
+        kept = [k for k in value if has_word(k) and unstorable(k) is None]
+        return kept[:MAX_KEYWORDS]
 
 
 def _storable(value: str) -> str:

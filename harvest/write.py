@@ -72,6 +72,7 @@ def write_candidates(
             "title": text.title,
             "body": text.body,
             "topics": candidate.topics,
+            "keywords": candidate.keywords,
             "confidence": candidate.confidence,
             "pinned": False,
         }
@@ -149,7 +150,7 @@ class _SegmentWriter:
         ``harvest_min_confidence`` sure (the others dropped), with private text stripped:
         ``(candidate, its text)``. A topic or topic key that held a private span is dropped,
         not redacted: ``[REDACTED]`` is no topic, and two secrets' redacted keys would be one
-        key."""
+        key; so is a search keyword that held one."""
         kept = []
         for candidate in candidates[: self.settings.harvest_max_facts]:
             if (
@@ -160,6 +161,7 @@ class _SegmentWriter:
                 self.dropped += 1
                 continue
             topics = [topic for topic in candidate.topics if strip_private(topic) == topic]
+            keywords = [word for word in candidate.keywords if strip_private(word) == word]
             key = candidate.topic_key
             if key is not None and strip_private(key) != key:
                 key = None
@@ -168,7 +170,14 @@ class _SegmentWriter:
                 strip_private(candidate.body),
                 normalize_topics(topics),
             )
-            kept.append((candidate.model_copy(update={"topics": topics, "topic_key": key}), text))
+            kept.append(
+                (
+                    candidate.model_copy(
+                        update={"topics": topics, "keywords": keywords, "topic_key": key}
+                    ),
+                    text,
+                )
+            )
         return kept
 
     def flush(self, *, at_commit: bool = False) -> None:

@@ -81,6 +81,18 @@ def content_words(query: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """How much of a large scope a search reads (see the module doc)."""
+
+    term_candidates: int = TERM_CANDIDATES
+    df_cap: int = DF_CAP
+
+
+# What the benchmark compares the bounded search with: every match, every count exact.
+UNBOUNDED = Bounds(term_candidates=2**62, df_cap=2**62)
+
+
+@dataclass(frozen=True)
 class _Stats:
     notes: int
     avg_length: float
@@ -118,14 +130,14 @@ def _scope_stats(conn: Connection, scope: Scope) -> tuple[int, float]:
     return notes, avg_length
 
 
-def _document_frequencies(conn: Connection, scope: Scope, terms: list[str]) -> list[int]:
-    """How many of the scope's notes hold each term (counted up to ``DF_CAP``)."""
+def _document_frequencies(conn: Connection, scope: Scope, terms: list[str], cap: int) -> list[int]:
+    """How many of the scope's notes hold each term (counted up to ``cap``)."""
     counts = ", ".join(
         "(SELECT count(*) FROM (SELECT 1 FROM search_postings"  # noqa: S608 - placeholders only
         f" WHERE scope_kind = :kind AND scope_id = :sid AND term = :t{i} LIMIT :cap) x{i})"
         for i in range(len(terms))
     )
-    params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id, "cap": DF_CAP}
+    params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id, "cap": cap}
     params.update({f"t{i}": term for i, term in enumerate(terms)})
     row = conn.execute(text(f"SELECT {counts}"), params).one()
     return [int(n) for n in row]
@@ -264,11 +276,12 @@ def _bm25_rows(
     limit: int,
     since: datetime | None,
     until: datetime | None,
+    bounds: Bounds,
 ) -> list[Row[Any]]:
     notes, avg_length = _scope_stats(conn, scope)
     if notes == 0:
         return []
-    dfs = _document_frequencies(conn, scope, terms)
+    dfs = _document_frequencies(conn, scope, terms, bounds.df_cap)
     present = [(term, df) for term, df in zip(terms, dfs, strict=True) if df > 0]
     if not present:
         return []
@@ -280,7 +293,7 @@ def _bm25_rows(
         "half": settings.half_life_days,
         "bonus": settings.pinned_bonus,
         "limit": limit,
-        "per_term": TERM_CANDIDATES,
+        "per_term": bounds.term_candidates,
         "k1": K1,
         "b": B,
         "avg_length": max(avg_length, 1e-9),
@@ -303,9 +316,10 @@ def search(
     *,
     since: datetime | None = None,
     until: datetime | None = None,
+    bounds: Bounds = Bounds(),
 ) -> list[SearchHit]:
     """Ranked live notes of the scope matching any word of ``query`` (see the module doc),
-    said within ``[since, until)`` when given.
+    said within ``[since, until)`` when given; ``bounds`` are for the benchmark.
 
     Reads through Core on ``conn`` (a session's is ``session.connection()``)."""
     scope = Scope.of(scope)
@@ -326,7 +340,9 @@ def search(
     if settings.search != "like":
         terms = query_terms(query, MAX_QUERY_WORDS)
         if terms:
-            rows = _bm25_rows(conn, settings, scope, terms, limit=limit, since=since, until=until)
+            rows = _bm25_rows(
+                conn, settings, scope, terms, limit=limit, since=since, until=until, bounds=bounds
+            )
             backend = "bm25"
     if not rows:
         backend = "like"

@@ -96,9 +96,11 @@ def note(
     confidence: float = 0.8,
     topics: Sequence[str] = ("testing",),
     topic_key: str | None = None,
+    keywords: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """One note item as the model would send it."""
-    return {
+    """One note item as the model would send it (``keywords`` only when given: a model
+    that never heard of them sends none)."""
+    item = {
         "type": type,
         "title": title,
         "body": body if body is not None else f"The user said: {title}.",
@@ -106,6 +108,9 @@ def note(
         "confidence": confidence,
         "topic_key": topic_key,
     }
+    if keywords is not None:
+        item["keywords"] = list(keywords)
+    return item
 
 
 def answer(notes: Sequence[dict[str, Any]] = (), **kwargs: Any) -> Behaviour:

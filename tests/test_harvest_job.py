@@ -136,6 +136,32 @@ def test_model_notes_are_written_and_a_repeat_costs_no_call(make_store, backend,
     assert server.calls == 1
 
 
+def test_search_keywords_from_the_model_are_kept_bounded_and_searchable(
+    make_store, backend, server
+) -> None:
+    """The model's keywords make a note findable by words it lacks; they are cut to eight,
+    normalized, and one holding a private span is dropped, never stored."""
+    store = make_store(backend, **model_settings(server))
+    many = ["Pets", "dog", "<private>Rex</private>", "...", *(f"k{i}" for i in range(10))]
+    server.script(
+        answer(
+            [
+                note("Adopted a beagle named Biscuit", body="A shelter puppy.", keywords=many),
+                note("Works at Globex", body="Data engineer since May."),
+            ]
+        )
+    )
+    report = harvest_transcript(store, transcript("I adopted Biscuit. I work at Globex."))
+    assert report.notes_written == 2
+    beagle = store.get(ALICE, "adopted-a-beagle-named-biscuit")
+    assert beagle is not None
+    assert beagle.keywords == ["pets", "dog", "k0", "k1", "k2", "k3", "k4"]  # 8 kept, 1 private
+    assert [h.memory.slug for h in store.search(ALICE, "any pets?")] == [beagle.slug]
+    assert store.search(ALICE, "rex") == []
+    globex = store.get(ALICE, "works-at-globex")
+    assert globex is not None and globex.keywords == []
+
+
 def test_nothing_private_or_injected_reaches_the_model(make_store, backend, server) -> None:
     store = make_store(backend, **model_settings(server))
     store.write(ALICE, {"title": "Recalled fact ZEBRA-INDEX", "body": "b"})

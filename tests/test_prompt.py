@@ -112,7 +112,9 @@ def test_response_schema_names_the_types_and_every_field() -> None:
     schema = response_schema(types=("preference", "decision"), max_facts=4)
     item = schema["properties"]["notes"]["items"]
     assert item["properties"]["type"]["enum"] == ["preference", "decision"]
-    assert set(item["required"]) == {"type", "title", "body", "topics", "confidence", "topic_key"}
+    assert set(item["required"]) == {
+        *("type", "title", "body", "topics", "keywords", "confidence", "topic_key")
+    }
     assert item["additionalProperties"] is False
     assert schema["required"] == ["notes"]
 

@@ -26,7 +26,7 @@ def set_time(store: Store, slug: str, column: str, days_ago: float) -> None:
         when = when.replace(tzinfo=None)
     with store.engine.begin() as conn:
         conn.execute(
-            text(f"UPDATE memories SET {column} = :t WHERE slug = :s"),  # noqa: S608
+            text(f"UPDATE memories SET {column} = :t WHERE slug = :s"),
             {"t": when, "s": slug},
         )
 

@@ -141,6 +141,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         f"type={note.type or '-'} provenance={note.provenance} pinned={note.pinned} "
         f"status={note.status} topics={' '.join(note.topics) or '-'}"
     )
+    said = f"{note.said_at:%Y-%m-%d %H:%M} UTC" if note.said_at else "-"
+    print(f"said={said} keywords={' '.join(note.keywords) or '-'}")
     if found.superseded_by:
         print(f"superseded by: {found.superseded_by}")
     for ln in found.links:
