@@ -25,6 +25,7 @@ SCENARIOS: list[str] = [
     "same_fact",
     "redaction",
     "startup",
+    "recall",
     # Store scenarios (4-7); dedupe and decay reuse the stores search builds. Dedupe goes
     # first, so every size it compares is as loaded (decay rewrites every row of the 1M
     # store, and its dead rows would weigh on that size alone); decay drops the store.
