@@ -146,8 +146,11 @@ def recency_sql(dialect: str, column: str = "updated_at", now: str | None = None
     """
     if dialect == "postgresql":
         since = now or "now()"
-        days = f"greatest(extract(epoch FROM ({since} - {column})), 0) / 86400.0"
-        return f"power(0.5, least({days} / :half, {MAX_HALF_LIVES}))"
+        # In double precision: extract() gives numeric, whose power() costs about a
+        # millisecond a row.
+        seconds = f"CAST(extract(epoch FROM ({since} - {column})) AS float8)"
+        days = f"greatest({seconds}, 0) / 86400.0"
+        return f"exp({LN_HALF!r} * least({days} / :half, {MAX_HALF_LIVES}))"
     since = now or "'now'"
     days = f"max(julianday({since}) - julianday({column}), 0.0)"
     return f"exp({LN_HALF!r} * min({days} / :half, {MAX_HALF_LIVES}))"
