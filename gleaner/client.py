@@ -8,6 +8,7 @@ queue when GLEANER_BROKER_URL is set, or harvested right away in this process wh
 from __future__ import annotations
 
 import threading
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -197,14 +198,26 @@ class Gleaner:
 
     # --- notes out -------------------------------------------------------------------
 
-    def search(self, owner: str, query: str, *, limit: int = 10) -> list[SearchHit]:
-        """The owner's live notes matching ``query``, best first (at most ``limit``)."""
+    def search(
+        self,
+        owner: str,
+        query: str,
+        *,
+        limit: int = 10,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[SearchHit]:
+        """The owner's live notes matching any word of ``query``, best first (at most
+        ``limit``), said within ``[since, until)`` when given; each hit's ``memory.said_at``
+        says when its fact was said."""
         from store import Scope
 
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
             raise InvalidRequest(f"limit must be 1..100, got {quoted(limit)}", reason="bad_limit")
         with translated():
-            return self.store.search(Scope.owner(owner), query, limit=limit)
+            return self.store.search(
+                Scope.owner(owner), query, limit=limit, since=since, until=until
+            )
 
     def note(self, owner: str, slug: str) -> NoteDetail:
         """The owner's note ``slug`` with its links, superseder and history, read in one
@@ -224,12 +237,14 @@ class Gleaner:
             history=earlier,
         )
 
-    def index_text(self, owner: str) -> str:
-        """The compact memory index of the owner's notes that goes into a system prompt."""
+    def index_text(self, owner: str, query: str | None = None) -> str:
+        """The compact memory index of the owner's notes that goes into a system prompt:
+        pinned notes, then (with ``query``, the conversation so far) the notes most relevant
+        to it, then other titles, within the token budget."""
         from store import Scope
 
         with translated():
-            return self.store.index_text(Scope.owner(owner))
+            return self.store.index_text(Scope.owner(owner), query)
 
     def forget(self, owner: str, *, allow_reharvest: bool = False) -> dict[str, int]:
         """Delete everything stored for the owner (notes, history, jobs, ...) in one

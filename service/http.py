@@ -12,6 +12,7 @@ Every route calls :class:`gleaner.Gleaner` and adds no rule of its own; the key 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import quote, unquote, unquote_to_bytes
 
@@ -202,16 +203,20 @@ def create_app(gleaner: Gleaner) -> FastAPI:
         return service.job(job_id, owner=key.owner)
 
     @app.get("/v1/owners/{owner}/search", tags=["notes"])
-    def search(
+    def search(  # noqa: PLR0917 - FastAPI passes every parameter by name
         owner: Owner,
         q: Annotated[str, Query(max_length=1000)],
         key: Key,
         service: Service,
         limit: Annotated[int, Query(ge=1, le=100)] = 10,
+        since: Annotated[datetime | None, Query()] = None,
+        until: Annotated[datetime | None, Query()] = None,
     ) -> Hits:
-        """The owner's live notes matching ``q``, best first."""
+        """The owner's live notes matching any word of ``q``, best first; ``since`` and
+        ``until`` (ISO times) keep facts said in that window. Each hit's note has
+        ``said_at``, when its fact was said."""
         name = allowed_owner(service, key, owner_of(owner))
-        return Hits(hits=service.search(name, q, limit=limit))
+        return Hits(hits=service.search(name, q, limit=limit, since=since, until=until))
 
     @app.get("/v1/owners/{owner}/notes/{slug}", tags=["notes"])
     def note(owner: Owner, slug: str, key: Key, service: Service) -> NoteDetail:
@@ -219,10 +224,17 @@ def create_app(gleaner: Gleaner) -> FastAPI:
         return service.note(allowed_owner(service, key, owner_of(owner)), slug)
 
     @app.get("/v1/owners/{owner}/index", tags=["notes"])
-    def index_text(owner: Owner, key: Key, service: Service) -> IndexText:
-        """The compact memory index that goes into the owner's system prompt."""
+    def index_text(
+        owner: Owner,
+        key: Key,
+        service: Service,
+        q: Annotated[str | None, Query(max_length=4000)] = None,
+    ) -> IndexText:
+        """The compact memory index that goes into the owner's system prompt: pinned notes,
+        then (with ``q``, the conversation so far) the notes most relevant to it, then other
+        titles."""
         name = allowed_owner(service, key, owner_of(owner))
-        return IndexText(owner=name, text=service.index_text(name))
+        return IndexText(owner=name, text=service.index_text(name, q))
 
     @app.delete("/v1/owners/{owner}", tags=["owners"])
     def forget(

@@ -35,7 +35,8 @@ T = TypeVar("T")
 
 
 class Hit(BaseModel):
-    """One search result, slim: enough to choose which note to read."""
+    """One search result, slim: enough to choose which note to read, when its fact was said
+    (``said_at``) and where the note came from."""
 
     slug: str
     title: str
@@ -45,7 +46,10 @@ class Hit(BaseModel):
     topic_key: str | None
     pinned: bool
     score: float
+    said_at: datetime | None
     updated_at: datetime
+    provenance: str
+    confidence: float | None
 
 
 class SearchResults(BaseModel):
@@ -113,9 +117,16 @@ def build_server(gleaner: Gleaner, owner: str) -> MCPServer:
         return run(lambda: gleaner.mem_session_summary(owner, content, title=title))
 
     @server.tool()
-    def mem_search(query: str, limit: int = 10) -> SearchResults:
-        """Search the memory (words, not a question); best first, at most limit (1..100)."""
-        found = run(lambda: gleaner.search(owner, query, limit=limit))
+    def mem_search(
+        query: str,
+        limit: int = 10,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> SearchResults:
+        """Search the memory with a question or words (a note matching any of them is found,
+        best first), at most limit (1..100); since/until (ISO times) keep facts said in that
+        window. Each hit says when its fact was said (said_at)."""
+        found = run(lambda: gleaner.search(owner, query, limit=limit, since=since, until=until))
         return SearchResults(
             hits=[
                 Hit(
@@ -127,7 +138,10 @@ def build_server(gleaner: Gleaner, owner: str) -> MCPServer:
                     topic_key=hit.memory.topic_key,
                     pinned=hit.memory.pinned,
                     score=hit.score,
+                    said_at=hit.memory.said_at,
                     updated_at=hit.memory.updated_at,
+                    provenance=hit.memory.provenance,
+                    confidence=hit.memory.confidence,
                 )
                 for hit in found
             ]
@@ -140,10 +154,11 @@ def build_server(gleaner: Gleaner, owner: str) -> MCPServer:
         return run(lambda: gleaner.note(owner, slug))
 
     @server.tool()
-    def mem_index() -> str:
-        """The compact index of what is remembered (pinned notes first, then titles), as it
-        goes into a system prompt."""
-        return run(lambda: gleaner.index_text(owner))
+    def mem_index(query: str | None = None) -> str:
+        """The compact index of what is remembered, as it goes into a system prompt: pinned
+        notes first, then (given a query, such as the conversation so far) the notes most
+        relevant to it, then titles; each entry says when its fact was said."""
+        return run(lambda: gleaner.index_text(owner, query))
 
     return server
 

@@ -288,8 +288,10 @@ class Store:
 
         return self._read(index.fingerprint, scope)
 
-    def index_text(self, scope: Scope | tuple[str, str]) -> str:
-        """The compact memory index for a system prompt (see ``store.index``)."""
+    def index_text(self, scope: Scope | tuple[str, str], query: str | None = None) -> str:
+        """The compact memory index for a system prompt (see ``store.index``): pinned notes,
+        with a ``query`` (the conversation so far) the notes most relevant to it, then other
+        titles, within ``index_token_budget``."""
         from store import index
 
         return self._read(
@@ -297,6 +299,8 @@ class Store:
             scope,
             token_budget=self.settings.index_token_budget,
             pinned_body_bytes=self.settings.pinned_body_bytes,
+            query=query,
+            settings=self.settings,
         )
 
     def mem_save(

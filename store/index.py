@@ -6,12 +6,17 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, func, select
 
 from store.schemas import Scope
 from store.tables import LIVE, MEMORIES
 from store.text import redact_private
+
+if TYPE_CHECKING:
+    from store.settings import Settings
 
 INDEX_OPEN = "<gleaner-memory-index"
 INDEX_CLOSE = "</gleaner-memory-index>"
@@ -22,6 +27,10 @@ INDEX_CLOSE = "</gleaner-memory-index>"
 _INDEX_OPEN_TAG = re.compile(r"<gleaner-memory-index\b", re.IGNORECASE)
 _INDEX_CLOSE_TAG = re.compile(r"</gleaner-memory-index>", re.IGNORECASE)
 BYTES_PER_TOKEN = 4
+# With a query: how many of the notes search ranks best are offered, and how much of each
+# one's body is shown.
+RELEVANT_NOTES = 10
+RELEVANT_BODY_BYTES = 240
 
 
 def estimate_tokens(text: str) -> int:
@@ -48,38 +57,87 @@ def fingerprint(conn: Connection, scope: Scope | tuple[str, str]) -> tuple[int, 
     return int(count), int(top or 0)
 
 
-def index_text(
-    conn: Connection, scope: Scope | tuple[str, str], *, token_budget: int, pinned_body_bytes: int
-) -> str:
-    """Pinned notes with their bodies (each cut to ``pinned_body_bytes``), then other titles.
+def _said(value: datetime | None) -> str:
+    return f", {value:%Y-%m-%d}" if value is not None else ""
 
-    Newest first inside each part; stops before ``token_budget`` would be exceeded. Empty when
-    the scope has no live note. The text is wrapped in a ``<gleaner-memory-index>`` block.
+
+def index_text(
+    conn: Connection,
+    scope: Scope | tuple[str, str],
+    *,
+    token_budget: int,
+    pinned_body_bytes: int,
+    query: str | None = None,
+    settings: Settings | None = None,
+) -> str:
+    """Pinned notes with their bodies (each cut to ``pinned_body_bytes``); with a ``query``,
+    then the notes search ranks best for it, each with the start of its body; then other
+    titles. Newest first inside the pinned and title parts; each entry says when its fact
+    was said. Stops before ``token_budget`` would be exceeded. Empty when the scope has no
+    live note. The text is wrapped in a ``<gleaner-memory-index>`` block.
     """
     scope = Scope.of(scope)
     count, seq = fingerprint(conn, scope)
     if count == 0:
         return ""
     head = f'{INDEX_OPEN} scope="{html.escape(str(scope))}" notes="{count}" seq="{seq}">\n'
-    used = estimate_tokens(head) + estimate_tokens(INDEX_CLOSE)
-    lines: list[str] = []
+    budget = _Budget(token_budget - estimate_tokens(head) - estimate_tokens(INDEX_CLOSE))
     m = MEMORIES.c
+    said = func.coalesce(m.occurred_at, m.updated_at)
     rows = conn.execute(
-        select(m.pinned, m.slug, m.title, m.body)
+        select(m.pinned, m.slug, m.title, m.body, said)
         .where(m.scope_kind == scope.kind, m.scope_id == scope.id, m.status == LIVE)
         .order_by(m.pinned.desc(), m.updated_seq.desc())
-    )
-    for pinned, slug, title, body in rows:
-        if pinned:
-            entry = f"## {title} [{slug}]\n{_cut_bytes(body, pinned_body_bytes)}\n"
-        else:
-            entry = f"- {title} [{slug}]\n"
-        cost = estimate_tokens(entry)
-        if used + cost > token_budget:
+    ).all()
+    shown: set[str] = set()
+    for pinned, slug, title, body, when in rows:
+        if not pinned:
             break
-        lines.append(entry)
-        used += cost
-    return head + "".join(lines) + INDEX_CLOSE
+        entry = f"## {title} [{slug}{_said(_aware(when))}]\n{_cut_bytes(body, pinned_body_bytes)}\n"
+        if not budget.take(entry):
+            return head + "".join(budget.lines) + INDEX_CLOSE
+        shown.add(slug)
+    if query is not None and settings is not None:
+        from store.search import search
+
+        for hit in search(conn, settings, scope, query, limit=RELEVANT_NOTES):
+            note = hit.memory
+            if note.slug in shown:
+                continue
+            body = _cut_bytes(" ".join(note.body.split()), RELEVANT_BODY_BYTES)
+            entry = f"- {note.title} [{note.slug}{_said(note.said_at)}]: {body}\n"
+            if not budget.take(entry):
+                return head + "".join(budget.lines) + INDEX_CLOSE
+            shown.add(note.slug)
+    for pinned, slug, title, _body, when in rows:
+        if pinned or slug in shown:
+            continue
+        if not budget.take(f"- {title} [{slug}{_said(_aware(when))}]\n"):
+            break
+    return head + "".join(budget.lines) + INDEX_CLOSE
+
+
+class _Budget:
+    """Index lines taken while they fit in a token budget."""
+
+    def __init__(self, tokens: int) -> None:
+        self.left = tokens
+        self.lines: list[str] = []
+
+    def take(self, entry: str) -> bool:
+        cost = estimate_tokens(entry)
+        if cost > self.left:
+            return False
+        self.lines.append(entry)
+        self.left -= cost
+        return True
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; everything stored is UTC.
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
 
 
 def strip_index_text(text: str) -> str:

@@ -176,6 +176,37 @@ def test_a_conversation_in_and_its_notes_out(api: Api) -> None:
     engine.dispose()
 
 
+def test_search_in_plain_words_with_a_window_and_the_index_for_a_query(api: Api) -> None:
+    """Any word finds its note, each hit says when its fact was said, since/until bound it,
+    and the index follows ``q``; a bad time is a 422 naming the field."""
+    alice = owner_name()
+    headers = api.key(alice)
+    store = api.gleaner.store
+    for title, body in (
+        ("Melanie's animals", "Melanie has a dog named Luna and a cat named Oliver."),
+        ("Moved to Porto", "The user moved from Berlin to Porto."),
+    ):
+        store.write(("owner", alice), {"title": title, "body": body})
+    for i in range(150):  # more titles than the index's token budget holds
+        store.write(("owner", alice), {"title": f"Filler note {i}", "body": "gardening"})
+    search = f"/v1/owners/{alice}/search"
+    hits = api.client.get(search, params={"q": "What are Melanie's pets' names?"}, headers=headers)
+    found = hits.json()["hits"]
+    assert [h["memory"]["slug"] for h in found] == ["melanie-s-animals"]
+    assert found[0]["memory"]["said_at"] and found[0]["bm25"] > 0
+    future = {"q": "melanie porto", "since": "2999-01-01T00:00:00Z"}
+    assert api.client.get(search, params=future, headers=headers).json()["hits"] == []
+    past = {"q": "melanie", "until": "2000-01-01"}
+    assert api.client.get(search, params=past, headers=headers).json()["hits"] == []
+    bad = api.client.get(search, params={"q": "x", "since": "last week"}, headers=headers)
+    assert error_of(bad, 422) == "invalid_request" and "since" in bad.json()["error"]["message"]
+    index = f"/v1/owners/{alice}/index"
+    plain = api.client.get(index, headers=headers).json()["text"]
+    focused = api.client.get(index, params={"q": "pets of Melanie"}, headers=headers).json()
+    assert "melanie-s-animals" not in plain
+    assert "- Melanie's animals [melanie-s-animals, " in focused["text"]
+
+
 def test_keys_unknown_missing_or_revoked_get_401(api: Api) -> None:
     alice = owner_name()
     before = api.rows()

@@ -113,7 +113,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_index(args: argparse.Namespace) -> int:
     scope = scope_of(args)
-    text = open_store().index_text(scope)
+    text = open_store().index_text(scope, args.query)
     if not text:
         print(f"gleaner: no live notes in {scope}: the index is empty", file=sys.stderr)
         return EXIT_OK
@@ -233,10 +233,18 @@ def register(sub: Any) -> None:
         "index",
         help="print the memory index text that goes into a system prompt",
         description="Print the scope's index text (Store.index_text): pinned notes with their "
-        "bodies, then other titles, newest first, within GLEANER_INDEX_TOKEN_BUDGET. Prints "
-        "nothing (and says so on stderr) when the scope has no live note.",
+        "bodies, then (with --for) the notes most relevant to that text with the start of "
+        "their bodies, then other titles, newest first, within GLEANER_INDEX_TOKEN_BUDGET; "
+        "each entry says when its fact was said. Prints nothing (and says so on stderr) "
+        "when the scope has no live note.",
     )
     add_scope_flags(index)
+    index.add_argument(
+        "--for",
+        dest="query",
+        metavar="TEXT",
+        help="the conversation so far (or its gist): notes relevant to it come first",
+    )
     index.set_defaults(func=cmd_index)
 
     show = sub.add_parser("show", help="show one note with its links")
