@@ -211,16 +211,9 @@ def _still_to_harvest(
 
 
 def _cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
-    """USD from litellm's bundled price table; None when the model is not in it."""
-    import os
+    """USD from litellm's bundled price table, to the hundredth of a cent; None when the
+    model is not in it."""
+    from harvest.litellm_client import price_usd
 
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
-
-    try:
-        prompt_cost, completion_cost = litellm.cost_per_token(
-            model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
-        )
-    except Exception:  # noqa: BLE001 - unknown models raise assorted errors: no price known
-        return None
-    return round(float(prompt_cost) + float(completion_cost), 4)
+    price = price_usd(model, prompt_tokens, completion_tokens)
+    return None if price is None else round(price, 4)

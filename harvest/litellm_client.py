@@ -49,6 +49,19 @@ def load_litellm() -> Any:
     return litellm
 
 
+def price_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+    """What the tokens cost in USD by litellm's bundled price table (never fetched: see
+    :func:`load_litellm`); None when the model is not in it."""
+    litellm = load_litellm()
+    try:
+        prompt_cost, completion_cost = litellm.cost_per_token(
+            model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+        )
+    except Exception:  # noqa: BLE001 - unknown models raise assorted errors: no price known
+        return None
+    return float(prompt_cost) + float(completion_cost)
+
+
 def litellm_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
     """One chat completion through litellm, with a timeout and without litellm's retries.
 
