@@ -40,6 +40,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "run": ("worker", "beat", "health"),
     "operate": ("housekeep", "status", "retry", "forget"),
     "serve": ("serve", "mcp", "keys"),
+    "evaluate": ("eval",),
 }
 # Harvest reasons that mean the command line lacks something (exit 2), not a failed input.
 USAGE_REASONS = frozenset({"no_owner", "bad_owner", "bad_provenance", "bad_config"})
