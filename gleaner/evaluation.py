@@ -287,52 +287,50 @@ NO_ENTRIES = "(none)"
 
 # The judge's criteria per question type, in our own words, after the benchmark's judge
 # (LongMemEval, src/evaluation/evaluate_qa.py): one yes/no question to the judge model.
-_JUDGE_INTRO = (
-    "You grade a response from an assistant that answers questions from its memory of "
-    "earlier conversations. "
-)
-_JUDGE_CORRECT = (
+
+
+def _judge_prompt(
+    rule: str, label: str = "Correct answer", ask: str = "Is the response correct?"
+) -> str:
+    return (
+        "You grade a response from an assistant that answers questions from its memory of "
+        f"earlier conversations. {rule}\n\nQuestion: {{question}}\n\n{label}: {{answer}}\n\n"
+        f"Response: {{response}}\n\n{ask} Answer yes or no only."
+    )
+
+
+_GIVES_THE_ANSWER = (
     "Say yes if the response gives the correct answer: the same answer in other words, or "
     "every step that leads to it, counts. Say no if it gives another answer, or only part of "
     "what the correct answer needs."
 )
-_JUDGE_TAIL = """
-
-Question: {question}
-
-{label}: {answer}
-
-Response: {response}
-
-{ask} Answer yes or no only."""
-_CORRECT_TAIL = _JUDGE_TAIL.replace("{label}", "Correct answer").replace(
-    "{ask}", "Is the response correct?"
-)
 JUDGE_PROMPTS: dict[str, str] = {
-    "single-session-user": _JUDGE_INTRO + _JUDGE_CORRECT + _CORRECT_TAIL,
-    "single-session-assistant": _JUDGE_INTRO + _JUDGE_CORRECT + _CORRECT_TAIL,
-    "multi-session": _JUDGE_INTRO + _JUDGE_CORRECT + _CORRECT_TAIL,
-    "temporal-reasoning": _JUDGE_INTRO
-    + _JUDGE_CORRECT
-    + " A count of days, weeks or months that is off by one (19 days where the correct "
-    "answer says 18) still counts as correct." + _CORRECT_TAIL,
-    "knowledge-update": _JUDGE_INTRO
-    + _JUDGE_CORRECT
-    + " The response may also mention what was true before; it is correct as long as the "
-    "answer it gives as current is the correct answer." + _CORRECT_TAIL,
-    "single-session-preference": _JUDGE_INTRO
-    + "Instead of one correct answer you get a rubric of what a response personalised for "
-    "this user would do. Say yes if the response recalls what it knows about the user and "
-    "uses it correctly, as the rubric describes; it need not cover every point of the "
-    "rubric. Otherwise say no."
-    + _JUDGE_TAIL.replace("{label}", "Rubric").replace("{ask}", "Does the response satisfy it?"),
-    ABSTENTION: _JUDGE_INTRO
-    + "This question cannot be answered from the conversation history; the explanation says "
-    "why. Say yes if the response recognises that: it says it does not know, that the "
-    "information is missing or incomplete, or that only other, related information is known. "
-    "Say no if it answers as if it knew."
-    + _JUDGE_TAIL.replace("{label}", "Explanation").replace(
-        "{ask}", "Does the response recognise that the question cannot be answered?"
+    "single-session-user": _judge_prompt(_GIVES_THE_ANSWER),
+    "single-session-assistant": _judge_prompt(_GIVES_THE_ANSWER),
+    "multi-session": _judge_prompt(_GIVES_THE_ANSWER),
+    "temporal-reasoning": _judge_prompt(
+        _GIVES_THE_ANSWER + " A count of days, weeks or months that is off by one (9 days "
+        "where the correct answer says 8) still counts as correct."
+    ),
+    "knowledge-update": _judge_prompt(
+        _GIVES_THE_ANSWER + " The response may also mention what was true before; it is "
+        "correct as long as the answer it gives as current is the correct answer."
+    ),
+    "single-session-preference": _judge_prompt(
+        "Instead of one correct answer you get a rubric of what a response personalised for "
+        "this user would do. Say yes if the response recalls what it knows about the user "
+        "and uses it correctly, as the rubric describes; it need not cover every point of "
+        "the rubric. Otherwise say no.",
+        label="Rubric",
+        ask="Does the response satisfy it?",
+    ),
+    ABSTENTION: _judge_prompt(
+        "This question cannot be answered from the conversation history; the explanation "
+        "says why. Say yes if the response recognises that: it says it does not know, that "
+        "the information is missing or incomplete, or that only other, related information "
+        "is known. Say no if it answers as if it knew.",
+        label="Explanation",
+        ask="Does the response recognise that the question cannot be answered?",
     ),
 }
 PLACEHOLDERS = ("{question}", "{answer}", "{response}")

@@ -42,7 +42,15 @@ from gleaner.evaluation import (
     verdict,
 )
 from tests.cli_harness import Cli, cli
-from tests.llm_server import Behaviour, LLMServer, answer, llm_server, note
+from tests.llm_server import (
+    Behaviour,
+    LLMServer,
+    answer,
+    llm_server,
+    note,
+    server_error,
+    unauthorized,
+)
 from tests.workers_harness import Cluster, fresh_cluster
 
 __all__ = ["cli"]  # the fixture, used by name
@@ -347,6 +355,35 @@ def test_without_a_harvest_model_the_offline_harvester_runs(
     assert report["harvest"]["cost_usd"] == 0.0
     assert oracle.kinds == ["answer", "judge", "answer", "judge"]
     assert "harvest offline" in format_report(report)
+
+
+def test_a_model_call_that_keeps_failing_is_recorded_and_the_run_exits_1(
+    cli: Cli, server: LLMServer, tmp_path: Path
+) -> None:
+    """The answer model fails twice (every attempt allowed) for Gleaner's first answer: the
+    question is judged wrong for Gleaner with the error kept, the baseline still runs, and
+    the run exits 1 after printing the report. A refused key ends the run at once."""
+    cli.env(
+        GLEANER_DATABASE_URL=f"sqlite:///{tmp_path / 'eval.db'}",
+        GLEANER_HARVEST_MAX_ATTEMPTS="2",
+        GLEANER_HARVEST_MAX_RETRY_SECONDS="3",
+    )
+    flags = ("--answer-model", "openai/test-model", "--api-base", server.api_base)
+    server.script(server_error(), server_error())  # offline harvest: these are the answer's
+    out = tmp_path / "records.jsonl"
+    ran = cli("eval", str(SAMPLE), "--limit", "1", "--json", "--out", str(out), *flags)
+    assert ran.code == 1
+    report = ran.json()
+    assert (report["gleaner"]["errors"], report["gleaner"]["correct"]) == (1, 0)
+    assert (report["bm25"]["errors"], report["bm25"]["n"]) == (0, 1)
+    [record] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["gleaner"]["error"].startswith("model_transient: HTTP 500")
+    assert record["gleaner"]["response"] is None
+    assert "1 model call(s) failed after retries" in ran.err
+
+    server.script(unauthorized())
+    ran = cli("eval", str(SAMPLE), "--limit", "1", *flags)
+    assert ran.code == 1 and "Incorrect API key" in ran.err
 
 
 def test_types_and_limit_choose_the_questions(
