@@ -273,13 +273,24 @@ class Store:
         *,
         since: datetime | None = None,
         until: datetime | None = None,
+        vector: Sequence[float] | None = None,
+        vector_model: str | None = None,
     ) -> list[SearchHit]:
         """Ranked any-word search over the scope's live notes (BM25, recency, pinning: see
-        ``store.search``), said within ``[since, until)`` when given."""
+        ``store.search``), said within ``[since, until)`` when given; with the query's
+        ``vector`` of ``vector_model``, fused with the notes' vectors' ranking."""
         from store import search
 
         return self._read(
-            search.search, self.settings, scope, query, limit, since=since, until=until
+            search.search,
+            self.settings,
+            scope,
+            query,
+            limit,
+            since=since,
+            until=until,
+            vector=vector,
+            vector_model=vector_model,
         )
 
     def fingerprint(self, scope: Scope | tuple[str, str]) -> tuple[int, int]:

@@ -55,6 +55,7 @@ VACUUMED = (
     "memory_versions",
     "memory_terms",
     "search_postings",
+    "memory_vectors",
     "memory_links",
     "sessions",
     "harvest_ledger",

@@ -230,6 +230,8 @@ class SearchHit(Frozen):
     backend: str
     parts: ScoreParts | None = None
     bm25: float = 0.0
+    # Cosine similarity of the note's vector to the query's (hybrid search; None otherwise).
+    semantic: float | None = None
 
 
 class NoteChange(Frozen):

@@ -25,6 +25,9 @@ PG_BASE_URL = os.environ.get(
 )
 TABLES = (
     "memory_terms",
+    "search_postings",
+    "memory_vectors",
+    "embedding_usage",
     "memory_links",
     "memory_versions",
     "forgotten_transcripts",

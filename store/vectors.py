@@ -1,0 +1,247 @@
+"""Note vectors for semantic recall (``memory_vectors``): written after the note, read by search.
+
+A vector is stored as little-endian float32 bytes with the embedding model that made it and
+the note's ``content_hash`` when it was made: a note whose text changed since, or that has
+no vector of the configured model, is ``pending`` (a changed model re-embeds every note; the
+old model's vectors are ignored until replaced). Vectors go with their note (ON DELETE
+CASCADE: forget); search reads only live notes' vectors, so archiving, superseding, decay
+and dedupe need nothing here.
+
+Scoring is cosine similarity (vectors are L2-normalised when stored) over the owner's scope,
+computed with numpy in this process on both databases: PostgreSQL here has no pgvector (see
+README, "Semantic recall", for how it would slot in), and sqlite-vec needs a Python whose
+``sqlite3`` loads extensions, which not every build does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from sqlalchemy import Connection, delete, func, insert, select, text
+
+from store.schemas import Scope
+from store.sql import ID_CHUNK, one_of
+from store.tables import LIVE, MEMORIES, utcnow
+
+if TYPE_CHECKING:
+    from store.sql import Executor
+
+
+@dataclass(frozen=True)
+class PendingNote:
+    """A live note that needs a vector of the configured model: what is embedded."""
+
+    id: int
+    scope: Scope
+    content_hash: str
+    text: str
+
+
+def embedding_text(title: str, body: str) -> str:
+    """The text a note's vector is made from."""
+    return f"{title}\n{body}"
+
+
+def _vectors_table() -> Any:
+    from store.models import MEMORY_VECTORS
+
+    return MEMORY_VECTORS
+
+
+def pending(
+    conn: Executor,
+    model: str,
+    *,
+    scope: Scope | None = None,
+    after: int = 0,
+    limit: int = 64,
+) -> list[PendingNote]:
+    """Live notes (of ``scope``, else every scope) with no vector of ``model`` for their
+    current text, by id after ``after``, at most ``limit``."""
+    vectors = _vectors_table()
+    m = MEMORIES.c
+    query = (
+        select(m.id, m.scope_kind, m.scope_id, m.content_hash, m.title, m.body)
+        .outerjoin(
+            vectors,
+            (vectors.c.memory_id == m.id)
+            & (vectors.c.model == model)
+            & (vectors.c.content_hash == m.content_hash),
+        )
+        .where(vectors.c.memory_id.is_(None), m.status == LIVE, m.id > after)
+        .order_by(m.id)
+        .limit(limit)
+    )
+    if scope is not None:
+        query = query.where(m.scope_kind == scope.kind, m.scope_id == scope.id)
+    return [
+        PendingNote(
+            int(row.id),
+            Scope.stored(row.scope_kind, row.scope_id),
+            str(row.content_hash),
+            embedding_text(row.title, row.body),
+        )
+        for row in conn.execute(query)
+    ]
+
+
+def count_pending(conn: Executor, model: str, *, scope: Scope | None = None) -> int:
+    """How many live notes (of ``scope``) ``pending`` would return in all."""
+    vectors = _vectors_table()
+    m = MEMORIES.c
+    query = (
+        select(func.count())
+        .select_from(MEMORIES)
+        .outerjoin(
+            vectors,
+            (vectors.c.memory_id == m.id)
+            & (vectors.c.model == model)
+            & (vectors.c.content_hash == m.content_hash),
+        )
+        .where(vectors.c.memory_id.is_(None), m.status == LIVE)
+    )
+    if scope is not None:
+        query = query.where(m.scope_kind == scope.kind, m.scope_id == scope.id)
+    return int(conn.execute(query).scalar_one())
+
+
+def encode(vector: Sequence[float]) -> bytes:
+    """A vector as stored: float32, little-endian."""
+    return np.asarray(vector, dtype="<f4").tobytes()
+
+
+def save(
+    conn: Executor, model: str, notes: Sequence[PendingNote], vectors: Sequence[Sequence[float]]
+) -> int:
+    """Store the vectors of ``notes`` (one each, in order), replacing any older one. A note
+    deleted or rewritten since it was read keeps no vector from this (its text moved on:
+    it is pending again). Returns how many were stored."""
+    if len(notes) != len(vectors):
+        raise ValueError(f"{len(notes)} notes but {len(vectors)} vectors")
+    table = _vectors_table()
+    ids = [n.id for n in notes]
+    current: dict[int, str] = {}
+    for start in range(0, len(ids), ID_CHUNK):
+        rows = conn.execute(
+            select(MEMORIES.c.id, MEMORIES.c.content_hash).where(one_of(MEMORIES.c.id, "ids")),
+            {"ids": ids[start : start + ID_CHUNK]},
+        )
+        current.update((int(i), str(h)) for i, h in rows)
+    kept = [
+        (note, vector)
+        for note, vector in zip(notes, vectors, strict=True)
+        if current.get(note.id) == note.content_hash
+    ]
+    if not kept:
+        return 0
+    conn.execute(
+        delete(table).where(one_of(table.c.memory_id, "ids")),
+        {"ids": [note.id for note, _ in kept]},
+    )
+    now = utcnow()
+    conn.execute(
+        insert(table),
+        [
+            {
+                "memory_id": note.id,
+                "scope_kind": note.scope.kind,
+                "scope_id": note.scope.id,
+                "model": model,
+                "dimensions": len(vector),
+                "content_hash": note.content_hash,
+                "vector": encode(vector),
+                "embedded_at": now,
+            }
+            for note, vector in kept
+        ],
+    )
+    return len(kept)
+
+
+def nearest(
+    conn: Connection,
+    scope: Scope,
+    model: str,
+    query: Sequence[float],
+    *,
+    limit: int,
+    since: object = None,
+    until: object = None,
+) -> list[tuple[int, float]]:
+    """The scope's live notes whose vectors of ``model`` are most similar to ``query``:
+    ``(note id, cosine similarity)``, best first, at most ``limit``. ``since``/``until`` are
+    bound as the search module binds them (the column's own form)."""
+    window = ""
+    if since is not None:
+        window += " AND coalesce(m.occurred_at, m.updated_at) >= :since"
+    if until is not None:
+        window += " AND coalesce(m.occurred_at, m.updated_at) < :until"
+    rows = conn.execute(
+        text(
+            "SELECT v.memory_id, v.vector FROM memory_vectors v"  # noqa: S608 - fixed text
+            " JOIN memories m ON m.id = v.memory_id"
+            " WHERE v.scope_kind = :kind AND v.scope_id = :sid AND v.model = :model"
+            f" AND v.dimensions = :dims AND m.status = :live{window}"
+        ),
+        {
+            "kind": scope.kind,
+            "sid": scope.id,
+            "model": model,
+            "dims": len(query),
+            "live": LIVE,
+            "since": since,
+            "until": until,
+        },
+    ).all()
+    if not rows:
+        return []
+    ids = np.fromiter((int(r[0]) for r in rows), dtype=np.int64, count=len(rows))
+    matrix = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype="<f4").reshape(
+        len(rows), len(query)
+    )
+    probe = np.asarray(query, dtype=np.float32)
+    norm = float(np.linalg.norm(probe))
+    if norm == 0.0:
+        return []
+    scores = matrix @ (probe / norm)
+    best = np.argsort(-scores, kind="stable")[:limit]
+    return [(int(ids[i]), float(scores[i])) for i in best]
+
+
+def record_usage(
+    conn: Executor, model: str, *, calls: int, notes: int, tokens: int, cost_usd: float | None
+) -> None:
+    """Add one embedding run's cost to today's row of ``model`` (UTC day)."""
+    from store.models import EmbeddingUsage
+    from store.sql import dialect_insert
+
+    day = utcnow().strftime("%Y-%m-%d")
+    table = EmbeddingUsage.__table__
+    statement = dialect_insert(conn, EmbeddingUsage).values(
+        model=model, day=day, calls=calls, notes=notes, tokens=tokens, cost_usd=cost_usd
+    )
+    cost = table.c.cost_usd + statement.excluded.cost_usd
+    conn.execute(
+        statement.on_conflict_do_update(
+            index_elements=["model", "day"],
+            set_={
+                "calls": table.c.calls + calls,
+                "notes": table.c.notes + notes,
+                "tokens": table.c.tokens + tokens,
+                # Unpriced (None) stays unpriced: a sum with an unknown part is unknown.
+                "cost_usd": cost,
+            },
+        )
+    )
+
+
+def usage(conn: Executor) -> list[dict[str, Any]]:
+    """Embedding cost per model and day, newest day first."""
+    from store.models import EmbeddingUsage
+
+    table = EmbeddingUsage.__table__
+    rows = conn.execute(select(table).order_by(table.c.day.desc(), table.c.model)).mappings()
+    return [dict(row) for row in rows]
