@@ -18,10 +18,14 @@ from store.errors import ConfigError
 DEFAULT_OBSERVATION_TYPES = ("profile", "preference", "decision", "discovery", "pattern")
 ENV_PREFIX = "GLEANER_"
 # Settings that may also come from a file named by <VARIABLE>_FILE (Docker/Compose secrets).
-FILE_SETTINGS = ("database_url", "broker_url", "harvest_api_key")
+FILE_SETTINGS = ("database_url", "broker_url", "harvest_api_key", "embed_api_key")
 # GLEANER_ names that belong to the test suite, the benchmarks and the reliability suite, not
 # to a running Gleaner: never reported as unknown.
 TOOLING_PREFIXES = ("GLEANER_TEST_", "GLEANER_BENCH_", "GLEANER_RELIABILITY_")
+# The models the local CPU embedder runs (harvest.embed_local), as GLEANER_EMBED_MODEL names
+# them (compared lowercased).
+LOCAL_EMBED_PREFIX = "local/"
+LOCAL_EMBED_MODELS = ("local/all-minilm-l6-v2",)
 # GLEANER_ variables a command reads itself, outside the settings (`gleaner mcp`'s owner).
 COMMAND_VARIABLES = ("GLEANER_MCP_OWNER",)
 
@@ -229,6 +233,68 @@ class Settings(BaseSettings):
         # A configuration written for the full-text backend keeps working.
         return "bm25" if value == "fts" else value
 
+    # --- semantic recall (embeddings) ---
+    embed_model: str | None = Field(
+        default=None,
+        max_length=200,  # stored with each vector: it names the space the vector lives in
+        description="Embedding model of semantic recall: 'local/all-minilm-l6-v2' (the CPU "
+        "embedder of the local-embed extra), 'openai/<name>' with GLEANER_EMBED_API_BASE (any "
+        "OpenAI-compatible /v1/embeddings server) or any litellm embedding model; unset keeps "
+        "recall lexical.",
+    )
+    embed_api_base: str | None = Field(
+        default=None, description="Base URL of an OpenAI-compatible embeddings server (.../v1)."
+    )
+    embed_api_key: SecretStr | None = Field(
+        default=None, description="API key for the embedding model."
+    )
+    embed_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="Timeout of one embedding request, in seconds."
+    )
+    embed_batch_size: int = Field(
+        default=64, ge=1, le=2_048, description="Most texts sent in one embedding request."
+    )
+    embed_max_attempts: int = Field(
+        default=4,
+        ge=1,
+        le=20,
+        description="Most attempts of one embedding request (transient errors).",
+    )
+
+    @field_validator("embed_model", "embed_api_base", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # GLEANER_EMBED_MODEL= (set but empty, as a compose file leaves it) means no model.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("embed_model")
+    @classmethod
+    def _known_local_model(cls, value: str | None) -> str | None:
+        lowered = (value or "").lower()
+        if lowered.startswith(LOCAL_EMBED_PREFIX) and lowered not in LOCAL_EMBED_MODELS:
+            raise ValueError(
+                f"no local embedding model {value!r}: the local embedder runs "
+                f"{', '.join(LOCAL_EMBED_MODELS)}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_embedding(self) -> Settings:
+        if self.embed_model is None:
+            return self
+        if self.embed_api_base and self.embed_model.lower().startswith(LOCAL_EMBED_PREFIX):
+            raise ValueError(
+                "GLEANER_EMBED_API_BASE is set, but GLEANER_EMBED_MODEL names the local "
+                f"embedder ({self.embed_model}), which calls no server: unset one of them"
+            )
+        # One request must end before the task is told to stop, or every backfill task dies.
+        if not self.embed_timeout_seconds < self.task_soft_time_limit:
+            raise ValueError(
+                "GLEANER_EMBED_TIMEOUT_SECONDS must be under GLEANER_TASK_SOFT_TIME_LIMIT, got "
+                f"{self.embed_timeout_seconds} and {self.task_soft_time_limit}"
+            )
+        return self
+
     @field_validator("observation_types", mode="before")
     @classmethod
     def _split_types(cls, value: object) -> object:
@@ -286,8 +352,9 @@ def setting_field(name: str) -> Any:
 def load_settings(**overrides: object) -> Settings:
     """Build the settings from the environment; a bad value raises ConfigError naming it.
 
-    ``GLEANER_DATABASE_URL_FILE``, ``GLEANER_BROKER_URL_FILE`` and
-    ``GLEANER_HARVEST_API_KEY_FILE`` name files holding the value (read here, stripped);
+    ``GLEANER_DATABASE_URL_FILE``, ``GLEANER_BROKER_URL_FILE``,
+    ``GLEANER_HARVEST_API_KEY_FILE`` and ``GLEANER_EMBED_API_KEY_FILE`` name files holding
+    the value (read here, stripped);
     an unknown ``GLEANER_`` variable is named on stderr, once per process.
     """
     environ = {name.upper(): value for name, value in os.environ.items()}
@@ -338,8 +405,8 @@ def read_setting_files(environ: Mapping[str, str]) -> dict[str, str]:
                 f"{file_variable}: cannot read {path}: {why}", reason="bad_config"
             ) from None
         if not text:
-            if field == "harvest_api_key":
-                continue  # an empty key file: no key (the offline harvester needs none)
+            if field in ("harvest_api_key", "embed_api_key"):
+                continue  # an empty key file: no key (a local server needs none)
             raise ConfigError(f"{file_variable}: {path} is empty", reason="bad_config")
         values[field] = text
     return values
