@@ -8,7 +8,8 @@ HarvestError
 │   │   └── ResponseFormatRejected  the server refused the response format asked for
 │   ├── ContextWindowExceeded   the prompt is too long: chunk smaller
 │   ├── UnparseableAnswer       the answer held no usable JSON, even on the second try
-│   └── TruncatedAnswer         the answer was cut off at max_tokens, even on the second try
+│   ├── TruncatedAnswer         the answer was cut off at max_tokens, even on the second try
+│   └── EmbeddingRejected       an embedding answer is malformed (count, dimensions, NaN)
 """
 
 from __future__ import annotations
@@ -114,6 +115,15 @@ class TruncatedAnswer(ModelError):
     the first request and on the smaller second one; a cut answer is never used."""
 
     reason = "truncated_answer"
+
+
+class EmbeddingRejected(ModelError):
+    """Raised when an embedding server answered, but not with what was asked: another number
+    of vectors than texts, vectors of differing or changed dimensions, a value that is not a
+    finite number, a zero vector. The server did not fail, so no retry is made; the caller
+    records it (a model swapped behind the same name changes dimensions: re-embed)."""
+
+    reason = "embedding_rejected"
 
 
 class UnrecordedHarvest(StorageFailure):

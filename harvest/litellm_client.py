@@ -46,6 +46,9 @@ def load_litellm() -> Any:
     # turns into WARNING records): per-call cost and log noise.
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # Its embedding path reads `max_retries or DEFAULT_MAX_RETRIES`, so the 0 a call passes
+    # became 2 hidden retries of every attempt: harvest.retry is the one retry layer.
+    litellm.DEFAULT_MAX_RETRIES = 0  # type: ignore[attr-defined]  # read, not re-exported
     return litellm
 
 

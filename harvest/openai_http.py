@@ -45,7 +45,7 @@ from harvest.options import ModelOptions
 from harvest.retry import retry_after_from
 
 # What servers say when the prompt does not fit (OpenAI's code, llama.cpp, vLLM, Ollama).
-_CONTEXT_WORDS = (
+CONTEXT_WORDS = (
     "context_length_exceeded",
     "context length",
     "maximum context",
@@ -82,10 +82,12 @@ def _drop(scheme: str, host: str, port: int) -> None:
         conn.close()
 
 
-def _post(
+def post(
     url: str, body: bytes, headers: dict[str, str], timeout: float
 ) -> tuple[int, dict[str, str], bytes]:
-    """POST on this thread's connection: ``(status, headers lowercased, body)``."""
+    """POST ``body`` on this thread's kept-alive connection to the server of ``url`` (the
+    embeddings client's transport too): ``(status, headers lowercased, body)``. Raises
+    TimeoutError, OSError or http.client.HTTPException as the socket does."""
     parts = urlsplit(url)
     scheme = parts.scheme or "http"
     host = parts.hostname or "localhost"
@@ -139,7 +141,7 @@ def openai_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
         headers["Authorization"] = f"Bearer {options.api_key.get_secret_value()}"
     url = options.api_base.rstrip("/") + "/chat/completions"
     try:
-        status, response_headers, data = _post(
+        status, response_headers, data = post(
             url, json.dumps(body).encode(), headers, options.timeout_seconds
         )
     except TimeoutError:
@@ -150,11 +152,11 @@ def openai_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
         raise TransientModelError(f"connection error: {type(exc).__name__}: {exc}") from None
     if status >= 400:
         secret = None if options.api_key is None else options.api_key.get_secret_value()
-        raise _error(status, _error_text(data, secret), response_headers, mode)
+        raise error_for(status, error_text(data, secret), response_headers, mode)
     return _answer(status, data, options.model)
 
 
-def _error_text(data: bytes, secret: str | None = None) -> str:
+def error_text(data: bytes, secret: str | None = None) -> str:
     """The server's error message on one line: ``error.message`` of a JSON body, else the
     body (llama-cpp-python's spans lines: a validation error, then its own source line),
     without ``secret`` (the API key sent)."""
@@ -172,11 +174,12 @@ def _error_text(data: bytes, secret: str | None = None) -> str:
     return server_text(text, secret)
 
 
-def _error(status: int, text: str, headers: Mapping[str, str], mode: str) -> ModelError:
-    """The harvest error for an HTTP error answer (see the module docstring)."""
+def error_for(status: int, text: str, headers: Mapping[str, str], mode: str = "none") -> ModelError:
+    """The harvest error for an HTTP error answer (see the module docstring); ``mode`` is the
+    response format sent (``none``: none, as to an embeddings server)."""
     message = f"HTTP {status}: {text}"
     lowered = text.lower()
-    if status == 400 and any(words in lowered for words in _CONTEXT_WORDS):
+    if status == 400 and any(words in lowered for words in CONTEXT_WORDS):
         return ContextWindowExceeded(message)
     if mode != "none" and refuses_format(status, text):
         return ResponseFormatRejected(

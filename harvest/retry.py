@@ -1,6 +1,7 @@
-"""The one retry layer of a model call, on tenacity: only transient errors are retried, after
-jittered exponential backoff but never sooner than the server's Retry-After, within a number
-of attempts and a window no retry starts after.
+"""The one retry layer of a model call (a chat completion, an embedding request), on
+tenacity: only transient errors are retried, after jittered exponential backoff but never
+sooner than the server's Retry-After, within a number of attempts and a window no retry
+starts after.
 
 Clients never retry (litellm's and the openai client's own retries are off), so an attempt
 here is one request.
@@ -49,23 +50,45 @@ def call_with_retries(
     once and the caller may reschedule by the error's ``retry_after``. Each retry is logged
     with ``attempt``, ``retry_in`` and ``since_first`` (seconds) as record attributes.
     """
-    backoff = wait_random_exponential(
-        multiplier=options.backoff_seconds, max=options.backoff_max_seconds
+    retrying = transient_retries(
+        max_attempts=options.max_attempts,
+        max_retry_seconds=options.max_retry_seconds,
+        backoff_seconds=options.backoff_seconds,
+        backoff_max_seconds=options.backoff_max_seconds,
+        sleep=sleep,
     )
+    return retrying(llm, messages, options=options)
+
+
+def transient_retries(
+    *,
+    max_attempts: int,
+    max_retry_seconds: float,
+    backoff_seconds: float,
+    backoff_max_seconds: float,
+    sleep: Callable[[float], None] = time.sleep,
+    what: str = "harvest model call",
+) -> Retrying:
+    """The retry layer :func:`call_with_retries` runs, for any one-request call (the
+    embedding clients' too): only TransientModelError retried, jittered exponential backoff
+    never shorter than the error's ``retry_after``, within ``max_attempts`` and a window of
+    ``max_retry_seconds``; the last error re-raised. ``what`` names the call in the log."""
+    backoff = wait_random_exponential(multiplier=backoff_seconds, max=backoff_max_seconds)
 
     def wait(state: RetryCallState) -> float:
         return max(backoff(state), _retry_after(state))
 
-    retrying = Retrying(
+    def log_retry(state: RetryCallState) -> None:
+        _log_retry(state, what)
+
+    return Retrying(
         retry=retry_if_exception_type(TransientModelError),
-        stop=stop_after_attempt(options.max_attempts)
-        | stop_before_delay(options.max_retry_seconds),
+        stop=stop_after_attempt(max_attempts) | stop_before_delay(max_retry_seconds),
         wait=wait,
         sleep=sleep,
-        before_sleep=_log_retry,
+        before_sleep=log_retry,
         reraise=True,
     )
-    return retrying(llm, messages, options=options)
 
 
 def _retry_after(state: RetryCallState) -> float:
@@ -76,12 +99,13 @@ def _retry_after(state: RetryCallState) -> float:
     return float(retry_after) if isinstance(retry_after, int | float) else 0.0
 
 
-def _log_retry(state: RetryCallState) -> None:
+def _log_retry(state: RetryCallState, what: str) -> None:
     error = state.outcome.exception() if state.outcome is not None else None
     sleep = state.upcoming_sleep
     since = state.seconds_since_start or 0.0
     log.warning(
-        "harvest model call %d failed (%s); retrying in %.2fs",
+        "%s %d failed (%s); retrying in %.2fs",
+        what,
         state.attempt_number,
         error,
         sleep,
