@@ -11,9 +11,10 @@ from store import Settings
 def schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """The beat schedule: decay hourly, dedupe every 10 minutes, lost-job sweep each minute
     (more often when GLEANER_JOB_LEASE_SECONDS or GLEANER_REQUEUE_AFTER_SECONDS is shorter,
-    so a lost job waits at most about one lease more)."""
+    so a lost job waits at most about one lease more); with GLEANER_EMBED_MODEL set, the
+    embedding sweep every 5 minutes."""
     from workers.app import WORKER_LIMITS
-    from workers.tasks import decay, dedupe, requeue_stale
+    from workers.tasks import decay, dedupe, embed_sweep, requeue_stale
 
     every = {
         "decay": {"task": decay.name, "schedule": timedelta(hours=1)},
@@ -25,6 +26,8 @@ def schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             ),
         },
     }
+    if settings.embed_model:
+        every["embed-sweep"] = {"task": embed_sweep.name, "schedule": timedelta(minutes=5)}
     for entry in every.values():
         entry["options"] = dict(WORKER_LIMITS)  # the worker's limits, not beat's
     return every

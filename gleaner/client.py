@@ -158,7 +158,14 @@ class Gleaner:
             from harvest.queue import run_job_here
 
             with translated():
-                run_job_here(self.store, job_id)
+                result = run_job_here(self.store, job_id)
+            if result and (result.get("notes_written") or result.get("notes_updated")):
+                from harvest.embed_notes import embed_after_harvest
+                from store import Scope
+
+                # The notes are committed and searchable; their vectors follow (a failure
+                # is logged and left for the sweep).
+                embed_after_harvest(self.store, [Scope.owner(str(result["owner"]))])
         return job_id
 
     def _send(self, queue: str, job_id: str) -> None:
@@ -209,15 +216,33 @@ class Gleaner:
     ) -> list[SearchHit]:
         """The owner's live notes matching any word of ``query``, best first (at most
         ``limit``), said within ``[since, until)`` when given; each hit's ``memory.said_at``
-        says when its fact was said."""
+        says when its fact was said. With GLEANER_EMBED_MODEL set, the notes' vectors are
+        searched too and the two rankings fused (``backend`` "hybrid")."""
         from store import Scope
 
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
             raise InvalidRequest(f"limit must be 1..100, got {quoted(limit)}", reason="bad_limit")
         with translated():
+            vector, model = self._query_vector(query)
             return self.store.search(
-                Scope.owner(owner), query, limit=limit, since=since, until=until
+                Scope.owner(owner),
+                query,
+                limit=limit,
+                since=since,
+                until=until,
+                vector=vector,
+                vector_model=model,
             )
+
+    def _query_vector(self, query: object) -> tuple[list[float] | None, str | None]:
+        """The query's vector and its model when semantic recall is configured (else, or
+        when the embedder fails, None: the search is lexical)."""
+        if not self.settings.embed_model or not isinstance(query, str) or not query.strip():
+            return None, None
+        from harvest.embed_notes import query_vector
+
+        found = query_vector(self.settings, query)
+        return (None, None) if found is None else found
 
     def note(self, owner: str, slug: str) -> NoteDetail:
         """The owner's note ``slug`` with its links, superseder and history, read in one
@@ -244,7 +269,10 @@ class Gleaner:
         from store import Scope
 
         with translated():
-            return self.store.index_text(Scope.owner(owner), query)
+            vector, model = self._query_vector(query)
+            return self.store.index_text(
+                Scope.owner(owner), query, vector=vector, vector_model=model
+            )
 
     def forget(self, owner: str, *, allow_reharvest: bool = False) -> dict[str, int]:
         """Delete everything stored for the owner (notes, history, jobs, ...) in one

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
+from harvest.embed_notes import embed_after_harvest
 from harvest.errors import HarvestError, UnrecordedHarvest
 from harvest.job import harvest_transcript, resolve_owner
 from harvest.llm import HarvestLLM
@@ -15,7 +16,7 @@ from harvest.outcome import Counts, HarvestOutcome
 from harvest.readers import iter_paths, read_path
 from harvest.redact import redact_text
 from harvest.transcript import Limits, Transcript
-from store import Store, StoreError, format_error, load_settings
+from store import Scope, Store, StoreError, format_error, load_settings
 
 
 class Summary(Counts):
@@ -130,6 +131,7 @@ def harvest_paths(
     the rest. ``on_progress(done, total)`` is called after each conversation. ``owner`` fills
     in conversations that name no owner; ``reassign_owner`` puts every one in its scope."""
     summary = Summary()
+    wrote: list[Scope] = []
     limits = Limits.from_settings(store.settings)
     transcripts = judge_owners(
         read_all(paths, summary, limits=limits), owner, summary, reassign_owner=reassign_owner
@@ -151,6 +153,10 @@ def harvest_paths(
             summary.fail(transcript.conversation_id, format_error(exc))
         else:
             summary.add(outcome)
+            if outcome.owner and (outcome.notes_written or outcome.notes_updated):
+                wrote.append(Scope.owner(outcome.owner))
         if on_progress is not None:
             on_progress(done, len(transcripts))
+    # The notes are committed and searchable; their vectors follow (when a model is set).
+    embed_after_harvest(store, wrote)
     return summary

@@ -152,9 +152,16 @@ class RawEmbeddings:
     cost_usd: float | None
 
 
-def embedder_for(settings: Settings) -> Embedder | None:
+# A search waits for its query's vector at most this long, and makes one attempt: a slow or
+# failing embedding server costs a search its semantic half, never its answer.
+QUERY_TIMEOUT_SECONDS = 5.0
+
+
+def embedder_for(settings: Settings, *, queries: bool = False) -> Embedder | None:
     """The embedder ``GLEANER_EMBED_MODEL`` names; None when it is unset (recall stays
     lexical). Nothing is loaded or called here: the local model loads on its first batch.
+    ``queries``: the one a search embeds its query with (one attempt, at most
+    ``QUERY_TIMEOUT_SECONDS``).
 
     Raises ConfigError naming the variable for a bad setting, and for a local model whose
     extra is not installed.
@@ -162,6 +169,13 @@ def embedder_for(settings: Settings) -> Embedder | None:
     if not settings.embed_model:
         return None
     options = EmbedOptions.from_settings(settings)
+    if queries:
+        options = options.model_copy(
+            update={
+                "max_attempts": 1,
+                "timeout_seconds": min(options.timeout_seconds, QUERY_TIMEOUT_SECONDS),
+            }
+        )
     if options.model.lower().startswith(LOCAL_EMBED_PREFIX):
         from harvest.embed_local import LocalEmbedder
 

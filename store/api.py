@@ -299,10 +299,18 @@ class Store:
 
         return self._read(index.fingerprint, scope)
 
-    def index_text(self, scope: Scope | tuple[str, str], query: str | None = None) -> str:
+    def index_text(
+        self,
+        scope: Scope | tuple[str, str],
+        query: str | None = None,
+        *,
+        vector: Sequence[float] | None = None,
+        vector_model: str | None = None,
+    ) -> str:
         """The compact memory index for a system prompt (see ``store.index``): pinned notes,
-        with a ``query`` (the conversation so far) the notes most relevant to it, then other
-        titles, within ``index_token_budget``."""
+        with a ``query`` (the conversation so far) the notes most relevant to it (by hybrid
+        search given the query's ``vector``), then other titles, within
+        ``index_token_budget``."""
         from store import index
 
         return self._read(
@@ -312,6 +320,8 @@ class Store:
             pinned_body_bytes=self.settings.pinned_body_bytes,
             query=query,
             settings=self.settings,
+            vector=vector,
+            vector_model=vector_model,
         )
 
     def mem_save(

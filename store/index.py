@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -69,6 +69,8 @@ def index_text(
     pinned_body_bytes: int,
     query: str | None = None,
     settings: Settings | None = None,
+    vector: Sequence[float] | None = None,
+    vector_model: str | None = None,
 ) -> str:
     """Pinned notes with their bodies (each cut to ``pinned_body_bytes``); with a ``query``,
     then the notes search ranks best for it, each with the start of its body; then other
@@ -100,7 +102,10 @@ def index_text(
     if query is not None and settings is not None:
         from store.search import search
 
-        for hit in search(conn, settings, scope, query, limit=RELEVANT_NOTES):
+        found = search(
+            conn, settings, scope, query, RELEVANT_NOTES, vector=vector, vector_model=vector_model
+        )
+        for hit in found:
             note = hit.memory
             if note.slug in shown:
                 continue

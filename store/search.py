@@ -366,6 +366,7 @@ def search(
         limit=max(limit, FUSION_DEPTH) if hybrid else limit,
         window=(since, until),
         bounds=bounds,
+        hybrid=hybrid,
     )
     if vector is not None and vector_model is not None:
         nearest = vectors.nearest(
@@ -380,6 +381,17 @@ def search(
         if nearest:
             return _fused(
                 conn, settings, rows, nearest, limit=limit, needles=needles, fusion=fusion
+            )
+        if not rows:  # no vector yet either: the lexical search as without vectors
+            rows, backend = _lexical_rows(
+                conn,
+                settings,
+                scope,
+                query,
+                needles,
+                limit=limit,
+                window=(since, until),
+                bounds=bounds,
             )
     weight, bonus = settings.recency_weight, settings.pinned_bonus
     return [
@@ -413,18 +425,21 @@ def _lexical_rows(
     limit: int,
     window: tuple[datetime | None, datetime | None],
     bounds: Bounds,
+    hybrid: bool = False,
 ) -> tuple[list[Row[Any]], str]:
     """The lexical ranking's rows and backend: BM25, else (nothing found, or configured so)
-    LIKE."""
+    LIKE; ``hybrid``: no LIKE fallback (the vectors find what words miss, and a short word
+    inside longer ones, "ill" in "billing", would only add noise)."""
     since, until = window
     if settings.search != "like":
         terms = query_terms(query, MAX_QUERY_WORDS)
+        rows = []
         if terms:
             rows = _bm25_rows(
                 conn, settings, scope, terms, limit=limit, since=since, until=until, bounds=bounds
             )
-            if rows:
-                return rows, "bm25"
+        if rows or hybrid:
+            return rows, "bm25"
     sql, params = _like_query(conn.dialect.name, scope, needles, _window(since, until))
     params.update(
         w=settings.recency_weight,

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from sqlalchemy import Connection, delete, func, insert, select, text
 
 from store.schemas import Scope
@@ -110,6 +109,8 @@ def count_pending(conn: Executor, model: str, *, scope: Scope | None = None) -> 
 
 def encode(vector: Sequence[float]) -> bytes:
     """A vector as stored: float32, little-endian."""
+    import numpy as np  # only where vectors are used: `gleaner search` starts without it
+
     return np.asarray(vector, dtype="<f4").tobytes()
 
 
@@ -198,6 +199,8 @@ def nearest(
     ).all()
     if not rows:
         return []
+    import numpy as np
+
     ids = np.fromiter((int(r[0]) for r in rows), dtype=np.int64, count=len(rows))
     matrix = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype="<f4").reshape(
         len(rows), len(query)

@@ -137,7 +137,7 @@ def test_every_gleaner_command_in_compose_parses() -> None:
         assert callable(args.func)
         assert extra == [], (name, extra)
     worker_queues = [services[name]["command"][3] for name in WORKERS]
-    assert worker_queues == ["harvest", "housekeeping,import"]
+    assert worker_queues == ["harvest", "housekeeping,embed,import"]
     assert services["gleaner"]["profiles"] == ["cli"]
     assert services["flower"]["profiles"] == ["flower"]
 

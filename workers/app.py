@@ -9,8 +9,9 @@ Reliability choices (see README, "Running workers"):
 - ``worker_prefetch_multiplier = 1``: harvests are long; a child reserves one at a time.
 - ``queue_order_strategy = "priority"``: a worker serving several queues polls them in
   ``QUEUES`` order: ``housekeeping`` first (a few short tasks an hour, among them the
-  lost-job sweep, which must not wait behind a backlog), then ``harvest`` before ``import``,
-  so a bulk import never starves live conversations.
+  lost-job sweep, which must not wait behind a backlog), then ``harvest``, then ``embed``
+  (new notes' vectors, when GLEANER_EMBED_MODEL is set: cheap, and wanted soon) before
+  ``import``, so a bulk import never starves live conversations.
 - Time limits are the worker's: messages are sent with ``WORKER_LIMITS``.
 - JSON only, no pickle: messages carry job ids and small dicts.
 - Task events (what Flower shows) follow GLEANER_TASK_EVENTS; ``gleaner worker -E`` turns
@@ -25,15 +26,17 @@ from __future__ import annotations
 from celery import Celery
 from kombu.entity import Queue
 
-from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
+from harvest.queues import EMBED_QUEUE, IMPORT_QUEUE, LIVE_QUEUE
 from store import Settings, load_settings
 
 HOUSEKEEPING_QUEUE = "housekeeping"
 # Order matters: with the priority strategy a worker polls them in this order. Housekeeping
 # is first so the minute's sweep that recovers lost jobs never waits behind a harvest backlog.
-QUEUES = (HOUSEKEEPING_QUEUE, LIVE_QUEUE, IMPORT_QUEUE)
+QUEUES = (HOUSEKEEPING_QUEUE, LIVE_QUEUE, EMBED_QUEUE, IMPORT_QUEUE)
 ROUTES = {
     "gleaner.harvest": {"queue": LIVE_QUEUE},
+    "gleaner.embed": {"queue": EMBED_QUEUE},
+    "gleaner.embed_sweep": {"queue": EMBED_QUEUE},
     "gleaner.decay": {"queue": HOUSEKEEPING_QUEUE},
     "gleaner.dedupe": {"queue": HOUSEKEEPING_QUEUE},
     "gleaner.requeue_stale": {"queue": HOUSEKEEPING_QUEUE},

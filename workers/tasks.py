@@ -81,6 +81,10 @@ def harvest(self: Task, job_id: str) -> str | None:
     if result is None:
         log.info("job %s is finished, gone or running elsewhere: nothing to do", job_id)
         return None
+    wrote = result.get("notes_written") or result.get("notes_updated")
+    if wrote and store.settings.embed_model:
+        # After the commit that wrote the notes: their vectors follow on the embed queue.
+        embed.delay(str(result.get("owner") or ""))
     return logged_result(result)
 
 
@@ -91,6 +95,39 @@ def logged_result(result: dict[str, Any]) -> str:
     60 µs (2% of a harvest's CPU in a pool child's profile); of a string, 3 µs."""
     counts = (f"{key}={result[key]}" for key in COUNTERS if key in result)
     return " ".join((str(result.get("status")), *counts))
+
+
+# An embedding run takes at most this many notes; the rest waits for the next run.
+EMBED_RUN_NOTES = 2_000
+
+
+@shared_task(name="gleaner.embed")
+def embed(owner: str) -> str:
+    """Give the owner's notes that lack one a vector of GLEANER_EMBED_MODEL (``""``: every
+    owner's). A failure leaves them pending for the sweep; it is logged, not retried here."""
+    from harvest.embed_notes import embed_pending
+    from harvest.embedding import embedder_for
+    from store import Scope
+
+    store = runtime.store()
+    embedder = embedder_for(store.settings)
+    if embedder is None:
+        return "off"
+    scope = Scope.owner(owner) if owner else None
+    lock = store.transcript_lock(scope or Scope.global_(), "embed")
+    with lock:  # one run per owner at a time: a second finds nothing left to embed
+        try:
+            report = embed_pending(store, embedder, scope=scope, most=EMBED_RUN_NOTES)
+        except Exception as exc:  # noqa: BLE001 - the notes stay pending for the sweep
+            log.warning("embedding failed, the sweep retries: %s", exc)
+            return f"failed error={type(exc).__name__}"
+    return f"embedded notes={report.notes} calls={report.calls} tokens={report.tokens}"
+
+
+@shared_task(name="gleaner.embed_sweep")
+def embed_sweep() -> str:
+    """Embed what the per-harvest runs left (a failed call, notes written by hand)."""
+    return str(embed(""))
 
 
 @shared_task(name="gleaner.decay")

@@ -33,6 +33,7 @@ __all__ = ["build_parser", "main"]
 # adds).
 COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "read": ("db", "search", "index", "show"),
+    "embed": ("embed",),
     "notes": ("notes",),
     "intake": ("harvest", "enqueue"),
     "hook": ("hook",),

@@ -68,7 +68,22 @@ def cmd_search(args: argparse.Namespace) -> int:
             print("[]")
         return EXIT_USAGE
     store = open_store()
-    hits = store.search(scope, query, limit=args.limit, since=args.since, until=args.until)
+    vector, model = None, None
+    if store.settings.embed_model:  # semantic recall configured: the query's vector too
+        from harvest.embed_notes import query_vector
+
+        found = query_vector(store.settings, query)
+        if found is not None:
+            vector, model = found
+    hits = store.search(
+        scope,
+        query,
+        limit=args.limit,
+        since=args.since,
+        until=args.until,
+        vector=vector,
+        vector_model=model,
+    )
     if args.json:
         out = [
             {

@@ -124,9 +124,10 @@ def register(sub: Any) -> None:
     )
     worker.add_argument(
         "--queues",
-        default="harvest,housekeeping,import",
+        default="harvest,housekeeping,embed,import",
         help="comma-separated queues to serve; housekeeping is polled first, then harvest, "
-        "then import (default: harvest,housekeeping,import)",
+        "then embed (new notes' vectors, with GLEANER_EMBED_MODEL), then import (default: "
+        "harvest,housekeeping,embed,import)",
     )
     concurrency = default_concurrency()
     worker.add_argument(
