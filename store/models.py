@@ -23,7 +23,6 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    LargeBinary,
     PrimaryKeyConstraint,
     String,
     Table,
@@ -149,47 +148,6 @@ SEARCH_POSTINGS = Table(
     sqlite_with_rowid=False,
 )
 Index("ix_search_postings_memory", SEARCH_POSTINGS.c.memory_id)
-
-
-# A note's vector for semantic recall (store.vectors): float32 bytes of ``dimensions`` values
-# made by ``model`` from the note's text as it was at ``content_hash``.
-MEMORY_VECTORS = Table(
-    "memory_vectors",
-    METADATA,
-    Column(
-        "memory_id",
-        BigId,
-        ForeignKey("memories.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
-    Column("scope_kind", String(16), nullable=False),
-    Column("scope_id", String(255), nullable=False),
-    Column("model", String(255), nullable=False),
-    Column("dimensions", Integer, nullable=False),
-    Column("content_hash", String(64), nullable=False),
-    Column("vector", LargeBinary, nullable=False),
-    Column("embedded_at", DateTime(timezone=True), nullable=False),
-)
-Index(
-    "ix_memory_vectors_scope",
-    MEMORY_VECTORS.c.scope_kind,
-    MEMORY_VECTORS.c.scope_id,
-    MEMORY_VECTORS.c.model,
-)
-
-
-class EmbeddingUsage(Base):
-    """What embedding cost, per model and day (calls, tokens, dollars where priced), as the
-    jobs table keeps a harvest's: ``gleaner status`` shows it."""
-
-    __tablename__ = "embedding_usage"
-
-    model: Mapped[str] = mapped_column(String(255), primary_key=True)
-    day: Mapped[str] = mapped_column(String(10), primary_key=True)  # YYYY-MM-DD, UTC
-    calls: Mapped[int] = mapped_column(Integer, default=0)
-    notes: Mapped[int] = mapped_column(Integer, default=0)
-    tokens: Mapped[int] = mapped_column(Integer, default=0)
-    cost_usd: Mapped[float | None] = mapped_column(Float)
 
 
 class MemoryTerm(Base):

@@ -22,6 +22,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -89,6 +90,35 @@ MEMORIES = Table(
     # load the PostgreSQL dialect, which a read on SQLite has no use for.
     Index("ix_memories_scope_seq", "scope_kind", "scope_id", "updated_seq"),
     Index("ix_memories_updated_seq", "updated_seq"),
+)
+
+# A note's vector for semantic recall (store.vectors): float32 bytes of ``dimensions`` values
+# made by ``model`` from the note's text as it was at ``content_hash``.
+MEMORY_VECTORS = Table(
+    "memory_vectors",
+    METADATA,
+    Column("memory_id", BigId, ForeignKey("memories.id", ondelete="CASCADE"), primary_key=True),
+    Column("scope_kind", String(16), nullable=False),
+    Column("scope_id", String(255), nullable=False),
+    Column("model", String(255), nullable=False),
+    Column("dimensions", Integer, nullable=False),
+    Column("content_hash", String(64), nullable=False),
+    Column("vector", LargeBinary, nullable=False),
+    Column("embedded_at", DateTime(timezone=True), nullable=False),
+    Index("ix_memory_vectors_scope", "scope_kind", "scope_id", "model"),
+)
+
+# What embedding cost, per model and UTC day (YYYY-MM-DD), as the jobs table keeps a
+# harvest's: ``gleaner status`` shows it.
+EMBEDDING_USAGE = Table(
+    "embedding_usage",
+    METADATA,
+    Column("model", String(255), primary_key=True),
+    Column("day", String(10), primary_key=True),
+    Column("calls", Integer, nullable=False),
+    Column("notes", Integer, nullable=False),
+    Column("tokens", Integer, nullable=False),
+    Column("cost_usd", Float),
 )
 
 # One harvested transcript per (scope, redacted-transcript hash, harvester version).

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, delete, func, insert, select, text
 
 from store.schemas import Scope
 from store.sql import ID_CHUNK, one_of
-from store.tables import LIVE, MEMORIES, utcnow
+from store.tables import EMBEDDING_USAGE, LIVE, MEMORIES, MEMORY_VECTORS, utcnow
 
 if TYPE_CHECKING:
     from store.sql import Executor
@@ -44,12 +44,6 @@ def embedding_text(title: str, body: str) -> str:
     return f"{title}\n{body}"
 
 
-def _vectors_table() -> Any:
-    from store.models import MEMORY_VECTORS
-
-    return MEMORY_VECTORS
-
-
 def pending(
     conn: Executor,
     model: str,
@@ -60,7 +54,7 @@ def pending(
 ) -> list[PendingNote]:
     """Live notes (of ``scope``, else every scope) with no vector of ``model`` for their
     current text, by id after ``after``, at most ``limit``."""
-    vectors = _vectors_table()
+    vectors = MEMORY_VECTORS
     m = MEMORIES.c
     query = (
         select(m.id, m.scope_kind, m.scope_id, m.content_hash, m.title, m.body)
@@ -89,7 +83,7 @@ def pending(
 
 def count_pending(conn: Executor, model: str, *, scope: Scope | None = None) -> int:
     """How many live notes (of ``scope``) ``pending`` would return in all."""
-    vectors = _vectors_table()
+    vectors = MEMORY_VECTORS
     m = MEMORIES.c
     query = (
         select(func.count())
@@ -122,7 +116,7 @@ def save(
     it is pending again). Returns how many were stored."""
     if len(notes) != len(vectors):
         raise ValueError(f"{len(notes)} notes but {len(vectors)} vectors")
-    table = _vectors_table()
+    table = MEMORY_VECTORS
     ids = [n.id for n in notes]
     current: dict[int, str] = {}
     for start in range(0, len(ids), ID_CHUNK):
@@ -218,12 +212,11 @@ def record_usage(
     conn: Executor, model: str, *, calls: int, notes: int, tokens: int, cost_usd: float | None
 ) -> None:
     """Add one embedding run's cost to today's row of ``model`` (UTC day)."""
-    from store.models import EmbeddingUsage
     from store.sql import dialect_insert
 
     day = utcnow().strftime("%Y-%m-%d")
-    table = EmbeddingUsage.__table__
-    statement = dialect_insert(conn, EmbeddingUsage).values(
+    table = EMBEDDING_USAGE
+    statement = dialect_insert(conn, table).values(
         model=model, day=day, calls=calls, notes=notes, tokens=tokens, cost_usd=cost_usd
     )
     cost = table.c.cost_usd + statement.excluded.cost_usd
@@ -243,8 +236,6 @@ def record_usage(
 
 def usage(conn: Executor) -> list[dict[str, Any]]:
     """Embedding cost per model and day, newest day first."""
-    from store.models import EmbeddingUsage
-
-    table = EmbeddingUsage.__table__
+    table = EMBEDDING_USAGE
     rows = conn.execute(select(table).order_by(table.c.day.desc(), table.c.model)).mappings()
     return [dict(row) for row in rows]

@@ -201,6 +201,10 @@ def test_embed_backfill_from_the_shell_and_a_changed_model(
     assert main(["embed", "--backfill"]) == 0
     captured = capsys.readouterr()
     assert "embedded 1 note(s)" in captured.out and "1/1" in captured.err
+    assert main(["status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)["embeddings"]
+    assert (status["model"], status["pending"]) == ("openai/test-embed", 0)
+    assert [(u["notes"], u["calls"]) for u in status["usage"]] == [(5, 3)]
     # Another model: every note is pending again, and is embedded anew.
     monkeypatch.setenv("GLEANER_EMBED_MODEL", "openai/test-embed-2")
     assert main(["embed", "--backfill", "--json"]) == 0

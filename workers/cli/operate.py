@@ -109,6 +109,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         failures = job_reports.failures(conn, limit=args.limit)
         harvested = job_reports.harvested(conn)
         cost = job_reports.cost_by_state(conn)
+        embeddings = _embeddings(conn, settings.embed_model)
     depths: dict[str, int | None] = {}
     if settings.broker_url:
         depths = _queue_depths(settings.broker_url)
@@ -124,6 +125,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "failures": failures,
         "harvested": harvested,
         "job_cost": cost,
+        "embeddings": embeddings,
     }
     if args.json:
         print(json.dumps(out, indent=2, default=str))
@@ -158,7 +160,26 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"(attempts {failure['attempts']}, model calls {failure['model_calls']}, tokens "
             f"{failure['prompt_tokens']} + {failure['completion_tokens']}): {failure['error']}"
         )
+    if embeddings["model"]:
+        print(f"embeddings ({embeddings['model']}): {embeddings['pending']} note(s) pending")
+    for row in embeddings["usage"][:7]:
+        dollars = "unknown" if row["cost_usd"] is None else f"${row['cost_usd']:.4f}"
+        print(
+            f"  {row['day']} {row['model']}: {row['notes']} notes in {row['calls']} call(s), "
+            f"{row['tokens']} tokens, cost {dollars}"
+        )
     return EXIT_OK
+
+
+def _embeddings(conn: Any, model: str | None) -> dict[str, Any]:
+    """Semantic recall's state: the configured model, its pending notes, usage by day."""
+    from store import vectors
+
+    return {
+        "model": model,
+        "pending": vectors.count_pending(conn, model) if model else None,
+        "usage": vectors.usage(conn),
+    }
 
 
 def _import_status(args: argparse.Namespace) -> int:
