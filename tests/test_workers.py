@@ -303,3 +303,34 @@ def test_an_import_whose_jobs_failed_exits_1_followed_and_in_status(
     assert found is not None, followed.stdout + followed.stderr
     status = cluster.gleaner("status", "--import", found[1])
     assert status.returncode == 1 and "2 failed" in status.stdout, status.stdout
+
+
+def test_notes_harvested_by_a_worker_get_their_vectors_on_the_embed_queue(
+    cluster: Cluster, store: Store
+) -> None:
+    """After a harvest commits, its owner's notes are embedded by an embed task on their own
+    queue (here a separate worker): searchable lexically at once, by meaning once done."""
+    from store import vectors as note_vectors
+    from tests.embed_server import embed_server
+
+    with embed_server() as server:
+        embedding = {
+            "GLEANER_EMBED_MODEL": "openai/test-embed",
+            "GLEANER_EMBED_API_BASE": server.api_base,
+        }
+        cluster.env.update(embedding)
+        cluster.start_worker(queues="harvest", concurrency=1)
+        embedder = cluster.start_worker(queues="embed", concurrency=1)
+        files = write_natives(cluster.tmp / "in", 3, facts=2)
+        assert cluster.gleaner("enqueue", *map(str, files)).returncode == 0
+        wait_for(lambda: job_states(store).get("done", 0) == 3, 60)
+
+        def embedded() -> int:
+            with store.connection() as conn:
+                found = conn.execute(text("SELECT count(*) FROM memory_vectors")).scalar_one()
+            return int(found)
+
+        wait_for(lambda: embedded() == count(store, Memory), 60)
+        with store.connection() as conn:
+            assert note_vectors.count_pending(conn, "openai/test-embed") == 0
+        assert server.calls >= 1 and "gleaner.embed" in embedder.text()
