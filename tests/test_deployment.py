@@ -88,6 +88,18 @@ def test_beat_schedule_names_registered_tasks_routed_to_housekeeping() -> None:
     assert app.conf.beat_schedule == entries
 
 
+def test_with_an_embedding_model_beat_sweeps_pending_vectors_on_the_embed_queue() -> None:
+    import beat_schedule
+    from workers import tasks
+
+    settings = test_settings(broker_url="redis://127.0.0.1:6379/15", embed_model="openai/e")
+    entries = beat_schedule.schedule(settings)
+    sweep = entries["embed-sweep"]
+    assert sweep["task"] == tasks.embed_sweep.name in make_celery(settings).tasks
+    assert ROUTES[sweep["task"]]["queue"] == ROUTES[tasks.embed.name]["queue"] == "embed"
+    assert sweep["schedule"] == timedelta(minutes=5)
+
+
 def test_celery_settings_are_the_reliable_ones() -> None:
     settings = test_settings(broker_url="redis://127.0.0.1:6379/15")
     conf = make_celery(settings).conf
