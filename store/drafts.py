@@ -50,6 +50,8 @@ class Draft:
     source: dict[str, str] | None
     # Search keywords (normalized as topics are): searchable, not part of the same-fact rule.
     keywords: str = ""
+    # What the note rests on: [{"speaker": ..., "quote": ...}], at most MAX_EVIDENCE.
+    evidence: tuple[dict[str, str], ...] | None = None
 
 
 def text_field(field: str, max_bytes: int | None = None, *, optional: bool = False) -> Any:
@@ -109,6 +111,31 @@ class _Source(BaseModel):
     note: Annotated[str | None, text_field("source.note", 4_000, optional=True)] = None
 
 
+MAX_EVIDENCE = 3
+MAX_QUOTE_CHARS = 500
+
+
+class _Quote(BaseModel):
+    """One item of ``evidence``: a verbatim quote and who said it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    speaker: Annotated[str, text_field("evidence.speaker", 64)]
+    quote: Annotated[str, text_field("evidence.quote", MAX_QUOTE_CHARS * 4)]
+
+
+def _evidence(value: object) -> object:
+    if value is None:
+        return value
+    if not isinstance(value, list | tuple) or len(value) > MAX_EVIDENCE:
+        raise InvalidInput(
+            f"evidence must be a list of at most {MAX_EVIDENCE} {{speaker, quote}} items, "
+            f"got {quoted(value)}",
+            reason="bad_evidence",
+        )
+    return value
+
+
 class _Attrs(BaseModel):
     """A caller's attrs, checked strictly: no unknown key, no coercion between types."""
 
@@ -122,6 +149,7 @@ class _Attrs(BaseModel):
     pinned: bool = False
     confidence: Annotated[float | None, Field(ge=0, le=1, allow_inf_nan=False)] = None
     source: Annotated[_Source | None, BeforeValidator(_source)] = None
+    evidence: Annotated[list[_Quote] | None, BeforeValidator(_evidence)] = None
 
 
 # What a field's own type or bound refused means (a rule's InvalidInput keeps its reason).
@@ -134,6 +162,7 @@ _FIELD_REASONS = {
     "pinned": "bad_pinned",
     "confidence": "bad_confidence",
     "source": "bad_source",
+    "evidence": "bad_evidence",
 }
 _FIELD_RULES = {
     "pinned": "pinned must be true or false",
@@ -202,6 +231,9 @@ def validate_attrs(attrs: Mapping[str, object], settings: Settings) -> Draft:
         confidence=checked.confidence,
         source=source,
         keywords=normalize_topics(checked.keywords),
+        evidence=None
+        if not checked.evidence
+        else tuple({"speaker": q.speaker, "quote": q.quote} for q in checked.evidence),
     )
 
 
@@ -250,6 +282,7 @@ def draft_columns(draft: Draft, provenance: str, now: datetime, term_count: int)
         "body": draft.body,
         "topics": draft.topics,
         "keywords": draft.keywords,
+        "evidence": None if draft.evidence is None else list(draft.evidence),
         "pinned": draft.pinned,
         "confidence": draft.confidence,
         "source": draft.source,

@@ -46,8 +46,10 @@ VERSIONED = (
     Memory.type,
     Memory.pinned,
     Memory.confidence,
+    Memory.evidence,
     Memory.provenance,
     Memory.conversation_id,
+    Memory.occurred_at,
     Memory.updated_at,
 )
 
@@ -76,6 +78,8 @@ def version_values(row: Mapping[str, Any], change: Change) -> dict[str, Any]:
         "type": row["type"],
         "pinned": bool(row["pinned"]),
         "confidence": row["confidence"],
+        "evidence": row.get("evidence"),
+        "occurred_at": row.get("occurred_at"),
         "written_provenance": row["provenance"],
         "written_conversation_id": row["conversation_id"],
         "written_at": row["updated_at"],

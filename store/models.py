@@ -81,6 +81,7 @@ class Memory(Base):
     session_id: Mapped[str | None]
     provenance: Mapped[str]
     source: Mapped[dict[str, Any] | None]
+    evidence: Mapped[list[dict[str, str]] | None]
     confidence: Mapped[float | None]
     pinned: Mapped[bool]
     status: Mapped[str]
@@ -187,6 +188,9 @@ class MemoryVersion(Base):
     type: Mapped[str | None] = mapped_column(String(32))
     pinned: Mapped[bool] = mapped_column(Boolean, default=False)
     confidence: Mapped[float | None] = mapped_column(Float)
+    evidence: Mapped[list[dict[str, str]] | None] = mapped_column(JSON)
+    # When this version's fact was said (its conversation's time), if known.
+    occurred_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     written_provenance: Mapped[str] = mapped_column(String(16))
     written_conversation_id: Mapped[str | None] = mapped_column(String(255))
     written_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

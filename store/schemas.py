@@ -113,6 +113,13 @@ def _aware(value: datetime | None) -> datetime | None:
     return value
 
 
+class Evidence(Frozen):
+    """One short verbatim quote of the conversation a note rests on, and who said it."""
+
+    speaker: str
+    quote: str
+
+
 class Note(Frozen):
     """One note as stored."""
 
@@ -130,6 +137,8 @@ class Note(Frozen):
     provenance: str
     source: dict[str, Any] | None
     confidence: float | None
+    # What the note rests on (harvested notes): quotes of its conversation with their speaker.
+    evidence: list[Evidence] = []
     pinned: bool
     status: str
     conversation_id: str | None
@@ -163,6 +172,7 @@ class Note(Frozen):
             provenance=row.provenance,
             source=row.source,
             confidence=row.confidence,
+            evidence=getattr(row, "evidence", None) or [],
             pinned=row.pinned,
             status=row.status,
             conversation_id=row.conversation_id,
@@ -267,6 +277,9 @@ class NoteVersion(Frozen):
     type: str | None
     pinned: bool
     confidence: float | None
+    evidence: list[Evidence] = []
+    # When this version's fact was said (its conversation's time), if known.
+    occurred_at: datetime | None = None
     written_provenance: str
     written_conversation_id: str | None
     written_at: datetime
@@ -275,10 +288,15 @@ class NoteVersion(Frozen):
     changed_conversation_id: str | None
     changed_at: datetime
 
-    @field_validator("written_at", "changed_at")
+    @field_validator("written_at", "changed_at", "occurred_at")
     @classmethod
-    def _utc(cls, value: datetime) -> datetime:
-        return _aware(value) or value
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return _aware(value)
+
+    @field_validator("evidence", mode="before")
+    @classmethod
+    def _no_evidence(cls, value: object) -> object:
+        return [] if value is None else value
 
     @field_validator("topics", "keywords", mode="before")
     @classmethod

@@ -67,6 +67,9 @@ MEMORIES = Table(
     Column("session_id", String(64)),
     Column("provenance", String(16), nullable=False),
     Column("source", JSON),
+    # What the note rests on: short verbatim quotes of its conversation, each with its
+    # speaker ([{"speaker": "user", "quote": "..."}]); None for a note written without.
+    Column("evidence", JSON),
     Column("confidence", Float),
     Column("pinned", Boolean, nullable=False, default=False, server_default=text("false")),
     Column("status", String(16), nullable=False, default=LIVE, server_default=LIVE),

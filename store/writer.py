@@ -341,8 +341,10 @@ _TEXT_KEYS = (
     "type",
     "pinned",
     "confidence",
+    "evidence",
     "provenance",
     "conversation_id",
+    "occurred_at",
 )
 
 
