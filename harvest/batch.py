@@ -101,9 +101,11 @@ def judge_owners(
     *,
     reassign_owner: bool = False,
 ) -> list[Transcript]:
-    """The conversations whose owner passes the owner rule; each other one goes to the
-    summary's failures on its own (the rest of the batch goes on). No owner at all, with no
-    ``owner`` to fill it in, stays a usage error for the whole run (``check_owners``)."""
+    """The conversations whose owner passes the owner rule, oldest first (by when each
+    happened; one of unknown time last, the file order kept among equals), so each owner's
+    facts are harvested in the order they were said; each other one goes to the summary's
+    failures on its own (the rest of the batch goes on). No owner at all, with no ``owner``
+    to fill it in, stays a usage error for the whole run (``check_owners``)."""
     listed = list(transcripts)
     check_owners(listed, owner)
     kept = []
@@ -114,7 +116,12 @@ def judge_owners(
             summary.fail(transcript.conversation_id, f"{exc.reason}: {exc}")
             continue
         kept.append(transcript)
-    return kept
+    return sorted(kept, key=_said_order)
+
+
+def _said_order(transcript: Transcript) -> tuple[bool, float]:
+    when = transcript.happened_at
+    return (when is None, when.timestamp() if when is not None else 0.0)
 
 
 def harvest_paths(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from store.errors import NotFound
@@ -24,7 +24,13 @@ if TYPE_CHECKING:
 
 # Why a note's text changed: an explicit-slug or topic-key upsert, mem_save's topic-key
 # upsert, or harvest rewriting a note with a candidate holding the same fact.
-REASONS = ("slug_upsert", "topic_key_upsert", "mem_save_upsert", "harvest_same_fact")
+REASONS = (
+    "slug_upsert",
+    "topic_key_upsert",
+    "mem_save_upsert",
+    "harvest_same_fact",
+    "older_fact",  # a fact said before the live one: kept in history at its time
+)
 
 
 def upsert_reason(reason: str | None, *, explicit_slug: bool) -> str:
@@ -116,9 +122,12 @@ def history(session: Session, scope: Scope | tuple[str, str], slug: str) -> list
     ).scalar_one_or_none()
     if note_id is None:
         raise NotFound(f"no note {quoted(slug)} in scope {scope}")
+    # By when each version's fact was said, newest first (an older fact imported later
+    # takes its place in time), then by when it was kept.
+    said = func.coalesce(MemoryVersion.occurred_at, MemoryVersion.written_at)
     rows = session.execute(
         select(MemoryVersion)
         .where(MemoryVersion.memory_id == note_id)
-        .order_by(MemoryVersion.id.desc())
+        .order_by(said.desc(), MemoryVersion.id.desc())
     ).scalars()
     return [NoteVersion.model_validate(v, from_attributes=True) for v in rows]

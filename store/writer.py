@@ -17,9 +17,9 @@ taken.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
 from sqlalchemy import Table, bindparam, delete, update
@@ -90,6 +90,7 @@ class _Op:
     row_id: int | None = None
     status: str = LIVE  # the stored note's, when this op updates one
     revive: bool = False  # an archived note rewritten is live again
+    rewritten: bool = False  # some write changes its live text (not only its history)
     inserted: bool = False
     # The note's text as the last write left it (``history.VERSIONED`` columns), and the
     # versions its writes replace (``memory_id`` filled in once an inserted row has an id).
@@ -304,6 +305,15 @@ def _check_expected(
     raise NoteChanged(f"the note {name!r} was not rewritten: {why}; nothing was written")
 
 
+def _said(row: Mapping[str, Any]) -> datetime | None:
+    """When a note's (or a write's) fact was said: its conversation's time, else when its
+    text was written; UTC (SQLite hands back naive times)."""
+    when = row.get("occurred_at") or row.get("updated_at")
+    if isinstance(when, datetime) and when.tzinfo is None:
+        return when.replace(tzinfo=UTC)
+    return when if isinstance(when, datetime) else None
+
+
 def _write_over(
     op: _Op,
     scope: Scope,
@@ -313,8 +323,26 @@ def _write_over(
     conversation_id: str | None,
     now: datetime,
 ) -> None:
-    """Fold a later write of the same note into ``op``, keeping the text it replaces."""
+    """Fold a later write of the same note into ``op``, keeping the text it replaces.
+
+    Time order: a write whose fact was said before the note's current one (an old export
+    imported after live use) does not replace the live text; its text goes into history at
+    its place in time (reason ``older_fact``), the live text stays."""
     draft = item.draft
+    said, held = _said(values) if "occurred_at" in values else None, None
+    if op.current is not None and said is not None:
+        held = _said(op.current)
+    if held is not None and said is not None and said < held:
+        if history.changes_text(op.current or {}, draft.title, draft.body):
+            older = {
+                **(op.current or {}),
+                **{key: values[key] for key in _TEXT_KEYS if key in values},
+                "updated_at": said,
+            }
+            change = history.Change("older_fact", str(values["provenance"]), conversation_id, now)
+            op.versions.append(history.version_values(older, change))
+        return
+    op.rewritten = True
     if op.current is not None and history.changes_text(op.current, draft.title, draft.body):
         reason = history.upsert_reason(item.reason, explicit_slug=draft.slug is not None)
         change = history.Change(reason, str(values["provenance"]), conversation_id, now)
@@ -363,7 +391,8 @@ def _apply(
         op.values["search_length"] = op.postings.length
     updates = [op for op in ops if not op.inserted]
     changes = [
-        {"id": op.row_id, **op.values, **({"status": LIVE} if op.revive else {})} for op in updates
+        {"id": op.row_id, **op.values, **({"status": LIVE} if op.revive and op.rewritten else {})}
+        for op in updates
     ]
     if rows:
         for op, change in zip(updates, changes, strict=True):
@@ -478,8 +507,9 @@ def _postings(ops: Sequence[_Op]) -> dict[str, Postings]:
 
 
 def _terms(op: _Op) -> list[str]:
-    """The term-index rows of the note ``op`` writes."""
-    return sorted(similarity_terms(op.values["title"], op.values["topics"]))
+    """The term-index rows of the note ``op`` writes (an update keeps what it does not set)."""
+    text = {**(op.current or {}), **op.values}
+    return sorted(similarity_terms(text["title"], text["topics"] or ""))
 
 
 _MEMORIES = cast(Table, Memory.__table__)
