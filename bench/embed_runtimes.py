@@ -1,9 +1,10 @@
 """Local embedding runtimes compared: `python -m bench.embed_runtimes [options]`.
 
 Not a scenario of `python -m bench` (it needs packages the project does not install). Each
-measurement runs in a fresh interpreter, so the load time is a cold start's: the model
-loaded and one text embedded, then batches of 64 short notes timed; the best of
-``--repeat`` runs is kept (the machine may be shared). Runtimes:
+measurement runs in a fresh interpreter, so the load time is a cold start's (imports, the
+model loaded, one text embedded); then batches of 64 notes are timed: short ones (12 to 20
+tokens), long ones (past the 256-token cut) and 56 short with 8 long. Of ``--repeat`` runs
+the best rate is kept (the machine may be shared), and the highest peak memory. Runtimes:
 
 - ``onnx``: Gleaner's local embedder (``harvest.embed_local``, the ``local-embed`` extra);
 - ``numpy``: a hand-written BERT forward pass in numpy over ``model.safetensors`` (needs
@@ -159,23 +160,48 @@ def numpy_bert(model_dir: str) -> Any:
     return embed
 
 
+def long_notes(count: int) -> list[str]:
+    """``count`` notes past the model's 256-token cut."""
+    return [
+        f"Note {i}: " + "the ingestion pipeline retries on failure and then " * 40
+        for i in range(count)
+    ]
+
+
+def peak_mb() -> int:
+    """This process's peak resident memory so far, in MB (Linux)."""
+    with open(f"/proc/{os.getpid()}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+def rate(embed: Any, texts: list[str], rounds: int = 1) -> float:
+    """Notes per second embedding ``texts``, ``rounds`` times."""
+    started = time.perf_counter()
+    for _ in range(rounds):
+        embed(texts)
+    return round(len(texts) * rounds / (time.perf_counter() - started), 1)
+
+
 def child(runtime: str, threads: int, model_dir: str | None, rounds: int) -> dict[str, Any]:
-    """One measurement, in this (fresh) interpreter."""
+    """One measurement, in this (fresh) interpreter: short notes (64 a batch, ``rounds``
+    batches), then one batch of 64 notes of 256 tokens, then one of 56 short and 8 long."""
     started = time.perf_counter()
     embed = load(runtime, threads, model_dir)
     embed(["warm up"])
     loaded = time.perf_counter() - started
-    batch = notes(64)
-    embed(batch)
-    started = time.perf_counter()
-    for _ in range(rounds):
-        embed(batch)
-    elapsed = time.perf_counter() - started
+    short = notes(64)
+    embed(short)
     return {
         "runtime": runtime,
         "threads": threads,
         "load_seconds": round(loaded, 3),
-        "notes_per_second": round(64 * rounds / elapsed, 1),
+        "notes_per_second": rate(embed, short, rounds),
+        "long_per_second": rate(embed, long_notes(64)),
+        "mixed_per_second": rate(embed, short[:56] + long_notes(8)),
+        "peak_mb": peak_mb(),
         "reference": embed(REFERENCE_SENTENCES),
     }
 
@@ -223,18 +249,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.cosine:
         with open(args.cosine, encoding="utf-8") as source:
             reference = json.load(source)["vectors"]
-    print("| runtime | threads | load s (best) | notes/s (best) | runs | min cosine |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| runtime | threads | load s | short notes/s (runs) | long notes/s | mixed notes/s "
+        "| peak MB | min cosine |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for runtime in args.runtimes:
         for threads in args.threads:
             runs = [measure(runtime, threads, args) for _ in range(args.repeat)]
             worst = "-"
             if reference is not None:
                 worst = f"{min(map(cosine, runs[0]['reference'], reference)):.4f}"
-            load_s = min(r["load_seconds"] for r in runs)
-            rate = max(r["notes_per_second"] for r in runs)
+            best = {key: max(r[key] for r in runs) for key in runs[0] if key.endswith("second")}
             spread = ", ".join(f"{r['notes_per_second']:g}" for r in runs)
-            print(f"| {runtime} | {threads} | {load_s:.2f} | {rate:.0f} | {spread} | {worst} |")
+            print(
+                f"| {runtime} | {threads} | {min(r['load_seconds'] for r in runs):.2f} "
+                f"| {best['notes_per_second']:.0f} ({spread}) | {best['long_per_second']:.1f} "
+                f"| {best['mixed_per_second']:.0f} | {max(r['peak_mb'] for r in runs)} | {worst} |"
+            )
     return 0
 
 

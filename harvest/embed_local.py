@@ -11,8 +11,11 @@ The pipeline is sentence-transformers' for this model: WordPiece tokens (uncased
 with ``[CLS]`` and ``[SEP]``, longer texts cut), the transformer, mean pooling over the real
 tokens; :class:`~harvest.embedding.BatchEmbedder` normalises. Its vectors are within cosine
 0.999 of sentence-transformers' fp32 ones (docs/EMBEDDINGS.md has the figures and the
-commands). The model loads on the first batch (about 0.3 s), once per embedder;
-``prompt_tokens`` is the tokenizer's own count, ``cost_usd`` 0.0.
+commands). A batch goes through the model sorted by length, in passes of at most
+``TOKENS_PER_RUN`` padded tokens, so memory stays bounded (about 330 MB of the process at
+most) and short notes are not padded to a long one's length. The model loads on the first
+batch (about 0.3 s), once per embedder; ``prompt_tokens`` is the tokenizer's own count,
+``cost_usd`` 0.0.
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ MODELS = {
 }
 # What the extra installs, by import name: the runtime, and the package with the model.
 RUNTIME = ("numpy", "onnxruntime", "tokenizers")
+# Most tokens (padding included) one pass through the model takes. A pass's memory grows with
+# texts x length^2 (attention) and short passes are as fast on a CPU: 64 notes of 256 tokens
+# peak at about 330 MB of the process so, 1.7 GB in one pass; and sorted by length, a short
+# note is not padded to a long one's length (56 short and 8 long notes: 80 notes/s, not 8).
+TOKENS_PER_RUN = 512
 
 
 class LocalEmbedder(BatchEmbedder):
@@ -125,8 +133,8 @@ class _Runtime:
         )
         self.tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
         self.tokenizer.enable_truncation(max_length=spec.max_tokens)
-        # Padded to the longest text of a batch (the file's own setting pads to 128).
-        self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # noqa: S106 - no password
+        self.tokenizer.no_padding()  # the file pads to 128; run() pads each run to its longest
+        self.dimensions = spec.dimensions
         onnx = _verified(
             _package_file(spec.package, spec.onnx_file),
             spec.onnx_sha256,
@@ -136,6 +144,9 @@ class _Runtime:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3  # errors only: its warnings are not the caller's
+        # Memory goes back after each run: a batch of long notes takes hundreds of MB, which
+        # an arena would keep for the worker's life.
+        options.enable_cpu_mem_arena = False
         # Threads sleep between batches instead of spinning: a worker's other work (and its
         # siblings in the pool) keep the CPU.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -150,18 +161,41 @@ class _Runtime:
         self.inputs = {item.name for item in self.session.get_inputs()}
 
     def run(self, texts: list[str]) -> RawEmbeddings:
+        """Mean-pooled vectors of ``texts``, in order; the texts go through the model sorted
+        by length, in runs of at most ``TOKENS_PER_RUN`` tokens padded."""
         np = self.numpy
         encodings = self.tokenizer.encode_batch(texts)
-        ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        feeds = {"input_ids": ids, "attention_mask": mask}
-        if "token_type_ids" in self.inputs:
-            feeds["token_type_ids"] = np.zeros_like(ids)
-        hidden = self.session.run(None, feeds)[0]
-        # Mean pooling over the real tokens (sentence-transformers' Pooling, mode mean).
-        weights = mask[..., None].astype(np.float32)
-        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
-        return RawEmbeddings(vectors=pooled.tolist(), prompt_tokens=int(mask.sum()), cost_usd=0.0)
+        pooled = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        for group in _runs([len(e.ids) for e in encodings], TOKENS_PER_RUN):
+            longest = len(encodings[group[-1]].ids)
+            ids = np.zeros((len(group), longest), dtype=np.int64)  # 0 is [PAD]
+            mask = np.zeros((len(group), longest), dtype=np.int64)
+            for row, index in enumerate(group):
+                count = len(encodings[index].ids)
+                ids[row, :count] = encodings[index].ids
+                mask[row, :count] = 1
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in self.inputs:
+                feeds["token_type_ids"] = np.zeros_like(ids)
+            hidden = self.session.run(None, feeds)[0]
+            # Mean pooling over the real tokens (sentence-transformers' Pooling, mode mean).
+            weights = mask[..., None].astype(np.float32)
+            pooled[group] = (hidden * weights).sum(axis=1) / weights.sum(axis=1)
+        tokens = sum(len(e.ids) for e in encodings)
+        return RawEmbeddings(vectors=pooled.tolist(), prompt_tokens=tokens, cost_usd=0.0)
+
+
+def _runs(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices of ``lengths`` in runs through the model: shortest first, each run as many
+    texts as fit ``budget`` tokens once padded to its longest (at least one text)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    runs: list[list[int]] = []
+    for index in order:
+        if runs and (len(runs[-1]) + 1) * lengths[index] <= budget:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs
 
 
 def _installed(name: str) -> bool:

@@ -430,8 +430,20 @@ def test_local_vectors_are_deterministic_whatever_the_batch(local: BatchEmbedder
     alone = local.embed([text]).vectors[0]
     again = local.embed([text]).vectors[0]
     assert alone == again
-    padded = local.embed(["short", text, "a much longer note " * 20]).vectors[1]
-    assert cosine(alone, padded) > 0.99999  # padding changes nothing but rounding
+    long = "a much longer note " * 200
+    mixed = local.embed(["short", text, long, "short"]).vectors  # sorted by length inside
+    assert cosine(alone, mixed[1]) > 0.99999  # padding changes nothing but rounding
+    assert cosine(mixed[0], local.embed(["short"]).vectors[0]) > 0.99999
+    assert cosine(mixed[2], local.embed([long]).vectors[0]) > 0.99999
+    assert mixed[0] == mixed[3]
+
+
+def test_the_local_model_runs_texts_by_length_within_a_token_budget() -> None:
+    from harvest.embed_local import _runs
+
+    assert _runs([5, 256, 3, 256, 10], 512) == [[2, 0, 4], [1, 3]]
+    assert _runs([300, 300], 512) == [[0], [1]]  # one text alone may pass the budget
+    assert _runs([], 512) == []
 
 
 @needs_local_extra
