@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -17,6 +18,22 @@ MAX_KEYWORDS = 8
 def has_word(text: str) -> bool:
     """Whether ``text`` holds a letter or a digit, not only punctuation, symbols and space."""
     return _WORD.search(text) is not None
+
+
+MAX_QUOTES = 2
+MAX_QUOTE_CHARS = 300
+
+
+class Quote(BaseModel):
+    """One item of a candidate's evidence: a verbatim quote and who said it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    speaker: str = Field(default="", max_length=64)
+    quote: str = Field(min_length=1)
+
+
+Mark = Literal["new", "same", "update"]
 
 
 class NoteCandidate(BaseModel):
@@ -39,6 +56,13 @@ class NoteCandidate(BaseModel):
     topic_key: str | None = Field(default=None, max_length=255)
     # Words a later question may use that the note does not hold (synonyms, categories).
     keywords: list[str] = Field(default_factory=list)
+    # What in the conversation the note rests on (checked against the transcript before it
+    # is written: harvest.grounding).
+    evidence: list[Quote] = Field(default_factory=list)
+    # The model's judgement against the owner's notes it was shown: a new fact, the same as
+    # the shown note ``ref``, or an update of it. None: no judgement (an older model).
+    mark: Mark | None = None
+    ref: str | None = None
 
     @field_validator("title", "body")
     @classmethod
@@ -59,6 +83,41 @@ class NoteCandidate(BaseModel):
     @classmethod
     def _topics_with_words(cls, value: list[str]) -> list[str]:
         return [topic for topic in value if has_word(topic)]
+
+    @field_validator("evidence", mode="before")
+    @classmethod
+    def _some_quotes(cls, value: object) -> object:
+        # A malformed quote list is no evidence (the note is then ungrounded), not a reason
+        # to refuse the whole answer; more than MAX_QUOTES are cut off.
+        if not isinstance(value, list):
+            return []
+        kept = [
+            q
+            for q in value
+            if isinstance(q, dict)
+            and isinstance(q.get("quote"), str)
+            and q["quote"].strip()
+            and unstorable(q["quote"]) is None
+            and isinstance(q.get("speaker", ""), str)
+            and unstorable(q.get("speaker", "")) is None
+        ]
+        return [
+            {"speaker": str(q.get("speaker", ""))[:64], "quote": q["quote"][:MAX_QUOTE_CHARS]}
+            for q in kept[:MAX_QUOTES]
+        ]
+
+    @field_validator("mark", mode="before")
+    @classmethod
+    def _known_mark(cls, value: object) -> object:
+        # An unknown or missing mark is no judgement: the lexical rule decides.
+        if isinstance(value, str) and value.strip().lower() in ("new", "same", "update"):
+            return value.strip().lower()
+        return None
+
+    @field_validator("ref", mode="before")
+    @classmethod
+    def _ref_text(cls, value: object) -> object:
+        return value.strip() if isinstance(value, str) and value.strip() else None
 
     @field_validator("keywords")
     @classmethod

@@ -12,6 +12,7 @@ from harvest.model import Usage, extract
 from harvest.offline import offline_extract
 from harvest.options import ModelOptions
 from harvest.outcome import Counts
+from harvest.prompt import KnownNote
 from harvest.transcript import Transcript
 from store import Settings
 
@@ -36,14 +37,24 @@ def run_extraction(
     llm: HarvestLLM | None = None,
     known_keys: Sequence[tuple[str, str]] = (),
     usage: Usage | None = None,
+    *,
+    known_notes: Sequence[KnownNote] = (),
 ) -> Extraction:
     """Ask the configured model (or, with none, the offline extractor) for candidate notes;
     ``known_keys`` are the owner's ``(topic_key, title)`` pairs the model is shown, ``usage``
-    counts the calls as they are made (a failed extraction's cost included)."""
+    counts the calls as they are made (a failed extraction's cost included); ``known_notes``
+    are the owner's notes the transcript bears on, shown under refs the model's marks name."""
     if not uses_model(settings, llm):
         found = offline_extract(
             transcript, settings.harvest_max_facts, tuple(settings.observation_types)
         )
         return Extraction(found, "offline", Counts())
-    result = extract(transcript, ModelOptions.from_settings(settings), llm, known_keys, usage)
+    result = extract(
+        transcript,
+        ModelOptions.from_settings(settings),
+        llm,
+        known_keys,
+        usage,
+        known_notes=known_notes,
+    )
     return Extraction(result.notes, result.model or str(settings.harvest_model), result.cost)

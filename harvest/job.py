@@ -14,6 +14,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
+from sqlalchemy import Connection
+
 from harvest.errors import HarvestError, UnrecordedHarvest
 from harvest.extraction import Extraction, run_extraction, uses_model
 from harvest.llm import HarvestLLM
@@ -22,7 +24,7 @@ from harvest.outcome import Counts, HarvestOutcome, Status
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Limits, Transcript, check_size
 from harvest.write import write_candidates
-from store import Scope, Settings, StorageFailure, Store, forget, ledger
+from store import Scope, Settings, StorageFailure, Store, forget, keyed, ledger, search_terms
 from store.errors import AlreadyRecorded, InvalidInput, NoteChanged, SlugTaken, format_error
 from store.terms import content_terms
 from store.text import check_principal, quoted
@@ -135,6 +137,9 @@ class Ready:
 
     known_keys: tuple[tuple[str, str], ...]
     forget_generation: int
+    # The owner's notes the transcript bears on, shown to the model under refs its marks
+    # name (a model only; the keyed ones first, then the best of a search).
+    shown: tuple[keyed.ShownNote, ...] = ()
 
 
 def harvested_before(session: Executor, plan: Plan) -> bool:
@@ -180,7 +185,32 @@ def look_up(
     generation, done, notes = checked
     if done:
         return None
-    return Ready(tuple((note.topic_key, note.title) for note in notes), generation)
+    shown: list[keyed.ShownNote] = []
+    if keys:
+        shown = keyed.shown_notes(
+            _core(session),
+            settings,
+            plan.scope,
+            keys=[note.topic_key for note in notes],
+            terms=search_query_terms(plan),
+            limit=keys,
+        )
+    return Ready(tuple((note.topic_key, note.title) for note in notes), generation, tuple(shown))
+
+
+def _core(session: Executor) -> Connection:
+    """The Core connection under ``session`` (an ORM session's, or the connection itself)."""
+    return session if isinstance(session, Connection) else session.connection()
+
+
+def search_query_terms(plan: Plan) -> list[str]:
+    """The search terms (``store.search_terms``) of what the user said, most frequent first:
+    the notes a conversation bears on are searched with them."""
+    counts: Counter[str] = Counter()
+    for message in plan.transcript.messages:
+        if message.role == "user":
+            counts.update(search_terms.terms(message.content))
+    return [term for term, _ in counts.most_common(32)]
 
 
 def recall_terms(plan: Plan) -> list[str]:
@@ -207,7 +237,9 @@ def extract_notes(
     the calls made before the failure cost). ``usage`` is filled in as the calls are made."""
     usage = Usage() if usage is None else usage
     try:
-        return run_extraction(plan.transcript, settings, llm, ready.known_keys, usage)
+        return run_extraction(
+            plan.transcript, settings, llm, ready.known_keys, usage, known_notes=ready.shown
+        )
     except HarvestError as exc:
         # Named as a harvested transcript's is: by the server's answer, once there was one.
         model = model_named(usage, settings)
@@ -250,6 +282,7 @@ def record_harvest(
         transcript=plan.transcript,
         provenance=plan.provenance,
         at_commit=at_commit,
+        shown=ready.shown,
     )
     counts = found.cost + written.counts
     entry = ledger.LedgerEntry(

@@ -29,7 +29,7 @@ from harvest.litellm_client import litellm_call, litellm_format, load_litellm
 from harvest.llm import HarvestLLM, LLMAnswer, Messages
 from harvest.options import MIN_CONTEXT_TOKENS, ModelOptions
 from harvest.outcome import Counts
-from harvest.prompt import build_messages, reask_messages, render_message
+from harvest.prompt import KnownNote, build_messages, reask_messages, render_message
 from harvest.transcript import Limits, Transcript, check_size, too_large
 from store.terms import FactText, disagreement
 
@@ -175,6 +175,7 @@ def extract(
     usage: Usage | None = None,
     *,
     encoding: Encoding | None = None,
+    known_notes: Sequence[KnownNote] = (),
 ) -> ModelResult:
     """Ask the harvest model for the notes of one (already redacted) transcript.
 
@@ -193,7 +194,9 @@ def extract(
     requests stay within ``max_calls``). The notes of all chunks are merged: deduplicated by
     title, highest confidence first, at most ``options.max_facts``. ``known_keys`` (the
     owner's topic keys and their notes' titles) are shown with every chunk so a changed fact
-    reuses its key.
+    reuses its key; ``known_notes`` (the owner's notes the transcript bears on, under refs)
+    replace them when given, and the model marks each note new, the same as one of them or
+    an update of one.
 
     Model calls are bounded: at most ``max_calls`` requests, each asked at most twice (a
     cut-off or unparseable answer) with at most ``max_attempts`` attempts per ask. Under
@@ -219,7 +222,7 @@ def extract(
         part = (done + 1, done + 1 + len(pending))
         requests += 1
         try:
-            parsed = _ask_chunk(meter, chunk, part, options, known_keys)
+            parsed = _ask_chunk(meter, chunk, part, options, known_keys, known_notes=known_notes)
         except ContextWindowExceeded:
             halvings += 1
             budget = min(budget, count_tokens(chunk, encoding)) // 2
@@ -235,7 +238,13 @@ def extract(
         collected.extend(parsed.notes)
         dropped += parsed.dropped
     return ModelResult(
-        notes=merge_notes(spelled_as_known(collected, known_keys), options.max_facts),
+        notes=merge_notes(
+            spelled_as_known(
+                collected,
+                [*known_keys, *((n.topic_key, n.title) for n in known_notes if n.topic_key)],
+            ),
+            options.max_facts,
+        ),
         cost=meter.spent.counts + Counts(items_dropped=dropped),
         model=meter.model or options.model,
         chunks=done,
@@ -259,6 +268,8 @@ def _ask_chunk(
     part: tuple[int, int],
     options: ModelOptions,
     known_keys: Sequence[tuple[str, str]],
+    *,
+    known_notes: Sequence[KnownNote] = (),
 ) -> ParsedNotes:
     """The notes of one chunk, in at most two requests (the bound extract documents).
 
@@ -269,7 +280,12 @@ def _ask_chunk(
     with the model's answer and what was wrong with it; that second answer is final.
     """
     messages = build_messages(
-        chunk, max_facts=options.max_facts, types=options.types, part=part, known_keys=known_keys
+        chunk,
+        max_facts=options.max_facts,
+        types=options.types,
+        part=part,
+        known_keys=known_keys,
+        known_notes=known_notes,
     )
     answer = meter.ask(messages)
     if answer.truncated:
@@ -285,6 +301,7 @@ def _ask_chunk(
             types=options.types,
             part=part,
             known_keys=known_keys,
+            known_notes=known_notes,
             cut_off=True,
         )
         return _final(meter.ask(shorter, max_facts=fewer), options, fewer)

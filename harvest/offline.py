@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from harvest.candidate import NoteCandidate
+from harvest.candidate import MAX_QUOTE_CHARS, NoteCandidate
 from harvest.offline_cues import (
     ADVERBS,
     CHAT_NOUNS,
@@ -303,6 +303,8 @@ def offline_extract(
             topics=f.topics,
             confidence=round(f.confidence, 2),
             topic_key=f.topic_key,
+            # The sentence the note rests on, as the user wrote it (harvest.grounding).
+            evidence=[{"speaker": "user", "quote": f.sentence[:MAX_QUOTE_CHARS]}],
         )
         for f in found[:max_facts]
     ]

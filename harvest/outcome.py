@@ -26,6 +26,9 @@ class Counts(BaseModel):
     notes_updated: int = 0
     notes_skipped: int = 0
     items_dropped: int = 0
+    # Of the items dropped: notes whose evidence is not in the transcript (or, for a profile
+    # or preference, not in the user's own words).
+    items_ungrounded: int = 0
     model_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -38,6 +38,7 @@ class LedgerEntry:
     model_calls: int
     prompt_tokens: int
     completion_tokens: int
+    items_ungrounded: int = 0
 
 
 _LEDGER = cast(Table, HarvestLedger.__table__)

@@ -263,6 +263,7 @@ class HarvestLedger(Base):
     notes_updated: Mapped[int]
     notes_skipped: Mapped[int]
     items_dropped: Mapped[int]
+    items_ungrounded: Mapped[int]
     model: Mapped[str]
     model_calls: Mapped[int]
     prompt_tokens: Mapped[int]

@@ -128,43 +128,42 @@ _STATS: dict[tuple[str, str, str], _Stats] = {}
 _STATS_LOCK = threading.Lock()
 _STATS_MAX = 4_096
 
-_SCOPE_STATS = text(
-    "SELECT count(*), avg(search_length) FROM memories"
-    " WHERE scope_kind = :kind AND scope_id = :sid AND status = :live"
+_SCOPE_NOTES = (
+    "FROM memories WHERE scope_kind = :kind AND scope_id = :sid AND status = :live"
     " AND search_length IS NOT NULL"
 )
+_SCOPE_COUNT = f"(SELECT count(*) {_SCOPE_NOTES})"
+_SCOPE_LENGTH = f"(SELECT avg(search_length) {_SCOPE_NOTES})"
 
 
-def _scope_stats(conn: Connection, scope: Scope) -> tuple[int, float]:
-    """``N`` and ``avg_length`` of the scope's live indexed notes."""
+def _stats_and_frequencies(
+    conn: Connection, scope: Scope, terms: list[str], cap: int
+) -> tuple[int, float, list[int]]:
+    """``N`` and ``avg_length`` of the scope's live indexed notes, and how many of its notes
+    hold each term (counted up to ``cap``): one statement (the scope's statistics come from
+    the cache for a large scope)."""
     key = (conn.engine.url.render_as_string(hide_password=True), scope.kind, scope.id)
     now = time.monotonic()
     cached = _STATS.get(key)
-    if cached is not None and now - cached.at < STATS_SECONDS:
-        return cached.notes, cached.avg_length
-    count, average = conn.execute(
-        _SCOPE_STATS, {"kind": scope.kind, "sid": scope.id, "live": LIVE}
-    ).one()
-    notes, avg_length = int(count or 0), float(average or 0.0)
+    fresh = cached if cached is not None and now - cached.at < STATS_SECONDS else None
+    columns = [] if fresh else [_SCOPE_COUNT, _SCOPE_LENGTH]
+    columns += [
+        "(SELECT count(*) FROM (SELECT 1 FROM search_postings"  # noqa: S608 - placeholders only
+        f" WHERE scope_kind = :kind AND scope_id = :sid AND term = :t{i} LIMIT :cap) x{i})"
+        for i in range(len(terms))
+    ]
+    params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id, "cap": cap, "live": LIVE}
+    params.update({f"t{i}": term for i, term in enumerate(terms)})
+    row = list(conn.execute(text(f"SELECT {', '.join(columns)}"), params).one())
+    if fresh is not None:
+        return fresh.notes, fresh.avg_length, [int(n) for n in row]
+    notes, avg_length = int(row[0] or 0), float(row[1] or 0.0)
     if notes >= CACHED_SCOPE_NOTES:
         with _STATS_LOCK:
             if len(_STATS) >= _STATS_MAX:
                 _STATS.clear()
             _STATS[key] = _Stats(notes, avg_length, now)
-    return notes, avg_length
-
-
-def _document_frequencies(conn: Connection, scope: Scope, terms: list[str], cap: int) -> list[int]:
-    """How many of the scope's notes hold each term (counted up to ``cap``)."""
-    counts = ", ".join(
-        "(SELECT count(*) FROM (SELECT 1 FROM search_postings"  # noqa: S608 - placeholders only
-        f" WHERE scope_kind = :kind AND scope_id = :sid AND term = :t{i} LIMIT :cap) x{i})"
-        for i in range(len(terms))
-    )
-    params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id, "cap": cap}
-    params.update({f"t{i}": term for i, term in enumerate(terms)})
-    row = conn.execute(text(f"SELECT {counts}"), params).one()
-    return [int(n) for n in row]
+    return notes, avg_length, [int(n) for n in row[2:]]
 
 
 def _idf(notes: int, df: int) -> float:
@@ -305,10 +304,9 @@ def _bm25_rows(
     until: datetime | None,
     bounds: Bounds,
 ) -> list[Row[Any]]:
-    notes, avg_length = _scope_stats(conn, scope)
+    notes, avg_length, dfs = _stats_and_frequencies(conn, scope, terms, bounds.df_cap)
     if notes == 0:
         return []
-    dfs = _document_frequencies(conn, scope, terms, bounds.df_cap)
     present = [(term, df) for term, df in zip(terms, dfs, strict=True) if df > 0]
     if not present:
         return []
@@ -333,6 +331,21 @@ def _bm25_rows(
         params[f"idf{i}"] = _idf(notes, df)
     sql = _bm25_query(conn.dialect.name, len(present), _window(since, until))
     return _ranked(conn, sql, params)
+
+
+def ranked_by_terms(
+    conn: Connection, settings: Settings, scope: Scope, terms: Sequence[str], limit: int
+) -> list[Note]:
+    """The scope's live notes BM25 ranks best for search ``terms`` already tokenized
+    (``store.search_terms``), recency and pins as in ``search``: what the harvest shows the
+    model of the notes a conversation bears on."""
+    wanted = list(dict.fromkeys(terms))[:MAX_QUERY_WORDS]
+    if not wanted:
+        return []
+    rows = _bm25_rows(
+        conn, settings, scope, wanted, limit=limit, since=None, until=None, bounds=Bounds()
+    )
+    return [Note.from_row(cast("Memory", row)) for row in rows]
 
 
 def search(

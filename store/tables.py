@@ -140,6 +140,7 @@ HARVEST_LEDGER = Table(
     Column("notes_updated", Integer, nullable=False, default=0),
     Column("notes_skipped", Integer, nullable=False, default=0),
     Column("items_dropped", Integer, nullable=False, default=0),
+    Column("items_ungrounded", Integer, nullable=False, default=0, server_default=text("0")),
     Column("model", String(MODEL_MAX_CHARS), nullable=False),
     Column("model_calls", Integer, nullable=False, default=0),
     Column("prompt_tokens", Integer, nullable=False, default=0),

@@ -97,9 +97,13 @@ def note(
     topics: Sequence[str] = ("testing",),
     topic_key: str | None = None,
     keywords: Sequence[str] | None = None,
+    evidence: Sequence[dict[str, str]] | None = None,
+    mark: str | None = None,
+    ref: str | None = None,
 ) -> dict[str, Any]:
-    """One note item as the model would send it (``keywords`` only when given: a model
-    that never heard of them sends none)."""
+    """One note item as the model would send it (``keywords``, ``mark`` and ``ref`` only
+    when given: a model that never heard of them sends none). Without ``evidence`` the
+    server quotes the transcript's first user line (``with_evidence``)."""
     item = {
         "type": type,
         "title": title,
@@ -110,6 +114,10 @@ def note(
     }
     if keywords is not None:
         item["keywords"] = list(keywords)
+    if evidence is not None:
+        item["evidence"] = [dict(quote) for quote in evidence]
+    if mark is not None:
+        item["mark"], item["ref"] = mark, ref
     return item
 
 
@@ -371,7 +379,10 @@ def _completion(request: dict[str, Any], behaviour: Behaviour) -> dict[str, Any]
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": behaviour.content},
+                "message": {
+                    "role": "assistant",
+                    "content": with_evidence(request, behaviour.content),
+                },
                 "finish_reason": behaviour.finish_reason,
             }
         ],
@@ -385,6 +396,41 @@ def _completion(request: dict[str, Any], behaviour: Behaviour) -> dict[str, Any]
 
 _counter = [0]
 _counter_lock = threading.Lock()
+
+
+def with_evidence(request: dict[str, Any], content: str) -> str:
+    """``content``, each note of a JSON answer that has no ``evidence`` given the one a
+    model following the prompt would give: the first line the user said in the request's
+    transcript, quoted. A script that wants other evidence (or none: ``[]``) says so."""
+    try:
+        answer_ = json.loads(content)
+    except (ValueError, RecursionError):  # not JSON, or JSON no model should send
+        return content
+    notes = answer_.get("notes") if isinstance(answer_, dict) else None
+    if not isinstance(notes, list) or all(
+        not isinstance(n, dict) or "evidence" in n for n in notes
+    ):
+        return content
+    quote = first_user_line(request)
+    if quote is None:
+        return content
+    for item in notes:
+        if isinstance(item, dict) and "evidence" not in item:
+            item["evidence"] = [{"speaker": "user", "quote": quote}]
+    return json.dumps(answer_)
+
+
+def first_user_line(request: dict[str, Any]) -> str | None:
+    """The first ``User: ...`` line of the transcript in a harvest request, or None."""
+    for message in request.get("messages") or []:
+        text_ = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(text_, str) or "<transcript>" not in text_:
+            continue
+        inside = text_.split("<transcript>", 1)[1].split("</transcript>", 1)[0]
+        for line in inside.splitlines():
+            if line.startswith("User: ") and line[6:].strip():
+                return line[6:].strip()
+    return None
 
 
 @contextmanager

@@ -299,17 +299,40 @@ def test_the_same_fact_updates_its_note_and_a_different_one_is_a_new_note(
     assert store.fingerprint(ALICE)[0] == 4
 
 
-def test_topic_key_upserts_across_transcripts(make_store, backend, server) -> None:
+def test_a_topic_key_is_a_hint_the_models_mark_decides(make_store, backend, server) -> None:
+    """The model, shown the keyed note, marks the move an update of it: the note is
+    rewritten (the old text to history). A key reused with no mark for a different fact
+    keeps both: a lost fact costs more than a later merge."""
     store = make_store(backend, **model_settings(server))
     server.script(
         answer([note("Lives in Lisbon", type="profile", topic_key="profile/location")]),
-        answer([note("Moved to Porto", type="profile", topic_key="profile/location")]),
+        answer(
+            [
+                note(
+                    "Moved to Porto",
+                    type="profile",
+                    topic_key="profile/location",
+                    mark="update",
+                    ref="n1",
+                )
+            ]
+        ),
+        answer([note("Lives near Braga", type="profile", topic_key="profile/location")]),
     )
     harvest_transcript(store, transcript("I live in Lisbon", cid="a"))
     report = harvest_transcript(store, transcript("I moved to Porto", cid="b"))
+    shown = server.requests[1].body["messages"][1]["content"]
+    assert "- n1 [profile/location] Lives in Lisbon: " in shown
     assert report.notes_updated == 1
     [only] = rows(store, Memory)
     assert (only.title, only.topic_key) == ("Moved to Porto", "profile/location")
+    assert [v.title for v in store.history(ALICE, only.slug)] == ["Lives in Lisbon"]
+    third = harvest_transcript(store, transcript("I live near Braga", cid="c"))
+    assert (third.notes_written, third.notes_updated) == (1, 0)
+    assert sorted((n.title, n.topic_key) for n in rows(store, Memory)) == [
+        ("Lives near Braga", None),
+        ("Moved to Porto", "profile/location"),
+    ]
 
 
 def test_model_failure_is_reported_writes_nothing_and_can_be_retried(

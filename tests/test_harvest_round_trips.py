@@ -64,7 +64,7 @@ def count_trips(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return trips
 
 
-def test_a_job_writing_new_notes_takes_five_round_trips(
+def test_a_job_writing_new_notes_takes_six_round_trips(
     make_store: Callable[..., Store], server: LLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = make_store(
@@ -92,6 +92,9 @@ def test_a_job_writing_new_notes_takes_five_round_trips(
     assert trips == [
         "statement",  # the claim
         "pipeline of 2",  # the transcript's lock and the ledger check
+        # the owner's notes the transcript bears on, shown to the model: the scope's
+        # statistics with the terms' counts (an empty scope: nothing more to search)
+        "sqlalchemy",
         # the model call, then one transaction: its BEGIN, the forget lock and count, the
         # slug lookup sent ahead, the same-fact lookup ...
         "pipeline of 5",
@@ -113,8 +116,18 @@ def test_a_slug_taken_before_the_commit_is_written_again_under_the_next_free_slu
     kept, and the harvest writes again at once under the next free slug; the other note is
     untouched and the transcript is recorded once."""
     store = make_store("postgresql", harvest_model="test/model")
-    item = {"type": "preference", "title": "Prefers dark roast", "body": "Dark roast, always."}
-    other = {"type": "decision", "title": "Moved to Porto", "body": "Since May."}
+    item = {
+        "type": "preference",
+        "title": "Prefers dark roast",
+        "body": "Dark roast, always.",
+        "evidence": [{"speaker": "user", "quote": "I like dark roast."}],
+    }
+    other = {
+        "type": "decision",
+        "title": "Moved to Porto",
+        "body": "Since May.",
+        "evidence": [{"speaker": "user", "quote": "I moved."}],
+    }
 
     def model(messages: Any, *, options: ModelOptions) -> LLMAnswer:
         notes = [{**i, "topics": [], "confidence": 0.9} for i in (item, other)]

@@ -113,7 +113,8 @@ def test_response_schema_names_the_types_and_every_field() -> None:
     item = schema["properties"]["notes"]["items"]
     assert item["properties"]["type"]["enum"] == ["preference", "decision"]
     assert set(item["required"]) == {
-        *("type", "title", "body", "topics", "keywords", "confidence", "topic_key")
+        *("type", "title", "body", "topics", "keywords", "evidence"),
+        *("confidence", "topic_key", "mark", "ref"),
     }
     assert item["additionalProperties"] is False
     assert schema["required"] == ["notes"]

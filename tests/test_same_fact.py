@@ -219,7 +219,7 @@ def test_paraphrases_that_differ_by_stop_words_plurals_or_hyphens_are_one_note(
         answer([note("Works on the front-end team", body="Is on the front-end team.")]),
         answer([note("Works on the frontend team", body="Is on the frontend team.")]),
     )
-    reports = [harvest_transcript(store, transcript(f"t{n}", cid=f"c{n}")) for n in range(4)]
+    reports = [harvest_transcript(store, transcript(f"turn {n}", cid=f"c{n}")) for n in range(4)]
     assert [(r.notes_written, r.notes_updated, r.notes_skipped) for r in reports] == [
         (1, 0, 0),
         (0, 1, 0),  # says more: rewrites the note, the old text kept
@@ -343,25 +343,28 @@ def test_show_history_prints_the_earlier_versions(
 # Facts that change over time -------------------------------------------------------------------
 
 
-def test_the_model_sees_the_owners_topic_keys_and_a_changed_fact_replaces_its_note(
+def test_the_model_sees_the_owners_notes_and_its_update_mark_replaces_one(
     make_store, backend, server
 ) -> None:
     store = make_store(backend, **model_settings(server))
     server.script(answer([note("Lives in Lisbon", type="profile", topic_key="profile/city")]))
     harvest_transcript(store, transcript("I live in Lisbon.", cid="c1"))
     store.mem_save("bob", "Lives in Oslo", type="profile", title="Oslo", topic_key="bob/city")
-    server.script(answer([note("Moved to Porto", type="profile", topic_key="profile/city")]))
+    moved = note(
+        "Moved to Porto", type="profile", topic_key="profile/city", mark="update", ref="n1"
+    )
+    server.script(answer([moved]))
     report = harvest_transcript(store, transcript("I just moved to Porto.", cid="c2"))
 
     shown = server.requests[-1].user_text
-    assert "- profile/city: Lives in Lisbon" in shown
-    assert "bob/city" not in shown  # another owner's keys never reach the model
+    assert "- n1 [profile/city] Lives in Lisbon: The user said: Lives in Lisbon." in shown
+    assert "bob/city" not in shown and "Oslo" not in shown  # another owner's never
     assert report.notes_updated == 1
     assert store.get(ALICE, "profile-city").title == "Moved to Porto"  # type: ignore[union-attr]
     [old] = store.history(ALICE, "profile-city")
     assert (old.title, old.reason, old.changed_conversation_id) == (
         "Lives in Lisbon",
-        "topic_key_upsert",
+        "harvest_update",
         "c2",
     )
 
@@ -371,11 +374,27 @@ def test_a_known_key_sent_back_in_other_case_or_spacing_updates_its_note(
 ) -> None:
     store = make_store(backend, **model_settings(server))
     store.mem_save("alice", "Lisbon", type="profile", title="City", topic_key="profile/city")
-    server.script(answer([note("Moved to Porto", type="profile", topic_key=" Profile/City ")]))
-    report = harvest_transcript(store, transcript("I just moved to Porto.", cid="c1"))
+    server.script(
+        answer(
+            [
+                note(
+                    "City",
+                    body="Lisbon, Portugal.",
+                    type="profile",
+                    topics=(),
+                    topic_key=" Profile/City ",
+                )
+            ]
+        )
+    )
+    report = harvest_transcript(store, transcript("I live in Lisbon.", cid="c1"))
     assert (report.notes_written, report.notes_updated) == (0, 1)
     keyed = [n for n in store.list_notes(ALICE, status=None) if n.topic_key]
-    assert [(n.topic_key, n.title) for n in keyed] == [("profile/city", "Moved to Porto")]
+    assert [n.topic_key for n in keyed] == ["profile/city"]
+    # The conversation (2024) is older than the note (saved now): its text is kept in history
+    # at its time, under the one key.
+    [older] = store.history(ALICE, keyed[0].slug)
+    assert (older.body, older.reason) == ("Lisbon, Portugal.", "older_fact")
 
 
 def test_known_keys_are_bounded(make_store, backend, server) -> None:
@@ -384,7 +403,7 @@ def test_known_keys_are_bounded(make_store, backend, server) -> None:
         store.mem_save("alice", f"fact {n}", type="profile", title=f"Fact {n}", topic_key=f"k/{n}")
     server.script(answer([]))
     harvest_transcript(store, transcript("Fact 3 changed.", cid="c1"))
-    shown = re.findall(r"\n- (k/\d+):", server.requests[-1].user_text)
+    shown = re.findall(r"\n- n\d+ \[(k/\d+)\]", server.requests[-1].user_text)
     # The one sharing the transcript's words first, then the most recently changed.
     assert shown == ["k/3", "k/11", "k/10", "k/9", "k/8"]
 
@@ -572,9 +591,10 @@ def test_a_queued_job_shows_the_model_the_owners_topic_keys(make_store, server) 
     [job_id] = record_jobs(
         store, [transcript("I moved.", cid="j1")], owner=None, provenance="compaction", queue="q"
     )
-    server.script(answer([note("Moved to Porto", type="profile", topic_key="p/city")]))
+    moved = note("Moved to Porto", type="profile", topic_key="p/city", mark="update", ref="n1")
+    server.script(answer([moved]))
     assert run_job(store, job_id)["notes_updated"] == 1  # type: ignore[index]
-    assert "- p/city: Lives in Lisbon" in server.requests[-1].user_text
+    assert "- n1 [p/city] Lives in Lisbon: Lisbon" in server.requests[-1].user_text
 
 
 def test_the_known_keys_shown_to_the_model_hold_no_private_text(
@@ -596,8 +616,10 @@ def test_the_known_keys_shown_to_the_model_hold_no_private_text(
     server.script(answer([]))
     harvest_transcript(store, transcript("Database, cache and queue choices.", cid="c1"))
     shown = server.requests[-1].user_text
-    assert "- arch/queue: Queue" in shown and "- arch/db: Database [REDACTED] choice" in shown
-    assert "SECRET" not in shown and "arch/<private>" not in shown and ": Cache" not in shown
+    assert "[arch/queue] Queue: Uses Kafka" in shown
+    assert "[arch/db] Database [REDACTED] choice: Postgres." in shown
+    # A key that holds a private span is not shown (its note is, without it).
+    assert "SECRET" not in shown and "arch/<private>" not in shown and "[arch/cache]" not in shown
 
 
 def test_a_blank_topic_key_from_the_model_is_no_key(make_store, backend, server) -> None:

@@ -39,8 +39,10 @@ def server() -> Iterator[LLMServer]:
 
 
 def completion(model: str, notes: list[dict[str, Any]], prompt_tokens: object = 30) -> Behaviour:
-    """A chat completion whose ``model`` field is ``model``, as JSON escapes it."""
-    content = json.dumps({"notes": notes})
+    """A chat completion whose ``model`` field is ``model``, as JSON escapes it (each note
+    quoting what every conversation here says, "dark roast")."""
+    quote = [{"speaker": "user", "quote": "dark roast"}]
+    content = json.dumps({"notes": [{"evidence": quote, **n} for n in notes]})
     body = {
         "id": "chatcmpl-1",
         "object": "chat.completion",

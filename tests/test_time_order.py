@@ -48,8 +48,13 @@ def chat(cid: str, when: datetime, line: str) -> Transcript:
     )
 
 
-def city(title: str) -> dict[str, object]:
-    return note(title, type="profile", body=f"The user {title.lower()}.", topic_key="profile/city")
+def city(title: str, *, update: bool = False) -> dict[str, object]:
+    """The model's note of where the user lives; ``update``: marked as the update of the
+    one note it was shown (``n1``), as a model judging it so answers."""
+    marks = {"mark": "update", "ref": "n1"} if update else {}
+    return note(
+        title, type="profile", body=f"The user {title.lower()}.", topic_key="profile/city", **marks
+    )
 
 
 @pytest.mark.parametrize("live_first", [True, False])
@@ -59,8 +64,9 @@ def test_the_newest_said_fact_is_live_whatever_arrives_last(
     store = model_store(make_store, backend, server)
     paris = (chat("live", LIVE, "I live in Paris now."), city("Lives in Paris"))
     berlin = (chat("old-export", OLD, "I live in Berlin."), city("Lives in Berlin"))
-    for transcript, item in (paris, berlin) if live_first else (berlin, paris):
-        server.script(answer([item]))
+    for n, (transcript, item) in enumerate((paris, berlin) if live_first else (berlin, paris)):
+        # The second conversation's model was shown the first note, and marks the update.
+        server.script(answer([{**item, "mark": "update", "ref": "n1"} if n else item]))
         assert harvest_transcript(store, transcript).status == "harvested"
     note_ = store.read(ALICE, "profile-city").memory
     assert note_.title == "Lives in Paris"
@@ -71,7 +77,7 @@ def test_the_newest_said_fact_is_live_whatever_arrives_last(
         OLD,
         "old-export",
     )
-    assert older.reason == ("older_fact" if live_first else "topic_key_upsert")
+    assert older.reason == ("older_fact" if live_first else "harvest_update")
     assert [h.memory.slug for h in store.search(ALICE, "paris")] == ["profile-city"]
     assert store.search(ALICE, "berlin", limit=5) == [] or all(
         h.backend == "like" for h in store.search(ALICE, "berlin")
@@ -82,8 +88,10 @@ def test_history_is_in_the_order_facts_were_said(
     make_store, backend: str, server: LLMServer
 ) -> None:
     store = model_store(make_store, backend, server)
-    for cid, year, town in (("c26", 2026, "Paris"), ("c23", 2023, "Berlin"), ("c24", 2024, "Rome")):
-        server.script(answer([city(f"Lives in {town}")]))
+    for n, (cid, year, town) in enumerate(
+        (("c26", 2026, "Paris"), ("c23", 2023, "Berlin"), ("c24", 2024, "Rome"))
+    ):
+        server.script(answer([city(f"Lives in {town}", update=n > 0)]))
         harvest_transcript(store, chat(cid, datetime(year, 1, 1, tzinfo=UTC), f"I live in {town}."))
     assert store.read(ALICE, "profile-city").memory.title == "Lives in Paris"
     versions = store.history(ALICE, "profile-city")
@@ -92,8 +100,8 @@ def test_history_is_in_the_order_facts_were_said(
 
 def test_an_older_restatement_adds_no_history(make_store, backend: str, server: LLMServer) -> None:
     store = model_store(make_store, backend, server)
-    for cid, when in (("live", LIVE), ("old", OLD)):
-        server.script(answer([city("Lives in Paris")]))
+    for n, (cid, when) in enumerate((("live", LIVE), ("old", OLD))):
+        server.script(answer([city("Lives in Paris", update=n > 0)]))
         harvest_transcript(store, chat(cid, when, "I live in Paris."))
     assert store.history(ALICE, "profile-city") == []
     assert store.read(ALICE, "profile-city").memory.said_at == LIVE
@@ -123,7 +131,7 @@ def test_a_folder_import_runs_each_owners_conversations_oldest_first(
     def reply(request: dict[str, object]) -> object:
         text_ = json.dumps(request)
         town = next(t for t in ("Paris", "Rome", "Berlin") if f"I live in {t}" in text_)
-        return answer([city(f"Lives in {town}")])
+        return answer([city(f"Lives in {town}", update="- n1 [profile/city]" in text_)])
 
     server.default = reply
     for name in [k for k in os.environ if k.startswith("GLEANER_")]:
@@ -138,4 +146,4 @@ def test_a_folder_import_runs_each_owners_conversations_oldest_first(
     versions = store.history(ALICE, "profile-city")
     assert [v.title for v in versions] == ["Lives in Rome", "Lives in Berlin"]
     # Oldest first: each conversation's fact replaced the one before it, none was "older".
-    assert {v.reason for v in versions} == {"topic_key_upsert"}
+    assert {v.reason for v in versions} == {"harvest_update"}

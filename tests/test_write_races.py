@@ -112,7 +112,18 @@ def test_a_keyed_note_pinned_by_a_person_meanwhile_is_not_rewritten(
     key = "preference/answer-length"
     server.script(
         answer([note("Short answers", body="Wants short answers.", topic_key=key)]),
-        answer([note("Long answers", body="Wants long answers now.", topic_key=key)]),
+        # The model was shown the note (n1) and marks the change an update of it.
+        answer(
+            [
+                note(
+                    "Long answers",
+                    body="Wants long answers now.",
+                    topic_key=key,
+                    mark="update",
+                    ref="n1",
+                )
+            ]
+        ),
     )
     harvest_transcript(store, transcript("short please", cid="c1"))
     pin = f"UPDATE memories SET pinned = true WHERE topic_key = '{key}'"
@@ -141,7 +152,18 @@ def test_a_keyed_note_superseded_by_a_person_meanwhile_is_not_rewritten(
     key = "preference/answer-length"
     server.script(
         answer([note("Short answers", body="Wants short answers.", topic_key=key)]),
-        answer([note("Long answers", body="Wants long answers now.", topic_key=key)]),
+        # The model was shown the note (n1) and marks the change an update of it.
+        answer(
+            [
+                note(
+                    "Long answers",
+                    body="Wants long answers now.",
+                    topic_key=key,
+                    mark="update",
+                    ref="n1",
+                )
+            ]
+        ),
     )
     harvest_transcript(store, transcript("short please", cid="c1"))
     store.write(ALICE, {"title": "Answer style", "body": "Answers as bullet lists.", "slug": "b"})
