@@ -241,3 +241,26 @@ def test_a_reused_topic_key_never_loses_a_fact(
     titles = sorted(n.title for n in store.list_notes(ALICE))
     assert titles == sorted([first[0], second[0]])
     assert all(store.history(ALICE, n.slug) == [] for n in store.list_notes(ALICE))
+
+
+def test_evidence_is_shown_by_show_and_explain_and_kept_in_json(
+    store: Store, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import os
+
+    from workers.cli import main
+
+    store.write(
+        ALICE,
+        {"title": "Lives in Porto", "body": "Since spring.", "slug": "city", "evidence": [QUOTE]},
+    )
+    for name in [k for k in os.environ if k.startswith("GLEANER_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GLEANER_DATABASE_URL", store.database_url)
+    assert main(["show", "city", "--owner", "alice"]) == 0
+    assert 'evidence (user): "I moved to Porto last spring"' in capsys.readouterr().out
+    assert main(["search", "porto", "--owner", "alice", "--explain"]) == 0
+    assert 'evidence (user): "I moved to Porto last spring"' in capsys.readouterr().out
+    assert main(["show", "city", "--owner", "alice", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["evidence"] == [QUOTE]
