@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from bench.core import Context, Row
 from harvest.chunks import count_tokens
 from harvest.prompt import KNOWN_KEYS_MAX_CHARS, known_keys_block
+from harvest.transcript import Message, Transcript
 from store import Settings
 from store.terms import FactText, same_fact, similarity_terms
 from store.text import normalize_topics
@@ -117,3 +120,147 @@ def run(ctx: Context) -> None:
     labelled(ctx, settings.duplicate_threshold)
     known_keys(ctx, settings.harvest_known_keys)
     term_cost(ctx)
+    heldout(ctx)
+
+
+HELDOUT = Path(__file__).parent / "same_fact_data" / "heldout.jsonl"
+
+
+def _said(text_: str) -> datetime:
+    return datetime.fromisoformat(text_.replace("Z", "+00:00"))
+
+
+def _chat(cid: str, side: dict[str, Any]) -> Transcript:
+    """The conversation a side's fact came from: the user states it."""
+    line = f"{side['title']}. {side['body']}"
+    return Transcript(
+        conversation_id=cid,
+        owner="bench",
+        ended_at=_said(str(side["said_at"])),
+        messages=[
+            Message(role="user", content=line),
+            Message(role="assistant", content="Noted."),
+        ],
+    )
+
+
+def _item(side: dict[str, Any], mark: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": side["type"],
+        "title": side["title"],
+        "body": side["body"],
+        "topics": side["topics"],
+        "topic_key": side["topic_key"],
+        "confidence": 0.9,
+        "evidence": [{"speaker": "user", "quote": f"{side['title']}. {side['body']}"}],
+        **mark,
+    }
+
+
+def heldout(ctx: Context) -> None:
+    """The held-out pairs through the real harvest (a scripted model): the existing note
+    harvested first, then the candidate's conversation; ``marked``, the model marks the
+    candidate as its label says *when it was shown the existing note* (else "new"), as a
+    model that judges right but sees only what it is shown; unmarked, no marks (an older
+    model): the lexical rule decides. Per expected label, how the store ends:
+    one note (``same``), the newer text live with the older in history (``update``), two
+    live notes (``distinct``)."""
+    from harvest.job import harvest_transcript
+    from store import Store
+    from tests.llm_server import Behaviour, llm_server
+
+    pairs = [json.loads(line) for line in HELDOUT.read_text(encoding="utf-8").splitlines()]
+    for marked in (True, False):
+        label = "scripted marks" if marked else "no marks"
+        tally: Counter[tuple[str, str]] = Counter()
+        with llm_server() as server:
+            url = f"sqlite:///{ctx.workdir / f'heldout-{marked}.db'}"
+            store = Store(
+                url,
+                settings=Settings(  # type: ignore[call-arg]
+                    _env_prefix="GLEANER_BENCH_UNUSED_",
+                    harvest_model="openai/bench-model",
+                    harvest_api_base=server.api_base,
+                    harvest_api_key="k",
+                    harvest_max_attempts=1,
+                ),
+            )
+            store.migrate()
+            for pair in pairs:
+                owner = f"p-{pair['id']}"
+                first = _chat(f"{owner}-a", pair["existing"]).model_copy(update={"owner": owner})
+                second = _chat(f"{owner}-b", pair["candidate"]).model_copy(update={"owner": owner})
+
+                def reply(
+                    request: dict[str, Any], pair: dict[str, Any] = pair, marked: bool = marked
+                ) -> Behaviour:
+                    text_ = json.dumps(request)
+                    mark: dict[str, Any] = {}
+                    if marked:
+                        shown = "- n1" in text_ and pair["existing"]["title"][:40] in text_
+                        wanted = {"same": "same", "update": "update"}.get(pair["expected"])
+                        mark = (
+                            {"mark": wanted, "ref": "n1"}
+                            if shown and wanted
+                            else {"mark": "new", "ref": None}
+                        )
+                    return Behaviour(
+                        content=json.dumps({"notes": [_item(pair["candidate"], mark)]})
+                    )
+
+                server.script(
+                    Behaviour(content=json.dumps({"notes": [_item(pair["existing"], {})]}))
+                )
+                harvest_transcript(store, first)
+                server.script(reply)
+                harvest_transcript(store, second)
+                tally[(pair["expected"], _ended(store, owner, pair))] += 1
+            store.dispose()
+        for expected, target in (("same", 0.8), ("update", 0.9), ("distinct", 1.0)):
+            total = sum(n for (e, _), n in tally.items() if e == expected)
+            right = tally[(expected, expected)]
+            share = right / total if total else 1.0
+            floor = target if marked or expected == "distinct" else None
+            ctx.add(
+                Row(
+                    NAME,
+                    f"held-out {expected} pairs ended right ({label})",
+                    round(share, 3),
+                    "",
+                    target="" if floor is None else f">= {floor}",
+                    met=None if floor is None else share >= floor - 1e-9,
+                    note=f"{right} of {total}; "
+                    + ", ".join(f"{o} {n}" for (e, o), n in sorted(tally.items()) if e == expected),
+                )
+            )
+        merged = sum(n for (e, o), n in tally.items() if o != "distinct")
+        wrong = sum(n for (e, o), n in tally.items() if o != "distinct" and e == "distinct")
+        ctx.add(
+            Row(
+                NAME,
+                f"held-out precision of one note ({label})",
+                round(1 - wrong / merged, 3) if merged else 1.0,
+                "",
+                note=f"{merged - wrong} of {merged} pairs ended as one note rightly",
+            )
+        )
+
+
+def _ended(store: Any, owner: str, pair: dict[str, Any]) -> str:
+    """How a pair ended in the store: ``same``, ``update`` or ``distinct`` (see heldout)."""
+    from store import Scope
+
+    scope = Scope.owner(owner)
+    live = store.list_notes(scope)
+    if len(live) != 1:
+        return "distinct" if len(live) == 2 else f"{len(live)} notes"
+    (note,) = live
+    newer = pair.get("newer", "candidate")
+    if pair["expected"] == "update":
+        newest = pair[newer]
+        older = pair["existing" if newer == "candidate" else "candidate"]
+        history = store.history(scope, note.slug)
+        if note.title == newest["title"] and any(v.title == older["title"] for v in history):
+            return "update"
+        return "same"
+    return "same"
