@@ -9,8 +9,15 @@ from pathlib import Path
 from bench.core import Context, Row
 from harvest.batch import harvest_paths
 from harvest.chunks import count_tokens
-from harvest.prompt import essentials, system_prompt, user_prompt
+from harvest.prompt import (
+    KNOWN_NOTES_MAX_CHARS,
+    essentials,
+    known_notes_block,
+    system_prompt,
+    user_prompt,
+)
 from store import Settings, Store
+from store.keyed import ShownNote
 from tests.samples import TOOLS
 
 NAME = "cost"
@@ -77,6 +84,33 @@ def run(ctx: Context) -> None:
             ceiling=FIXED_PROMPT_TARGET,
             target=f"<= {FIXED_PROMPT_TARGET}",
             met=fixed <= FIXED_PROMPT_TARGET,
+        )
+    )
+    # The owner's notes shown with each transcript, at their bound (30 long notes offered).
+    shown = [
+        ShownNote(
+            ref=f"n{n}",
+            id=n,
+            slug=f"note-{n}",
+            title=f"Prefers option {n} for the recurring decision area number {n} at work",
+            body="The user said so at length, with reasons and caveats, " * 4,
+            topics="",
+            topic_key=f"preference/area-{n:02d}",
+            pinned=False,
+            provenance="compaction",
+        )
+        for n in range(1, 31)
+    ]
+    block = known_notes_block(shown)
+    ctx.add(
+        Row(
+            NAME,
+            "shown notes block at its bound (30 offered)",
+            count_tokens(block),
+            "tok",
+            target="<= 500",
+            met=count_tokens(block) <= 500,
+            note=f"{block.count(chr(10) + '- ')} notes fit in {KNOWN_NOTES_MAX_CHARS} characters",
         )
     )
     # Part of the fixed prompt: the rules repeated after the transcript, for servers whose
