@@ -88,7 +88,8 @@ class Settings(BaseSettings):
         default=30,
         ge=0,
         le=100,
-        description="Most of the owner's topic keys shown to the model (0: none).",
+        description="Most of the owner's notes (with their topic keys) shown to the model "
+        "with each transcript, for its same/update marks (0: none).",
     )
     harvest_llm: str = Field(
         default="auto",
