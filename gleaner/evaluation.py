@@ -472,11 +472,9 @@ _WORD = re.compile(r"[a-z0-9]+")
 
 
 def _stop_words() -> frozenset[str]:
-    import stopwords
+    from store.terms import CLASSIC_STOP_WORDS
 
-    return frozenset(
-        word for entry in stopwords.get_stopwords("english") for word in _WORD.findall(entry)
-    )
+    return frozenset(word for entry in CLASSIC_STOP_WORDS for word in _WORD.findall(entry))
 
 
 def bm25_tokens(text: str, stop: frozenset[str]) -> list[str]:

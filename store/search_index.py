@@ -7,27 +7,33 @@ the note's rows first). Postings are kept for every status of a note: search rea
 live notes, and a note archived or superseded keeps its rows for the day it is live again.
 
 ``reindex`` builds the rows of notes written before the index existed (``search_length``
-NULL) and rebuilds every note when the tokenizer's ``VERSION`` is not the one the index was
-built with; ``gleaner db upgrade`` and ``gleaner db reindex`` run it, in batches, each note
-locked while its rows are rebuilt.
+NULL) and rebuilds every note, its search postings and its same-fact terms
+(``memory_terms``) both, when either tokenizer's version (``store.search_terms.VERSION``,
+``store.terms.TERMS_VERSION``) is not the one the indexes were built with; ``gleaner db
+upgrade`` and ``gleaner db reindex`` run it, in batches, each note locked while its rows are
+rebuilt. A migration never runs the tokenizers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection, bindparam, delete, insert, select, text, update
+from sqlalchemy import Connection, Table, bindparam, delete, insert, select, text, update
 
 from store import search_terms
-from store.models import SEARCH_POSTINGS
+from store.models import SEARCH_POSTINGS, MemoryTerm
 from store.schemas import Scope
 from store.sql import ID_CHUNK, dialect_name, one_of
 from store.tables import MEMORIES
+from store.term_index import insert_terms
+from store.terms import TERMS_VERSION, similarity_terms
 
 if TYPE_CHECKING:
     from store.sql import Executor
+
+MEMORY_TERMS = cast(Table, MemoryTerm.__table__)
 
 # Where the index records the tokenizer version it was built with.
 STATE_NAME = "search_index"
@@ -181,7 +187,7 @@ def reindex(
     manager giving a Core connection); each batch of ``REINDEX_BATCH`` notes is its own, so
     locks stay short and a stopped run resumes where it was. ``progress`` gets the count
     indexed so far after each batch."""
-    version = search_terms.VERSION
+    version = index_version()
     rebuilt = False
     with begin() as conn:
         stored = indexed_version(conn)
@@ -207,6 +213,11 @@ def reindex(
     return ReindexResult(done, version, rebuilt)
 
 
+def index_version() -> str:
+    """The version of both term indexes, as the tokenizers of this code build them."""
+    return f"search {search_terms.VERSION}; terms {TERMS_VERSION}"
+
+
 def _reindex_rows(conn: Connection, rows: Sequence[Any]) -> None:
     by_scope: dict[Scope, list[tuple[int, Postings]]] = {}
     for row in rows:
@@ -214,9 +225,24 @@ def _reindex_rows(conn: Connection, rows: Sequence[Any]) -> None:
         by_scope.setdefault(Scope.stored(row.scope_kind, row.scope_id), []).append(
             (int(row.id), postings)
         )
-    delete_postings(conn, [int(row.id) for row in rows])
+    ids = [int(row.id) for row in rows]
+    delete_postings(conn, ids)
+    conn.execute(delete(MEMORY_TERMS).where(one_of(MEMORY_TERMS.c.memory_id, "ids")), {"ids": ids})
+    counts = {}
     for scope, notes in by_scope.items():
         insert_postings(conn, scope, notes)
+    for row in rows:
+        found = sorted(similarity_terms(row.title, row.topics or ""))
+        counts[int(row.id)] = len(found)
+        insert_terms(
+            conn, Scope.stored(row.scope_kind, row.scope_id), [(int(row.id), t) for t in found]
+        )
+    conn.execute(
+        update(MEMORIES)
+        .where(MEMORIES.c.id == bindparam("note_id"))
+        .values(term_count=bindparam("n")),
+        [{"note_id": note_id, "n": n} for note_id, n in counts.items()],
+    )
     conn.execute(
         update(MEMORIES)
         .where(MEMORIES.c.id == bindparam("note_id"))

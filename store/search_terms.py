@@ -59,14 +59,15 @@ _TERMS: dict[str, str | None] = {}  # word -> term (None: stop word), bounded be
 _CACHE_SIZE = 200_000
 
 
-def _stemmer_release() -> str:
+def snowball_release() -> str:
+    """The installed Snowball stemmer's release: part of every tokenizer version here."""
     try:
         return metadata.version("snowballstemmer")
     except metadata.PackageNotFoundError:  # pragma: no cover - a dependency of the package
         return "unknown"
 
 
-VERSION = f"1/snowball-{_stemmer_release()}"
+VERSION = f"1/snowball-{snowball_release()}"
 
 
 def _fold(text: str) -> str:

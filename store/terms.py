@@ -2,7 +2,7 @@
 
 Similarity compares **content terms**: a text's words, lowercased, with apostrophes dropped
 and hyphenated compounds joined (``don't`` -> ``dont``, ``front-end`` -> ``frontend``),
-English stop words left out (the classic list of the ``stopwords`` package) and each word
+English stop words left out (the classic list, frozen here as ``CLASSIC_STOP_WORDS``) and each word
 reduced by the Snowball English stemmer (``answers`` -> ``answer``, ``binding`` -> ``bind``);
 a word of over ``MAX_TERM_CHARS`` characters (a token, a long identifier) becomes its first
 ``LONG_WORD_PREFIX`` and a digest of the whole; a language's sign and a number's groups stay
@@ -40,7 +40,28 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import snowballstemmer
-import stopwords
+
+from store.search_terms import snowball_release
+
+# The classic English stop list (as the ``stopwords`` package ships it), frozen here so a
+# library upgrade cannot change the stored terms. ``TERMS_VERSION`` names this rule's terms
+# with the stemmer's release: the index records the version it was built with, and
+# ``gleaner db reindex`` (run by ``db upgrade``) rebuilds it when they differ.
+CLASSIC_STOP_WORDS = (  # noqa: SIM905 - a word list reads better as words
+    "a about above after again against all am an and any are aren't as at be because been "
+    "before being below between both but by can't cannot could couldn't did didn't do does "
+    "doesn't doing don't down during each few for from further had hadn't has hasn't have "
+    "haven't having he he'd he'll he's her here here's hers herself him himself his how "
+    "how's i i'd i'll i'm i've if in into is isn't it it's its itself let's me more most "
+    "mustn't my myself no nor not of off on once only or other ought our ours ourselves out "
+    "over own same shan't she she'd she'll she's should shouldn't so some such than that "
+    "that's the their theirs them themselves then there there's these they they'd they'll "
+    "they're they've this those through to too under until up very was wasn't we we'd we'll "
+    "we're we've were weren't what what's when when's where where's which while who who's "
+    "whom why why's with won't would wouldn't you you'd you'll you're you've your yours "
+    "yourself yourselves"
+).split()
+TERMS_VERSION = f"1/snowball-{snowball_release()}"
 
 MAX_TERM_CHARS = 64
 # A longer word (a token, a long identifier) is kept as its first LONG_WORD_PREFIX characters
@@ -150,11 +171,9 @@ def _negative(word: str) -> bool:
     return word in _NEGATIONS or (word.endswith("nt") and word[:-2] + "n't" in _CONTRACTIONS)
 
 
-_CONTRACTIONS = frozenset(w for w in stopwords.get_stopwords("english") if w.endswith("n't"))
+_CONTRACTIONS = frozenset(w for w in CLASSIC_STOP_WORDS if w.endswith("n't"))
 STOP_WORDS = (
-    frozenset(
-        _unquoted(w) for w in stopwords.get_stopwords("english") if w and not w.endswith("n't")
-    )
+    frozenset(_unquoted(w) for w in CLASSIC_STOP_WORDS if w and not w.endswith("n't"))
     - _NEGATIONS
     - POLAR_WORDS
 )

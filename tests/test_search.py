@@ -390,7 +390,11 @@ def test_another_tokenizer_version_rebuilds_the_whole_index(store: Store) -> Non
             {"r": '{"version": "0/older"}'},
         )
         conn.execute(text("UPDATE search_postings SET term = term || 'x'"))
+        conn.execute(text("DELETE FROM memory_terms"))  # the same-fact terms rebuilt too
     assert [h.backend for h in store.search(ALICE, "borrows")] == ["like"]
     result = store.reindex()
     assert (result.indexed, result.rebuilt) == (1, True)
     assert [h.backend for h in store.search(ALICE, "borrows")] == ["bm25"]
+    with store.engine.connect() as conn:
+        terms = set(conn.execute(text("SELECT term FROM memory_terms")).scalars())
+    assert terms == {"rust", "borrow", "checker"}
