@@ -111,7 +111,7 @@ def load_vectors(url: str, dataset: data.Dataset, scope: str, dims: int = 384) -
     import numpy as np
     from sqlalchemy import create_engine, insert
 
-    from store.tables import MEMORY_VECTORS, utcnow
+    from store.vectors import MEMORY_VECTORS, utcnow
 
     rng = np.random.default_rng(11)
     ids = [row.id for row in dataset.notes if row.scope == scope]

@@ -123,7 +123,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             if note.keywords:
                 print(f"        keywords: {' '.join(note.keywords)}")
             for quote in note.evidence:
-                print(f"        evidence ({quote.speaker}): \"{quote.quote}\"")
+                print(f'        evidence ({quote.speaker}): "{quote.quote}"')
         print(f"        {hit.snippet}")
     return EXIT_OK
 
@@ -161,7 +161,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     said = f"{note.said_at:%Y-%m-%d %H:%M} UTC" if note.said_at else "-"
     print(f"said={said} keywords={' '.join(note.keywords) or '-'}")
     for quote in note.evidence:
-        print(f"evidence ({quote.speaker}): \"{quote.quote}\"")
+        print(f'evidence ({quote.speaker}): "{quote.quote}"')
     if found.superseded_by:
         print(f"superseded by: {found.superseded_by}")
     for ln in found.links:
