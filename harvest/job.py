@@ -132,8 +132,9 @@ def plan_harvest(
 @dataclass(frozen=True)
 class Ready:
     """A transcript the ledger check left to harvest: the owner's ``(topic_key, title)``
-    pairs the model is shown, and how many times the owner was forgotten when it was
-    checked (a forget since then means the harvest writes nothing)."""
+    pairs the model is shown, and how many times the owner and this conversation were
+    forgotten when it was checked (a forget of either since then means the harvest writes
+    nothing)."""
 
     known_keys: tuple[tuple[str, str], ...]
     forget_generation: int
@@ -145,7 +146,13 @@ class Ready:
 def harvested_before(session: Executor, plan: Plan) -> bool:
     """True when there is nothing to do: the ledger says this scope already harvested this
     transcript, or the owner forgot it (a tombstone)."""
-    return ledger.state(session, plan.scope, plan.digest, plan.version)[1]
+    return ledger.state(
+        session,
+        plan.scope,
+        plan.digest,
+        plan.version,
+        conversation_id=plan.transcript.conversation_id,
+    )[1]
 
 
 def look_up(
@@ -173,11 +180,27 @@ def look_up(
     """
     keys = settings.harvest_known_keys if uses_model(settings, llm) else 0
     terms = recall_terms(plan) if keys else []
+    conversation = plan.transcript.conversation_id
     if lock is None:
-        checked = ledger.check(session, plan.scope, plan.digest, plan.version, terms, keys=keys)
+        checked = ledger.check(
+            session,
+            plan.scope,
+            plan.digest,
+            plan.version,
+            terms,
+            keys=keys,
+            conversation_id=conversation,
+        )
     else:
         found = ledger.check_locked(
-            session, lock, plan.scope, plan.digest, plan.version, terms=terms, keys=keys
+            session,
+            lock,
+            plan.scope,
+            plan.digest,
+            plan.version,
+            terms=terms,
+            keys=keys,
+            conversation_id=conversation,
         )
         if found is None:
             return None
@@ -268,9 +291,10 @@ def record_harvest(
     With ``at_commit`` the new notes go with the COMMIT too (``write_candidates``), where a
     slug another writer took since the lookup raises ``SlugTaken``, nothing written.
 
-    The transaction is ``forget.held_off(store, plan.scope)``'s: a forget of the owner cannot
-    commit from its start to its end, and the ledger row is written only while the owner's
-    forget count is the one the check read.
+    The transaction is ``forget.held_off(store, plan.scope, conversation_id)``'s: a forget
+    of the owner (or of one of its conversations) cannot commit from its start to its end,
+    and the ledger row is written only while the forget count of the owner and this
+    conversation is the one the check read.
     """
     if not forget.is_held_off(session, plan.scope):
         raise RuntimeError("record_harvest runs in a forget.held_off transaction of its scope")
@@ -467,7 +491,7 @@ def _record(
 ) -> HarvestOutcome:
     """``record_harvest`` and the outcome settled in one transaction that holds off a forget
     of the owner."""
-    with forget.held_off(store, plan.scope) as session:
+    with forget.held_off(store, plan.scope, plan.transcript.conversation_id) as session:
         outcome = record_harvest(session, store.settings, plan, ready, found, at_commit=at_commit)
         return _settle(steps, session, outcome)
 

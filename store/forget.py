@@ -1,12 +1,17 @@
 """Forgetting an owner: the one place the store deletes notes, on explicit request.
 
 After ``forget_owner`` no table holds the owner's name, titles, slugs or words: notes (with
-their links, terms and history), sessions, ledger rows, jobs, imports, and the full-text
-index (SQLite's FTS5 segments are merged so deleted words leave them; PostgreSQL's dead rows
-are vacuumed by ``Store.forget_owner`` after the commit). What stays are hashes: a tombstone
-per harvested transcript (so the same transcript harvested again writes nothing, unless the
-caller asks otherwise) and the owner's forget generation (so a harvest planned before the
-forget writes nothing when it finishes after it).
+their links, terms and history), sessions, ledger rows, jobs, imports, and the search index
+(PostgreSQL's dead rows are vacuumed by ``Store.forget_owner`` after the commit; SQLite
+overwrites deleted rows and its write-ahead log is emptied). What stays are hashes: a
+tombstone per harvested transcript (so the same transcript harvested again writes nothing,
+unless the caller asks otherwise) and the owner's forget generation (so a harvest planned
+before the forget writes nothing when it finishes after it).
+
+Forgetting one conversation of an owner (``store.forget_conversation``) shares the lock, the
+tombstones and the generation: a harvest checks the sum of its owner's and its
+conversation's forget counts (``GENERATION``), so a forget of either since its plan leaves
+it writing nothing, and a forget of another conversation of the owner does not stop it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from sqlalchemy.orm import Session
 from store import prepared
 from store.models import (
     ApiKey,
+    ForgottenConversation,
     ForgottenOwner,
     ForgottenTranscript,
     HarvestLedger,
@@ -75,22 +81,46 @@ def transcript_key(scope: Scope, digest: str) -> str:
     return hashlib.sha256(f"{scope.kind}\x00{scope.id}\x00{digest}".encode()).hexdigest()
 
 
+def conversation_key(scope: Scope, conversation_id: str | None) -> str:
+    """sha256 of (scope, conversation id): names one conversation of an owner in
+    ``forgotten_conversations`` without keeping either. Its text starts with a word no
+    scope kind is, so it is never an owner's or a transcript's key."""
+    text = f"conversation\x00{scope.kind}\x00{scope.id}\x00{conversation_id or ''}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def generation_params(scope: Scope, conversation_id: str | None) -> dict[str, str]:
+    """The parameters ``GENERATION`` reads: the owner's key and the conversation's."""
+    return {
+        "owner_key": owner_key(scope),
+        "conversation_key": conversation_key(scope, conversation_id),
+    }
+
+
 def lock_key(scope: Scope) -> int:
     """Advisory lock key (PostgreSQL) that forget holds exclusively and a harvest's write
     shared, so a harvest never writes between a forget's check and its commit."""
     return advisory_key("forget", scope.kind, scope.id)
 
 
-def _count(session: Session, statement: Executable) -> int:
-    """Run a DELETE and return how many rows it removed."""
+def count(session: Session, statement: Executable) -> int:
+    """Run a DELETE (or UPDATE) and return how many rows it changed."""
     return int(cast("CursorResult[Any]", session.execute(statement)).rowcount)
 
 
 _SHARED_LOCK = prepared.hot(text("SELECT pg_advisory_xact_lock_shared(:k)"))  # a job takes it
-# How many times the owner of ``:owner_key`` was forgotten (0: never).
+_EXCLUSIVE_LOCK = text("SELECT pg_advisory_xact_lock(:k)")  # a forget takes it
+# How many times the owner of ``:owner_key`` was forgotten, plus how many times its
+# conversation of ``:conversation_key`` was (0: never). Both only grow, so the sum is the
+# same exactly when neither changed.
 GENERATION = func.coalesce(
     select(ForgottenOwner.generation)
     .where(ForgottenOwner.owner_key == bindparam("owner_key"))
+    .scalar_subquery(),
+    0,
+) + func.coalesce(
+    select(ForgottenConversation.generation)
+    .where(ForgottenConversation.key == bindparam("conversation_key"))
     .scalar_subquery(),
     0,
 )
@@ -98,43 +128,63 @@ _GENERATION = prepared.hot(select(GENERATION.label("generation")))
 
 
 # Where ``held_off`` marks its connection (``Connection.info``) while the transaction lasts:
-# a harvest checks it is in one.
+# a harvest checks it is in one, and that its forget count was read for its conversation.
 HELD_OFF = "gleaner.forget_held_off"
+HELD_OFF_CONVERSATION = "gleaner.forget_held_off_conversation"
 
 
 @contextmanager
-def held_off(store: Store, scope: Scope) -> Iterator[Connection]:
-    """A transaction on a Core connection that opens holding off a forget of ``scope``, as
-    ``hold_off`` does (a harvest records its notes in one). On PostgreSQL it opens with the
-    lock and then reads the owner's forget count (``generation_at_open``), a statement of
-    its own so that it sees a forget that committed while the lock was awaited; both go to
-    the server with the transaction's first statement (``Store.connection``)."""
+def held_off(
+    store: Store, scope: Scope, conversation_id: str | None = None
+) -> Iterator[Connection]:
+    """A transaction on a Core connection that opens holding off a forget of ``scope`` (or
+    of one of its conversations), as ``hold_off`` does (a harvest of ``conversation_id``
+    records its notes in one). On PostgreSQL it opens with the lock and then reads the
+    forget count of the owner and that conversation (``generation_at_open``), a statement
+    of its own so that it sees a forget that committed while the lock was awaited; both go
+    to the server with the transaction's first statement (``Store.connection``)."""
     opening: list[tuple[Executable, Mapping[str, Any]]] | None = None
     if store.dialect == "postgresql":
         opening = [
             (_SHARED_LOCK, {"k": lock_key(scope)}),
-            (_GENERATION, {"owner_key": owner_key(scope)}),
+            (_GENERATION, generation_params(scope, conversation_id)),
         ]
     with store.connection(opening=opening) as held:
         # The connection's info outlives the transaction (it goes back to the pool with it).
         held.info[HELD_OFF] = scope
+        held.info[HELD_OFF_CONVERSATION] = conversation_id
         try:
             yield held
         finally:
             held.info.pop(HELD_OFF, None)
+            held.info.pop(HELD_OFF_CONVERSATION, None)
 
 
 def generation_at_open(session: Connection) -> int:
-    """The owner's forget count as a ``held_off`` transaction on PostgreSQL read it, under
-    the lock: no forget of the owner can commit before the transaction ends, so it holds
-    to the end."""
+    """The forget count (``GENERATION``) of the owner and the conversation a ``held_off``
+    transaction on PostgreSQL was opened for, as it read it under the lock: no forget of
+    either can commit before the transaction ends, so it holds to the end."""
     ((generation,),) = prepared.opened(session)  # a failed opening raised in opened()
     return int(generation)
+
+
+def opened_for(session: Executor, conversation_id: str | None) -> bool:
+    """Whether a ``held_off`` transaction read the forget count of ``conversation_id``
+    (else ``generation_at_open`` is another conversation's)."""
+    return HELD_OFF in session.info and session.info.get(HELD_OFF_CONVERSATION) == (conversation_id)
 
 
 def is_held_off(session: Executor, scope: Scope) -> bool:
     """True inside a ``held_off`` transaction for ``scope``."""
     return bool(session.info.get(HELD_OFF) == scope)
+
+
+def lock_out(session: Session, scope: Scope) -> None:
+    """Wait for every harvest recording notes in ``scope`` and every other forget of it to
+    end, and keep them out until this transaction ends (PostgreSQL: the forget lock,
+    exclusive; SQLite has one writer anyway). A forget takes it first."""
+    if dialect_name(session) == "postgresql":
+        session.execute(_EXCLUSIVE_LOCK, {"k": lock_key(scope)})
 
 
 def hold_off(session: Session, scope: Scope) -> None:
@@ -155,9 +205,7 @@ def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -
     """
     scope = Scope.owner(principal)
     principal = scope.id  # as stored: normalized by the owner rule
-    postgres = dialect_name(session) == "postgresql"
-    if postgres:
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock_key(scope)})
+    lock_out(session, scope)
     in_scope = (Memory.scope_kind == scope.kind, Memory.scope_id == scope.id)
     in_ledger = (HarvestLedger.scope_kind == scope.kind, HarvestLedger.scope_id == scope.id)
     now = utcnow()
@@ -193,28 +241,28 @@ def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -
     )
     # Clear self-references first so no row points at one already deleted.
     session.execute(update(Memory).where(*in_scope).values(superseded_by_id=None))
-    versions = _count(
+    versions = count(
         session,
         delete(MemoryVersion).where(
             MemoryVersion.scope_kind == scope.kind, MemoryVersion.scope_id == scope.id
         ),
     )
     counts = {
-        "notes": _count(session, delete(Memory).where(*in_scope)),
+        "notes": count(session, delete(Memory).where(*in_scope)),
         "versions": versions,
-        "sessions": _count(session, delete(MemSession).where(MemSession.user_id == principal)),
-        "ledger": _count(session, delete(HarvestLedger).where(*in_ledger)),
-        "jobs": _count(session, delete(Job).where(Job.owner == principal)),
-        "imports": _count(session, delete(ImportBatch).where(ImportBatch.owner == principal)),
+        "sessions": count(session, delete(MemSession).where(MemSession.user_id == principal)),
+        "ledger": count(session, delete(HarvestLedger).where(*in_ledger)),
+        "jobs": count(session, delete(Job).where(Job.owner == principal)),
+        "imports": count(session, delete(ImportBatch).where(ImportBatch.owner == principal)),
         # A key allowed only this owner is no use once the owner is gone, and holds the name.
-        "api_keys": _count(session, delete(ApiKey).where(ApiKey.owner == principal)),
+        "api_keys": count(session, delete(ApiKey).where(ApiKey.owner == principal)),
         "tombstones": buried,
     }
-    _scrub_housekeeping(session)
+    scrub_housekeeping(session)
     return counts
 
 
-def _scrub_housekeeping(session: Session) -> None:
+def scrub_housekeeping(session: Session) -> None:
     """Drop reported pairs (scopes and slugs) from housekeeping results kept before they
     stopped keeping them."""
     rows = session.execute(
@@ -235,7 +283,7 @@ def _scrub_housekeeping(session: Session) -> None:
 def clear_tombstones(session: Session, principal: str) -> int:
     """Remove an owner's tombstones, so its forgotten transcripts may be harvested again."""
     scope = Scope.owner(principal)
-    return _count(
+    return count(
         session,
         delete(ForgottenTranscript).where(ForgottenTranscript.owner_key == owner_key(scope)),
     )

@@ -89,12 +89,20 @@ _RECORD_AT_COMMIT = prepared.hot(
 )
 
 
-def state(session: Executor, scope: Scope, digest: str, version: str) -> tuple[int, bool]:
-    """``(generation, done)``: how many times the owner was forgotten, and whether there is
-    nothing to do for this transcript (forgotten: a tombstone; or this scope's ledger holds
-    it at this harvester version). What a harvest checks under the transcript's lock."""
+def state(
+    session: Executor,
+    scope: Scope,
+    digest: str,
+    version: str,
+    *,
+    conversation_id: str | None = None,
+) -> tuple[int, bool]:
+    """``(generation, done)``: how many times the owner and its conversation
+    ``conversation_id`` were forgotten (``forget.GENERATION``), and whether there is nothing
+    to do for this transcript (forgotten: a tombstone; or this scope's ledger holds it at
+    this harvester version). What a harvest checks under the transcript's lock."""
     ((found, tombstoned, harvested),) = prepared.execute(
-        session, _STATE, _state_params(scope, digest, version)
+        session, _STATE, _state_params(scope, digest, version, conversation_id)
     )
     return int(found), bool(tombstoned or harvested)
 
@@ -103,18 +111,26 @@ Checked = tuple[int, bool, list[keyed.KeyedNote]]
 
 
 def check(
-    session: Executor, scope: Scope, digest: str, version: str, terms: Sequence[str], *, keys: int
+    session: Executor,
+    scope: Scope,
+    digest: str,
+    version: str,
+    terms: Sequence[str],
+    *,
+    keys: int,
+    conversation_id: str | None = None,
 ) -> Checked:
     """``state``, and when there is something to do, at most ``keys`` of the scope's keyed
     notes ranked by ``terms`` (``keyed.keyed_notes``). On PostgreSQL one statement: the
     harvest asks this under the transcript's lock, each round trip paid on every job."""
     if dialect_name(session) != "postgresql":
-        generation, done = state(session, scope, digest, version)
+        generation, done = state(session, scope, digest, version, conversation_id=conversation_id)
         found = [] if done else keyed.keyed_notes(session, scope, terms, limit=keys)
         return generation, done, found
-    return _checked(
-        prepared.execute(session, *_check_statement(scope, digest, version, terms, keys)), keys
+    statement = _check_statement(
+        scope, digest, version, terms, keys, conversation_id=conversation_id
     )
+    return _checked(prepared.execute(session, *statement), keys)
 
 
 def check_locked(
@@ -126,27 +142,39 @@ def check_locked(
     *,
     terms: Sequence[str],
     keys: int,
+    conversation_id: str | None = None,
 ) -> Checked | None:
     """``check`` once ``lock`` (the transcript's, not held yet) is taken here, or None when
     someone else holds it (nothing checked). On PostgreSQL the lock and the check are one
     round trip, on the lock's own connection: the check runs after the lock was granted, so
     it sees any harvest of the transcript committed before."""
     if not lock.pipelined:
-        return (
-            check(session, scope, digest, version, terms, keys=keys) if lock.try_acquire() else None
+        if not lock.try_acquire():
+            return None
+        return check(
+            session, scope, digest, version, terms, keys=keys, conversation_id=conversation_id
         )
-    rows = lock.try_acquire_reading(*_check_statement(scope, digest, version, terms, keys))
+    rows = lock.try_acquire_reading(
+        *_check_statement(scope, digest, version, terms, keys, conversation_id=conversation_id)
+    )
     return None if rows is None else _checked(rows, keys)
 
 
 def _check_statement(
-    scope: Scope, digest: str, version: str, terms: Sequence[str], keys: int
+    scope: Scope,
+    digest: str,
+    version: str,
+    terms: Sequence[str],
+    keys: int,
+    *,
+    conversation_id: str | None,
 ) -> tuple[Executable, Mapping[str, object]]:
     """PostgreSQL's one statement of ``check``: ``_STATE`` alone when no keys are wanted."""
+    params = _state_params(scope, digest, version, conversation_id)
     if keys <= 0:
-        return _STATE, _state_params(scope, digest, version)
+        return _STATE, params
     return _CHECK, {
-        **_state_params(scope, digest, version),
+        **params,
         **keyed.keyed_params(scope, terms, keys),
     }
 
@@ -162,9 +190,11 @@ def _checked(rows: Sequence[Any], keys: int) -> Checked:
     return int(generation), False, found
 
 
-def _state_params(scope: Scope, digest: str, version: str) -> dict[str, str]:
+def _state_params(
+    scope: Scope, digest: str, version: str, conversation_id: str | None
+) -> dict[str, str]:
     return {
-        "owner_key": forget.owner_key(scope),
+        **forget.generation_params(scope, conversation_id),
         "tombstone": forget.transcript_key(scope, digest),
         "kind": scope.kind,
         "sid": scope.id,
@@ -175,26 +205,36 @@ def _state_params(scope: Scope, digest: str, version: str) -> dict[str, str]:
 
 def record(session: Executor, scope: Scope, entry: LedgerEntry, *, generation: int) -> bool:
     """Add the ledger row, with the final counts, as the last write of a harvest; False (and
-    nothing written) when the owner was forgotten since ``generation`` (``state``'s first
-    value) or another harvest recorded this transcript first. The caller then rolls its
-    transaction back, notes and all.
+    nothing written) when the owner or the entry's conversation was forgotten since
+    ``generation`` (``state``'s first value, read for that conversation) or another harvest
+    recorded this transcript first. The caller then rolls its transaction back, notes and
+    all.
 
-    In a ``forget.held_off`` transaction on PostgreSQL the row goes with the COMMIT, in its
-    round trip (``store.prepared.later``): a row another harvest wrote meanwhile is found
-    there, and the commit then raises ``AlreadyRecorded`` with nothing written."""
+    In a ``forget.held_off`` transaction opened for the entry's conversation on PostgreSQL
+    the row goes with the COMMIT, in its round trip (``store.prepared.later``): a row another
+    harvest wrote meanwhile is found there, and the commit then raises ``AlreadyRecorded``
+    with nothing written."""
     row = {
         "scope_kind": scope.kind,
         "scope_id": scope.id,
         "created_at": utcnow(),
         **vars(entry),  # its fields as they are (asdict would deep-copy each value)
     }
-    if prepared.deferring(session) and forget.is_held_off(session, scope):
+    if (
+        prepared.deferring(session)
+        and forget.is_held_off(session, scope)
+        and forget.opened_for(session, entry.conversation_id)
+    ):
         if forget.generation_at_open(cast(Connection, session)) != generation:
             return False
         prepared.later(session, _RECORD_AT_COMMIT, row, conflict=_recorded(entry))
         return True
     stmt = _RECORD[dialect_name(session)]
-    params = {**row, "owner_key": forget.owner_key(scope), "generation": generation}
+    params = {
+        **row,
+        **forget.generation_params(scope, entry.conversation_id),
+        "generation": generation,
+    }
     return bool(prepared.execute(session, stmt, params))
 
 

@@ -360,6 +360,18 @@ class ForgottenOwner(Base):
     forgotten_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class ForgottenConversation(Base):
+    """How many times one conversation of an owner was forgotten (``key``: sha256 of the
+    scope and the conversation id, ``store.forget.conversation_key``): a harvest of it
+    planned before the latest forget writes nothing, as for a forgotten owner."""
+
+    __tablename__ = "forgotten_conversations"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer, default=1)
+    forgotten_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class ApiKey(Base):
     """An API key of the HTTP service (see ``store.keys``): the sha256 of its token, and the
     one owner it is allowed (NULL: every owner). Revoking deletes the row."""
@@ -386,6 +398,7 @@ __all__ = [
     "ApiKey",
     "Base",
     "BigId",
+    "ForgottenConversation",
     "ForgottenOwner",
     "ForgottenTranscript",
     "HarvestLedger",

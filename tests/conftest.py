@@ -32,6 +32,7 @@ TABLES = (
     "memory_versions",
     "forgotten_transcripts",
     "forgotten_owners",
+    "forgotten_conversations",
     "sessions",
     "harvest_ledger",
     "jobs",
