@@ -16,11 +16,12 @@ connection, a session's being ``session.connection()``, and ``job_reports`` eith
 Everything else is internal and may change without notice: the one writer (``writer``,
 ``write_lookup``, ``term_index``, ``drafts``), dialect SQL (``sql``), advisory locks
 (``locks``, reached through ``Store.transcript_lock``, whose ``TranscriptLock`` is
-exported here), superseding (``supersede``), dedupe
-and its join (``dedupe``, ``overlap``, ``housekeeping``), ``mem``, ``tending``, ``api``
-(``Store`` is exported here), ``models``, ``tables`` (the Core tables the read commands
-use) and ``migrations``. ``tests/test_layout.py`` holds every package to this and to the
-direction ``workers -> harvest -> store``.
+exported here), superseding (``supersede``), dedupe and its join (``dedupe``, ``overlap``,
+``housekeeping``), forgetting one conversation (``forget_conversation``, reached through
+``Store.forget_conversation``), ``mem``, ``tending``, ``api`` (``Store`` is exported here),
+``models``, ``tables`` (the Core tables the read commands use) and ``migrations``.
+``tests/test_layout.py`` holds every package to this and to the direction
+``workers -> harvest -> store``.
 """
 
 from typing import TYPE_CHECKING

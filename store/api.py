@@ -396,11 +396,29 @@ class Store:
         from store import forget  # rare: not paid by every command's start-up
 
         counts = self._run(forget.forget_owner, principal, tombstones=tombstones)
+        self._scrub_deleted(forget.VACUUMED)
+        return counts
+
+    def forget_conversation(self, principal: str, conversation_id: str) -> dict[str, int]:
+        """Forget one conversation of an owner (see ``store.forget_conversation``): the notes
+        only it supports are deleted, those it changed get the text before it back, its
+        history entries, jobs and ledger rows go, and its transcripts leave tombstones.
+        Returns the counts (``forget_conversation.RECEIPT``); NotFound, with nothing changed,
+        when nothing of the owner names the conversation."""
+        from store import forget_conversation
+
+        counts = self._run(forget_conversation.forget_conversation, principal, conversation_id)
+        self._scrub_deleted(forget_conversation.VACUUMED)
+        return counts
+
+    def _scrub_deleted(self, tables: Sequence[str]) -> None:
+        """After a forget's commit: rid the files of the deleted rows' bytes (PostgreSQL:
+        vacuum ``tables``; SQLite: empty the write-ahead log)."""
         if self.dialect == "postgresql":
             # Deleted rows stay in the table files until vacuumed: do it now, not some day.
             with self._failures(), self.engine.connect() as conn:
                 autocommit = conn.execution_options(isolation_level="AUTOCOMMIT")
-                autocommit.exec_driver_sql(f"VACUUM {', '.join(forget.VACUUMED)}")
+                autocommit.exec_driver_sql(f"VACUUM {', '.join(tables)}")
         elif self.dialect == "sqlite":
             # The write-ahead log still holds the pages as they were before the delete. A
             # checkpoint cannot run inside a transaction, so not through a Connection (whose
@@ -411,7 +429,6 @@ class Store:
                     raw.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 finally:
                     raw.close()
-        return counts
 
     def decay(self, *, dry_run: bool = False) -> DecayResult:
         """Bring every note's recency weight up to date, in short batches (archiving if set)."""

@@ -17,6 +17,7 @@ STORE_INTERNAL = frozenset(
         "api",
         "dedupe",
         "drafts",
+        "forget_conversation",
         "housekeeping",
         "locks",
         "mem",
