@@ -282,6 +282,17 @@ class Gleaner:
         with translated():
             return self.store.forget_owner(self.owner_name(owner), tombstones=not allow_reharvest)
 
+    def forget_conversation(self, owner: str, conversation_id: str) -> dict[str, int]:
+        """Forget one conversation of the owner, in one transaction: the notes only it
+        supports are deleted, a note it changed gets back the text before it, its history
+        entries, jobs and ledger rows go, and its transcripts leave hash tombstones, so
+        submitted again they write nothing; a harvest of it still running writes nothing.
+        Counts by what was done (``notes_deleted``, ``notes_restored``, ``versions``, ...).
+        NotFound when nothing of the owner names the conversation (another owner's
+        conversation with the same id is never touched)."""
+        with translated():
+            return self.store.forget_conversation(self.owner_name(owner), conversation_id)
+
     def mem_save(
         self,
         owner: str,

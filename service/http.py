@@ -6,7 +6,7 @@ Every route calls :class:`gleaner.Gleaner` and adds no rule of its own; the key 
 
     401 no key, or an unknown or revoked one      403 the key is not allowed that owner
     400 the body is no conversation we can read  413 over a size limit
-    422 a bad owner, parameter or note type      404 no such note or job (for this key)
+    422 a bad owner, parameter or note type      404 no such note, job or conversation
     503 the database or the broker is down
 """
 
@@ -40,12 +40,14 @@ from service.keys import Key, Refused, Service, allowed_owner
 # Refusals of the body itself: it is not one conversation that can be read.
 UNREADABLE = frozenset({"bad_transcript", "too_deep", "not_one_conversation"})
 OWNERS = b"/v1/owners/"
+CONVERSATIONS = b"conversations/"
 
 
 class OwnerSegment:
     """Routes ``/v1/owners/{owner}/...`` on the owner segment as sent, still percent-encoded:
     an owner may hold ``/`` (``team/alice``, sent as ``team%2Falice``), which the decoded path
-    splits into two segments that no route matches. The routes decode it (``Owner``)."""
+    splits into two segments that no route matches. The routes decode it (``Owner``). So
+    does a conversation id after ``/conversations/`` (``ConversationId``)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -54,10 +56,19 @@ class OwnerSegment:
         raw = scope.get("raw_path") if scope["type"] == "http" else None
         if raw and raw.startswith(OWNERS):
             segment, slash, rest = raw[len(OWNERS) :].partition(b"/")
-            encoded = quote(unquote_to_bytes(segment), safe="")  # one spelling of each owner
-            path = OWNERS.decode() + encoded + slash.decode() + unquote(rest.decode("latin-1"))
+            kept = b""
+            if rest.startswith(CONVERSATIONS):
+                conversation, after, rest = rest[len(CONVERSATIONS) :].partition(b"/")
+                kept = CONVERSATIONS + _one_spelling(conversation).encode() + after
+            tail = kept.decode() + unquote(rest.decode("latin-1"))
+            path = OWNERS.decode() + _one_spelling(segment) + slash.decode() + tail
             scope = {**scope, "path": path}
         await self.app(scope, receive, send)
+
+
+def _one_spelling(segment: bytes) -> str:
+    """A path segment percent-encoded one way, whichever way it was sent."""
+    return quote(unquote_to_bytes(segment), safe="")
 
 
 Owner = Annotated[
@@ -68,14 +79,31 @@ Owner = Annotated[
 ]
 
 
+ConversationId = Annotated[
+    str,
+    Path(
+        description="The conversation's id as stored, percent-encoded (`/` sent as `%2F`).",
+    ),
+]
+
+
 def owner_of(segment: str) -> str:
     """The owner a path's segment names (``OwnerSegment`` left it percent-encoded); bytes
     that are no UTF-8 are refused, not made U+FFFD (two spellings, one owner)."""
+    return _decoded(segment, "owner", "bad_owner")
+
+
+def conversation_of(segment: str) -> str:
+    """The conversation id a path's segment names, as ``owner_of`` decodes an owner."""
+    return _decoded(segment, "conversation id", "bad_conversation_id")
+
+
+def _decoded(segment: str, what: str, reason: str) -> str:
     try:
         return unquote(segment, errors="strict")
     except UnicodeDecodeError:
         raise InvalidRequest(
-            "owner in the path is not UTF-8 once percent-decoded", reason="bad_owner"
+            f"{what} in the path is not UTF-8 once percent-decoded", reason=reason
         ) from None
 
 
@@ -101,6 +129,15 @@ class IndexText(BaseModel):
 class Forgotten(BaseModel):
     owner: str
     deleted: dict[str, int]
+
+
+class ConversationForgotten(BaseModel):
+    """What forgetting one conversation did: notes deleted and restored, history entries,
+    links, vectors, ledger rows and jobs deleted, tombstones left (by name)."""
+
+    owner: str
+    conversation_id: str
+    counts: dict[str, int]
 
 
 class ErrorBody(BaseModel):
@@ -243,6 +280,18 @@ def create_app(gleaner: Gleaner) -> FastAPI:
         """Delete everything stored for the owner (``gleaner forget``): rows deleted by table."""
         name = allowed_owner(service, key, owner_of(owner))
         return Forgotten(owner=name, deleted=service.forget(name, allow_reharvest=allow_reharvest))
+
+    @app.delete("/v1/owners/{owner}/conversations/{conversation_id}", tags=["owners"])
+    def forget_conversation(
+        owner: Owner, conversation_id: ConversationId, key: Key, service: Service
+    ) -> ConversationForgotten:
+        """Forget one conversation of the owner (``gleaner forget --conversation``): the
+        notes only it supports are deleted, a note it changed gets back the text before it;
+        404 when nothing of the owner names it."""
+        name = allowed_owner(service, key, owner_of(owner))
+        found = conversation_of(conversation_id)
+        counts = service.forget_conversation(name, found)
+        return ConversationForgotten(owner=name, conversation_id=found, counts=counts)
 
     return app
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,9 @@ from store import NotFound, Scope, Store, vectors
 from store import jobs as job_records
 from store.forget_conversation import RECEIPT
 from store.models import ForgottenTranscript, ImportBatch, Job, Memory, MemoryTerm, MemoryVersion
+from tests.cli_harness import EXAMPLES, Cli, cli
+
+__all__ = ["cli"]  # the fixture, used by name
 
 OWNER = "ownercv"
 SCOPE = Scope.owner(OWNER)
@@ -428,3 +432,111 @@ def test_the_forget_is_one_transaction(model_store: Store, monkeypatch: pytest.M
         store.forget_conversation(OWNER, "c-b")
     assert "Lisbontown" in the_note(store, slug).body and len(store.history(SCOPE, slug)) == 1
     assert rows(store, "harvest_ledger") == 2 and rows(store, "forgotten_conversations") == 0
+
+
+# --- the surfaces: Python API, command line, HTTP ---------------------------------------
+
+
+def test_the_python_api_forgets_one_conversation_of_the_owner(store: Store) -> None:
+    from gleaner import Gleaner, InvalidRequest
+    from gleaner import NotFound as ApiNotFound
+    from tests.samples import native
+
+    gleaner = Gleaner(store=store)
+    gleaner.submit(native(1, owner="alice"))
+    gleaner.submit(native(2, owner="alice"))
+    gleaner.submit(native(1, owner="bob"))  # the same conversation id, another owner
+    counts = gleaner.forget_conversation("alice", "conv-1")
+    assert counts["notes_deleted"] == 3 and counts["jobs"] == 1 and counts["ledger"] == 1
+    assert gleaner.search("alice", "keymap1") == [] and gleaner.search("alice", "keymap2")
+    assert gleaner.search("bob", "keymap1")
+    again = gleaner.job(gleaner.submit(native(1, owner="alice")))
+    assert again.state == "done" and again.notes_written == 0
+    with pytest.raises(ApiNotFound) as missing:
+        gleaner.forget_conversation("alice", "conv-404")
+    assert missing.value.reason == "not_found"
+    with pytest.raises(InvalidRequest):
+        gleaner.forget_conversation("alice\u200b", "conv-2")  # the owner rule
+
+
+def test_the_command_forgets_one_conversation_and_prints_a_receipt(cli: Any, tmp_path: Any) -> None:
+    from tests.cli_harness import EXAMPLES
+
+    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/forget.db")
+    harvested = cli("harvest", str(EXAMPLES / "native.json"), "--json")
+    assert harvested.code == 0 and harvested.json()["notes_written"] >= 1
+    conversation = "2024-05-14-editor-setup"
+    hits = cli("search", "tabs", "--owner", "alice", "--json").json()
+    assert hits
+
+    alone = cli("forget", "--conversation", conversation)
+    assert alone.code == 2 and "--owner" in alone.err
+    reharvest = cli(
+        "forget", "--owner", "alice", "--conversation", conversation, "--allow-reharvest"
+    )
+    assert reharvest.code == 2 and "--allow-reharvest" in reharvest.err
+    unknown = cli("forget", "--owner", "alice", "--conversation", "no-such-chat")
+    assert unknown.code == 1 and "not_found" in unknown.err
+    other = cli("forget", "--owner", "bob", "--conversation", conversation)
+    assert other.code == 1 and "not_found" in other.err
+    assert cli("search", "tabs", "--owner", "alice", "--json").json() == hits  # nothing changed
+
+    forgot = cli("forget", "--owner", "alice", "--conversation", conversation, "--json")
+    assert forgot.code == 0, forgot.err
+    receipt = forgot.json()
+    assert receipt["owner"] == "alice" and receipt["conversation_id"] == conversation
+    assert list(receipt["counts"]) == list(RECEIPT)
+    assert receipt["counts"]["notes_deleted"] == harvested.json()["notes_written"]
+    assert receipt["counts"]["ledger"] == 1 and receipt["counts"]["tombstones"] == 1
+    assert cli("search", "tabs", "--owner", "alice", "--json").json() == []
+    again = cli("harvest", str(EXAMPLES / "native.json"), "--json")
+    assert again.code == 0 and again.json()["notes_written"] == 0
+    gone = cli("forget", "--owner", "alice", "--conversation", conversation)
+    assert gone.code == 1 and "not_found" in gone.err
+
+
+def test_the_command_prints_the_counts_as_text(cli: Cli, tmp_path: Path) -> None:
+    cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/forget.db")
+    assert cli("harvest", str(EXAMPLES / "native.json")).code == 0
+    forgot = cli("forget", "--owner", "alice", "--conversation", "2024-05-14-editor-setup")
+    assert forgot.code == 0, forgot.err
+    lines = forgot.out.splitlines()
+    assert lines[0] == "conversation '2024-05-14-editor-setup' of 'alice' forgotten:"
+    assert [line.split()[0] for line in lines[1:]] == list(RECEIPT)
+
+
+def test_the_http_route_forgets_a_conversation_whose_id_holds_a_slash(tmp_path: Path) -> None:
+    # The app in process on a real SQLite file (the slow tier runs it under uvicorn).
+    from urllib.parse import quote
+
+    from fastapi.testclient import TestClient
+
+    from gleaner import Gleaner
+    from service.http import create_app
+    from tests.conftest import test_settings
+    from tests.samples import native
+
+    gleaner = Gleaner(f"sqlite:///{tmp_path / 'http.db'}", settings=test_settings())
+    gleaner.migrate()
+    chat = {**native(3, owner="team/alice"), "conversation_id": "chats/42 é"}
+    gleaner.submit(chat)
+    gleaner.submit(native(3, owner="bob"))
+    _, alices = gleaner.create_api_key("team/alice")
+    _, bobs = gleaner.create_api_key("bob")
+    path = f"/v1/owners/{quote('team/alice', safe='')}/conversations/{quote('chats/42 é', safe='')}"
+    with TestClient(create_app(gleaner)) as client:
+        refused = client.delete(path, headers={"Authorization": f"Bearer {bobs}"})
+        assert refused.status_code == 403
+        done = client.delete(path, headers={"Authorization": f"Bearer {alices}"})
+        assert done.status_code == 200, done.text
+        body = done.json()
+        assert body["owner"] == "team/alice" and body["conversation_id"] == "chats/42 é"
+        assert body["counts"]["notes_deleted"] == 3 and body["counts"]["jobs"] == 1
+        missing = client.delete(path, headers={"Authorization": f"Bearer {alices}"})
+        assert missing.status_code == 404 and missing.json()["error"]["reason"] == "not_found"
+        bad = path.rsplit("/", 1)[0] + "/%FF"
+        response = client.delete(bad, headers={"Authorization": f"Bearer {alices}"})
+        assert response.status_code == 422
+        assert response.json()["error"]["reason"] == "bad_conversation_id"
+    assert gleaner.search("bob", "keymap3")  # bob's conv-3 stays
+    gleaner.close()

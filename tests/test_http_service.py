@@ -256,6 +256,45 @@ def test_a_key_never_reaches_another_owner(api: Api) -> None:
     assert bob_hits["hits"]
 
 
+def test_forgetting_one_conversation_of_an_owner(api: Api) -> None:
+    alice, bob = owner_name(), owner_name()
+    as_alice, as_bob = api.key(alice), api.key(bob)
+    slashed = {**native(22, owner=alice), "conversation_id": "chats/22"}
+    for headers, document in (
+        (as_alice, native(21, owner=alice)),
+        (as_alice, slashed),
+        (as_bob, native(21, owner=bob)),  # the same conversation id, another owner
+    ):
+        assert submit(api, headers, document).status_code == 202
+    spec = api.client.get("/openapi.json").json()
+    assert "delete" in spec["paths"]["/v1/owners/{owner}/conversations/{conversation_id}"]
+    path = f"/v1/owners/{alice}/conversations/conv-21"
+    before = api.rows()
+    assert error_of(api.client.delete(path, headers=as_bob), 403) == "forbidden_owner"
+    missing = f"/v1/owners/{alice}/conversations/conv-404"
+    assert error_of(api.client.delete(missing, headers=as_alice), 404) == "not_found"
+    assert api.rows() == before
+    done = api.client.delete(path, headers=as_alice)
+    assert done.status_code == 200, done.text
+    body = done.json()
+    assert body["owner"] == alice and body["conversation_id"] == "conv-21"
+    assert body["counts"]["notes_deleted"] == 3 and body["counts"]["jobs"] == 1
+    assert body["counts"]["ledger"] == 1 and body["counts"]["tombstones"] == 1
+    search = f"/v1/owners/{alice}/search"
+    assert api.client.get(search, params={"q": "keymap21"}, headers=as_alice).json()["hits"] == []
+    assert api.client.get(search, params={"q": "keymap22"}, headers=as_alice).json()["hits"]
+    bobs = api.client.get(f"/v1/owners/{bob}/search", params={"q": "keymap21"}, headers=as_bob)
+    assert bobs.json()["hits"]
+    # Submitted again, the forgotten transcript writes nothing.
+    again = submit(api, as_alice, native(21, owner=alice)).json()["job_id"]
+    assert api.client.get(f"/v1/jobs/{again}", headers=as_alice).json()["notes_written"] == 0
+    # A conversation id holding "/" is one percent-encoded segment.
+    slashed_path = f"/v1/owners/{alice}/conversations/chats%2F22"
+    slash = api.client.delete(slashed_path, headers=as_alice)
+    assert slash.status_code == 200 and slash.json()["conversation_id"] == "chats/22"
+    assert error_of(api.client.delete(slashed_path, headers=as_alice), 404) == "not_found"
+
+
 def test_a_one_owner_key_fills_in_the_owner(api: Api) -> None:
     alice = owner_name()
     export = {"messages": [{"role": "user", "content": "I prefer zed with the kit16 keymap16."}]}

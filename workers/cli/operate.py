@@ -287,6 +287,12 @@ def _stranded(session: Any, settings: Any, ids: list[str] | None) -> list[tuple[
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
+    if args.owner is None:
+        if args.conversation is not None:
+            raise UsageError("--conversation ID needs --owner NAME: whose conversation it is")
+        raise UsageError("say whose data: --owner NAME")
+    if args.conversation is not None:
+        return _forget_conversation(args)
     if not args.yes:
         if not sys.stdin.isatty():
             raise UsageError("forget deletes data: pass --yes to confirm")
@@ -295,8 +301,39 @@ def cmd_forget(args: argparse.Namespace) -> int:
             print("nothing deleted")
             return EXIT_OK
     counts = open_store().forget_owner(args.owner, tombstones=not args.allow_reharvest)
+    if args.json:
+        print(json.dumps({"owner": _stored_owner(args.owner), "deleted": counts}, indent=2))
+        return EXIT_OK
     print(", ".join(f"{k} {v}" for k, v in counts.items()) + " deleted")
     return EXIT_OK
+
+
+def _forget_conversation(args: argparse.Namespace) -> int:
+    """``forget --owner NAME --conversation ID``: one conversation, and a receipt of what
+    was done. No confirmation: it touches that conversation alone, and says what it did."""
+    if args.allow_reharvest:
+        raise UsageError(
+            "--allow-reharvest is for forgetting an owner; a forgotten conversation's "
+            "transcripts always leave tombstones"
+        )
+    owner = _stored_owner(args.owner)
+    counts = open_store().forget_conversation(owner, args.conversation)
+    if args.json:
+        receipt = {"owner": owner, "conversation_id": args.conversation, "counts": counts}
+        print(json.dumps(receipt, indent=2))
+        return EXIT_OK
+    print(f"conversation {quoted(args.conversation)} of {quoted(owner)} forgotten:")
+    width = max(len(name) for name in counts)
+    for name, n in counts.items():
+        print(f"  {name:<{width}}  {n}")
+    return EXIT_OK
+
+
+def _stored_owner(owner: str) -> str:
+    """The owner as stored (the owner rule); a bad one is a usage error (exit 2)."""
+    from store.text import check_principal
+
+    return check_principal(owner)
 
 
 def register(sub: Any) -> None:
@@ -358,18 +395,28 @@ def register(sub: Any) -> None:
 
     forget = sub.add_parser(
         "forget",
-        help="delete everything stored for one owner",
+        help="delete everything stored for one owner, or one conversation of theirs",
         description="Delete the owner's notes (with their history), sessions, ledger, jobs and "
         "imports, and the words they left in the search index. Each harvested conversation "
         "leaves a tombstone (a hash, not its text): harvesting it again writes nothing, and a "
-        "harvest still running for the owner writes nothing when it ends.",
+        "harvest still running for the owner writes nothing when it ends. With --conversation "
+        "ID, only that conversation of the owner: the notes only it supports are deleted, a "
+        "note it changed gets back the text before it, its history entries, jobs and ledger "
+        "rows go, its transcripts leave tombstones, and the counts of what was done are "
+        "printed (no confirmation asked); exit 1 when nothing of the owner names it.",
     )
-    forget.add_argument("--owner", metavar="NAME", required=True)
+    forget.add_argument("--owner", metavar="NAME", help="whose data (required)")
+    forget.add_argument(
+        "--conversation",
+        metavar="ID",
+        help="forget only this conversation of the owner (its id as stored)",
+    )
     forget.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     forget.add_argument(
         "--allow-reharvest",
         action="store_true",
         help="leave no tombstones (and remove earlier ones): the same conversations, "
-        "harvested again, come back",
+        "harvested again, come back (an owner's forget only)",
     )
+    forget.add_argument("--json", action="store_true", help="print the counts as JSON")
     forget.set_defaults(func=cmd_forget)
