@@ -540,3 +540,46 @@ def test_the_http_route_forgets_a_conversation_whose_id_holds_a_slash(tmp_path: 
         assert response.json()["error"]["reason"] == "bad_conversation_id"
     assert gleaner.search("bob", "keymap3")  # bob's conv-3 stays
     gleaner.close()
+
+
+# --- nothing of it stays ------------------------------------------------------------------
+
+MARKER = "zanzibarquux"  # a word only the forgotten conversation holds
+
+
+def test_no_table_holds_the_forgotten_conversations_words(store: Store) -> None:
+    from tests.test_forget import MARKER_TAIL, every_value
+
+    line = f"I prefer {MARKER} tabs over spaces in every repo."
+    (done,) = record_jobs(
+        store, [chat("c-secret", line)], owner=None, provenance="compaction", queue="harvest"
+    )
+    assert run_job_here(store, done) is not None
+    record_jobs(  # a transcript of it still waiting
+        store,
+        [chat("c-secret", line, "And more.")],
+        owner=None,
+        provenance="compaction",
+        queue="harvest",
+    )
+    store.write(
+        SCOPE, {"title": f"Uses {MARKER} daily", "body": MARKER}, conversation_id="c-secret"
+    )
+    store.write(
+        SCOPE, {"title": f"Uses {MARKER} daily", "body": MARKER}, conversation_id="c-secret"
+    )
+    assert store.dedupe().superseded >= 1  # a housekeeping result that names the pair
+    harvest_transcript(store, chat("c-kept", "I prefer vim for every repo."))
+    assert MARKER in every_value(store)
+
+    counts = store.forget_conversation(OWNER, "c-secret")
+
+    assert counts["jobs"] == 2 and counts["tombstones"] == 2 and counts["notes_deleted"] >= 3
+    assert MARKER_TAIL not in every_value(store)
+    assert found(store, "vim") != []  # the other conversation's note stays
+    if store.dialect == "sqlite":  # the file and its write-ahead log keep no page of it
+        url = store.engine.url.database
+        assert url is not None
+        files = [Path(url), Path(f"{url}-wal")]
+        held = b"".join(f.read_bytes() for f in files if f.exists()).lower()
+        assert MARKER_TAIL.encode() not in held

@@ -303,8 +303,8 @@ def test_parameters_are_found_as_sqlalchemy_finds_them() -> None:
         (job_records._CLAIM_PG, {**claim, "redelivered": True}),  # literals: state, 1, off
         (
             ledger._STATE,
-            {"owner_key": "o", "tombstone": "t", "kind": "owner", "sid": "a"}
-            | {"digest": "d", "version": "v"},
+            {"owner_key": "o", "conversation_key": "c", "tombstone": "t", "kind": "owner"}
+            | {"sid": "a", "digest": "d", "version": "v"},
         ),
         (select(literal(5) + bindparam("x", value=3)), {}),  # a bind's own value
         (select(literal(5) + bindparam("x", value=3)), {"x": 4}),  # the caller's wins
