@@ -2,7 +2,8 @@
 back to the text before.
 
 ``forget_conversation`` runs in the caller's transaction, after the owner's forget lock
-(``forget.lock_out``), so no harvest of the owner records notes meanwhile:
+(``forget.lock_out``: no harvest of the owner records notes meanwhile) and its scope's
+supersede lock (no dedupe or link supersedes meanwhile):
 
 - A note whose live text the conversation wrote (``memories.conversation_id``) gets back the
   latest of its earlier versions another writer wrote (another conversation, or a person or
@@ -32,7 +33,7 @@ from typing import Any
 from sqlalchemy import bindparam, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from store import forget
+from store import forget, supersede
 from store.errors import InvalidInput, NotFound
 from store.models import (
     LIVE,
@@ -104,6 +105,9 @@ def forget_conversation(session: Session, principal: str, conversation_id: str) 
     scope = Scope.owner(principal)
     conversation_id = check_conversation_id(conversation_id)
     forget.lock_out(session, scope)
+    # Dedupe and links check a pair under this lock before they supersede: none pairs a note
+    # with one deleted here.
+    supersede.lock_scopes(session, [scope])
     if not _known(session, scope, conversation_id):
         raise NotFound(
             f"owner {quoted(scope.id)} has no conversation {quoted(conversation_id)} "
