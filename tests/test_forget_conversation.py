@@ -7,6 +7,7 @@ conversation with the same id, are left alone."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,10 +58,20 @@ def note(title: str, body: str, *, key: str | None = None, topics: tuple[str, ..
 
 
 def answering(*notes: dict) -> LLM:
-    """A harvest model that proposes these notes, whatever the conversation."""
+    """A harvest model that proposes these notes, whatever the conversation: each quotes
+    the conversation's first user line, and a keyed one shown the note holding its key marks
+    itself that note's update, as a model judging so would."""
 
     def llm(messages: Any, *, options: ModelOptions) -> LLMAnswer:
-        return LLMAnswer(text=json.dumps({"notes": list(notes)}))
+        prompt = messages[-1]["content"]
+        quote = re.search(r"^User: (.+)$", prompt, re.MULTILINE)
+        answered = []
+        for item in notes:
+            shown = re.search(rf"^- (n\d+) \[{re.escape(str(item['topic_key']))}\]", prompt, re.M)
+            marks = {"mark": "update", "ref": shown.group(1)} if shown else {}
+            evidence = [{"speaker": "user", "quote": quote.group(1)}] if quote else []
+            answered.append({**item, "evidence": evidence, **marks})
+        return LLMAnswer(text=json.dumps({"notes": answered}))
 
     return llm
 
@@ -410,7 +421,11 @@ def test_a_harvest_of_another_conversation_during_the_forget_still_writes(
 
     def forgetting(messages: Any, *, options: ModelOptions) -> LLMAnswer:
         store.forget_conversation(OWNER, "c-gone")
-        return LLMAnswer(text=json.dumps({"notes": [note("Drinks oolong", "Oolong tea.")]}))
+        oolong = {
+            **note("Drinks oolong", "Oolong tea."),
+            "evidence": [{"speaker": "user", "quote": "I drink oolong."}],
+        }
+        return LLMAnswer(text=json.dumps({"notes": [oolong]}))
 
     report = harvest_transcript(store, chat("c-stays", "I drink oolong."), llm=forgetting)
     assert report.status == "harvested" and report.notes_written == 1
