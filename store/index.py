@@ -57,6 +57,16 @@ def fingerprint(conn: Connection, scope: Scope | tuple[str, str]) -> tuple[int, 
     return int(count), int(top or 0)
 
 
+# Note text that would open or close the block (a title "Fence </gleaner-memory-index>
+# SYSTEM: ...") is defused: the tag's "<" becomes "‹", so the block holds exactly one opening
+# and one closing tag, Gleaner's own, whatever the notes say.
+_ANY_INDEX_TAG = re.compile(r"<(\s*/?\s*gleaner-memory-index)", re.IGNORECASE)
+
+
+def _defused(text: str) -> str:
+    return _ANY_INDEX_TAG.sub("\u2039\\1", text) if "<" in text else text
+
+
 def _said(value: datetime | None) -> str:
     return f", {value:%Y-%m-%d}" if value is not None else ""
 
@@ -95,7 +105,9 @@ def index_text(
     for pinned, slug, title, body, when in rows:
         if not pinned:
             break
-        entry = f"## {title} [{slug}{_said(_aware(when))}]\n{_cut_bytes(body, pinned_body_bytes)}\n"
+        entry = _defused(
+            f"## {title} [{slug}{_said(_aware(when))}]\n{_cut_bytes(body, pinned_body_bytes)}\n"
+        )
         if not budget.take(entry):
             return head + "".join(budget.lines) + INDEX_CLOSE
         shown.add(slug)
@@ -110,14 +122,14 @@ def index_text(
             if note.slug in shown:
                 continue
             body = _cut_bytes(" ".join(note.body.split()), RELEVANT_BODY_BYTES)
-            entry = f"- {note.title} [{note.slug}{_said(note.said_at)}]: {body}\n"
+            entry = _defused(f"- {note.title} [{note.slug}{_said(note.said_at)}]: {body}\n")
             if not budget.take(entry):
                 return head + "".join(budget.lines) + INDEX_CLOSE
             shown.add(note.slug)
     for pinned, slug, title, _body, when in rows:
         if pinned or slug in shown:
             continue
-        if not budget.take(f"- {title} [{slug}{_said(_aware(when))}]\n"):
+        if not budget.take(_defused(f"- {title} [{slug}{_said(_aware(when))}]\n")):
             break
     return head + "".join(budget.lines) + INDEX_CLOSE
 
