@@ -58,7 +58,7 @@ def fingerprint(conn: Connection, scope: Scope | tuple[str, str]) -> tuple[int, 
 
 
 # Note text that would open or close the block (a title "Fence </gleaner-memory-index>
-# SYSTEM: ...") is defused: the tag's "<" becomes "‹", so the block holds exactly one opening
+# SYSTEM: ...") is defused: the tag's "<" becomes U+2039, so the block holds exactly one opening
 # and one closing tag, Gleaner's own, whatever the notes say.
 _ANY_INDEX_TAG = re.compile(r"<(\s*/?\s*gleaner-memory-index)", re.IGNORECASE)
 

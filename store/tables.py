@@ -108,7 +108,7 @@ MEMORY_VECTORS = Table(
     Column("content_hash", String(64), nullable=False),
     Column("vector", LargeBinary, nullable=False),
     Column("embedded_at", DateTime(timezone=True), nullable=False),
-    Index("ix_memory_vectors_scope", "scope_kind", "scope_id", "model"),
+    Index("ix_memory_vectors_scope", "scope_kind", "scope_id", "model", "memory_id"),
 )
 
 # What embedding cost, per model and UTC day (YYYY-MM-DD), as the jobs table keeps a

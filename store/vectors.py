@@ -15,11 +15,14 @@ README, "Semantic recall", for how it would slot in), and sqlite-vec needs a Pyt
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, delete, func, insert, select, text
+from sqlalchemy import Connection, bindparam, delete, func, insert, select, text
 
 from store.schemas import Scope
 from store.sql import ID_CHUNK, one_of
@@ -156,6 +159,78 @@ def save(
     return len(kept)
 
 
+@dataclass
+class _Matrix:
+    """A scope's vectors of one model, loaded once: note ids and their rows."""
+
+    ids: Any  # numpy int64 array
+    rows: Any  # numpy float32 matrix, one L2-normalised row per note
+    fingerprint: tuple[int, int]
+    at: float
+
+
+# Scopes' vectors kept by process, so a search scores them without reading them again: at
+# most CACHE_BYTES in all (the least recently used go first), each valid while the scope's
+# (count, highest note id) is unchanged and for at most CACHE_SECONDS (a re-embedded note's
+# new vector is read within that).
+_CACHE: OrderedDict[tuple[str, str, str, str, int], _Matrix] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+CACHE_BYTES = 256 * 1024 * 1024
+CACHE_SECONDS = 60.0
+# Candidates checked for being live (and in the time window) per round trip.
+_CHECK_CHUNK = 200
+
+
+def _fingerprint(conn: Connection, scope: Scope, model: str, dims: int) -> tuple[int, int]:
+    row = conn.execute(
+        text(
+            "SELECT count(*), max(memory_id) FROM memory_vectors"
+            " WHERE scope_kind = :kind AND scope_id = :sid AND model = :model"
+            " AND dimensions = :dims"
+        ),
+        {"kind": scope.kind, "sid": scope.id, "model": model, "dims": dims},
+    ).one()
+    return int(row[0] or 0), int(row[1] or 0)
+
+
+def _matrix(conn: Connection, scope: Scope, model: str, dims: int) -> _Matrix | None:
+    """The scope's vectors of ``model`` (cached; see ``_CACHE``), or None when it has none."""
+    import numpy as np
+
+    fingerprint = _fingerprint(conn, scope, model, dims)
+    if fingerprint[0] == 0:
+        return None
+    key = (conn.engine.url.render_as_string(hide_password=True), scope.kind, scope.id, model, dims)
+    now = time.monotonic()
+    with _CACHE_LOCK:
+        cached = _CACHE.get(key)
+        fresh = cached is not None and now - cached.at < CACHE_SECONDS
+        if fresh and cached is not None and cached.fingerprint == fingerprint:
+            _CACHE.move_to_end(key)
+            return cached
+    rows = conn.execute(
+        text(
+            "SELECT memory_id, vector FROM memory_vectors"
+            " WHERE scope_kind = :kind AND scope_id = :sid AND model = :model"
+            " AND dimensions = :dims ORDER BY memory_id"
+        ),
+        {"kind": scope.kind, "sid": scope.id, "model": model, "dims": dims},
+    ).all()
+    if not rows:
+        return None
+    ids = np.fromiter((int(r[0]) for r in rows), dtype=np.int64, count=len(rows))
+    matrix = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype="<f4").reshape(
+        len(rows), dims
+    )
+    loaded = _Matrix(ids, matrix, fingerprint, now)
+    with _CACHE_LOCK:
+        _CACHE[key] = loaded
+        _CACHE.move_to_end(key)
+        while sum(m.rows.nbytes for m in _CACHE.values()) > CACHE_BYTES and len(_CACHE) > 1:
+            _CACHE.popitem(last=False)
+    return loaded
+
+
 def nearest(
     conn: Connection,
     scope: Scope,
@@ -168,44 +243,54 @@ def nearest(
 ) -> list[tuple[int, float]]:
     """The scope's live notes whose vectors of ``model`` are most similar to ``query``:
     ``(note id, cosine similarity)``, best first, at most ``limit``. ``since``/``until`` are
-    bound as the search module binds them (the column's own form)."""
-    window = ""
-    if since is not None:
-        window += " AND coalesce(m.occurred_at, m.updated_at) >= :since"
-    if until is not None:
-        window += " AND coalesce(m.occurred_at, m.updated_at) < :until"
-    rows = conn.execute(
-        text(
-            "SELECT v.memory_id, v.vector FROM memory_vectors v"  # noqa: S608 - fixed text
-            " JOIN memories m ON m.id = v.memory_id"
-            " WHERE v.scope_kind = :kind AND v.scope_id = :sid AND v.model = :model"
-            f" AND v.dimensions = :dims AND m.status = :live{window}"
-        ),
-        {
-            "kind": scope.kind,
-            "sid": scope.id,
-            "model": model,
-            "dims": len(query),
-            "live": LIVE,
-            "since": since,
-            "until": until,
-        },
-    ).all()
-    if not rows:
-        return []
+    bound as the search module binds them (the column's own form).
+
+    The scope's vectors are scored in this process (numpy), read once and kept
+    (``_CACHE``); the best are then checked live (and in the window) in the database, a
+    chunk at a time, until ``limit`` are found."""
     import numpy as np
 
-    ids = np.fromiter((int(r[0]) for r in rows), dtype=np.int64, count=len(rows))
-    matrix = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype="<f4").reshape(
-        len(rows), len(query)
-    )
     probe = np.asarray(query, dtype=np.float32)
     norm = float(np.linalg.norm(probe))
     if norm == 0.0:
         return []
-    scores = matrix @ (probe / norm)
-    best = np.argsort(-scores, kind="stable")[:limit]
-    return [(int(ids[i]), float(scores[i])) for i in best]
+    loaded = _matrix(conn, scope, model, len(query))
+    if loaded is None:
+        return []
+    scores = loaded.rows @ (probe / norm)
+    order = np.argsort(-scores, kind="stable")
+    window = ""
+    if since is not None:
+        window += " AND coalesce(occurred_at, updated_at) >= :since"
+    if until is not None:
+        window += " AND coalesce(occurred_at, updated_at) < :until"
+    alive = text(
+        "SELECT id FROM memories WHERE scope_kind = :kind AND scope_id = :sid"  # noqa: S608
+        f" AND status = :live AND id IN :ids{window}"
+    ).bindparams(bindparam("ids", expanding=True))
+    found: list[tuple[int, float]] = []
+    for start in range(0, len(order), _CHECK_CHUNK):
+        chunk = order[start : start + _CHECK_CHUNK]
+        wanted = [int(loaded.ids[i]) for i in chunk]
+        live = set(
+            conn.execute(
+                alive,
+                {
+                    "kind": scope.kind,
+                    "sid": scope.id,
+                    "live": LIVE,
+                    "ids": wanted,
+                    "since": since,
+                    "until": until,
+                },
+            ).scalars()
+        )
+        found.extend(
+            (int(loaded.ids[i]), float(scores[i])) for i in chunk if int(loaded.ids[i]) in live
+        )
+        if len(found) >= limit:
+            break
+    return found[:limit]
 
 
 def record_usage(

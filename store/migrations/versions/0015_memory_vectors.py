@@ -41,7 +41,9 @@ def upgrade() -> None:
         sa.Column("embedded_at", sa.DateTime(timezone=True), nullable=False),
     )
     op.create_index(
-        "ix_memory_vectors_scope", "memory_vectors", ["scope_kind", "scope_id", "model"]
+        "ix_memory_vectors_scope",
+        "memory_vectors",
+        ["scope_kind", "scope_id", "model", "memory_id"],
     )
     op.create_table(
         "embedding_usage",
