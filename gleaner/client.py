@@ -8,9 +8,10 @@ queue when GLEANER_BROKER_URL is set, or harvested right away in this process wh
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from store import SaveResult, SearchHit, Settings, Store
     from store.job_status import JobStatus
     from store.keys import ApiKey
+    from store.restore import RestoreResult
 
 
 class NoteDetail(BaseModel):
@@ -313,6 +315,32 @@ class Gleaner:
         with translated():
             return self.store.mem_session_summary(owner, content, title=title)
 
+    # --- export and restore ----------------------------------------------------------
+
+    def export(self, owner: str) -> Iterator[bytes]:
+        """The owner's notes, history and links as JSON Lines (docs/EXPORT.md), line by line
+        (each ending in ``\\n``), the header first: read from one snapshot of the database,
+        held while the iterator is consumed. ``out.writelines(g.export("alice"))`` writes
+        the file; an HTTP handler can stream it as it comes."""
+        name = self.owner_name(owner)  # a bad owner is refused now, not at the first line
+        with translated():
+            lines = self.store.export_lines(name)
+        return _translated(lines)
+
+    def restore(
+        self,
+        export: IO[bytes] | IO[str],
+        *,
+        owner: str | None = None,
+        reassign_owner: bool = False,
+    ) -> RestoreResult:
+        """Load an export (a file object, binary or text) into its owner, who must have no
+        notes (``scope_not_empty``); into ``owner`` only when ``reassign_owner`` says so,
+        if the file names another (``bad_owner``). Every line is checked before anything
+        is written (``bad_export``, naming the line); then it is one transaction."""
+        with translated():
+            return self.store.restore(export, owner, reassign_owner=reassign_owner)
+
     # --- owners and keys -------------------------------------------------------------
 
     def owner_name(self, owner: str) -> str:
@@ -345,3 +373,9 @@ class Gleaner:
         """The API key a token is, or None when it is none (unknown or revoked)."""
         with translated():
             return self.store.verify_api_key(token)
+
+
+def _translated(lines: Iterator[bytes]) -> Iterator[bytes]:
+    """``lines``, with an error raised while reading them translated (``translated``)."""
+    with translated():
+        yield from lines

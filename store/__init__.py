@@ -10,7 +10,8 @@ Core connection of ``Store.statements``; the reads of ``search`` and ``index`` t
 connection, a session's being ``session.connection()``, and ``job_reports`` either):
 ``notes`` (write, write_batch), ``similar`` and ``keyed`` (near-duplicates, topic keys),
 ``ledger``, ``forget``, ``jobs``, ``job_leases``, ``job_reports``, ``job_status``, ``keys``,
-``links``, ``history``, ``index``, ``search``, ``decay``, ``terms``, ``text``, ``schemas``,
+``links``, ``history``, ``index``, ``search``, ``decay``, ``export`` and ``restore`` (an
+owner's JSON Lines export and loading it back), ``terms``, ``text``, ``schemas``,
 ``errors``, ``settings`` and ``db`` (migrations and revisions).
 
 Everything else is internal and may change without notice: the one writer (``writer``,

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Executable
 from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError
@@ -34,7 +34,9 @@ if TYPE_CHECKING:
     from store import job_status, keys
     from store.decay import DecayResult
     from store.dedupe import DedupeResult
+    from store.export import ExportCounts
     from store.locks import TranscriptLock
+    from store.restore import RestoreResult
     from store.search_index import ReindexResult
 
 # Each method imports the module it calls when first called, so a command pays at start-up
@@ -157,6 +159,24 @@ class Store:
                 prepared.end(connection, commit=False)
                 raise
             prepared.end(connection, commit=True)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Connection]:
+        """A Core connection that only reads, inside one transaction seeing one consistent
+        snapshot, for a long read (an export) that must not hold writers up: on PostgreSQL
+        REPEATABLE READ, READ ONLY; on SQLite a deferred transaction (in WAL mode a
+        reader's snapshot, which takes no write lock)."""
+        from store.db import READ_SNAPSHOT
+
+        with self._failures(), self.engine.connect() as connection:
+            if self.dialect == "postgresql":
+                connection.execution_options(
+                    isolation_level="REPEATABLE READ", postgresql_readonly=True
+                )
+            else:
+                connection.execution_options(**{READ_SNAPSHOT: True})
+            with connection.begin():
+                yield connection
 
     def transcript_lock(self, scope: Scope, digest: str) -> TranscriptLock:
         """This process's advisory lock on one transcript (its redacted hash) in ``scope``,
@@ -429,6 +449,60 @@ class Store:
                     raw.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 finally:
                     raw.close()
+
+    def export_owner(
+        self,
+        owner: str,
+        out: IO[bytes] | IO[str],
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ExportCounts:
+        """Write the owner's notes, history and links to ``out`` as JSON Lines (docs/EXPORT.md),
+        read from one snapshot without holding writers up; ``progress`` gets ``(records
+        written, records in all)`` as it goes. Returns the header's counts."""
+        from store import export
+
+        scope = Scope.owner(owner)
+        with self.snapshot() as connection:
+            return export.write(connection, scope, out, progress=progress)
+
+    def export_lines(self, owner: str) -> Iterator[bytes]:
+        """The owner's export line by line (each ending in ``\n``), the header first, read
+        from one snapshot held while the iterator is consumed (closed with it)."""
+        scope = Scope.owner(owner)  # a bad owner is refused now, not at the first line
+        return self._export_lines(scope)
+
+    def _export_lines(self, scope: Scope) -> Iterator[bytes]:
+        from store import export
+
+        with self.snapshot() as connection:
+            yield from export.lines(connection, scope)
+
+    def restore(
+        self,
+        fp: IO[bytes] | IO[str],
+        owner: str | None = None,
+        *,
+        reassign_owner: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> RestoreResult:
+        """Restore an export (a file object, binary or text) into its owner, which must hold
+        no note; ``owner`` another than the file's needs ``reassign_owner``. Every line is
+        checked before anything is written, then all is written in one transaction (see
+        ``store.restore``). Raises ``BadExport`` naming a bad line, ``InvalidInput``
+        (``scope_not_empty``, ``bad_owner``)."""
+        from store import restore
+
+        result = restore.restore(
+            self.connection,
+            self.settings,
+            fp,
+            owner=owner,
+            reassign_owner=reassign_owner,
+            progress=progress,
+        )
+        self.freshness.wrote(result.notes)
+        return result
 
     def decay(self, *, dry_run: bool = False) -> DecayResult:
         """Bring every note's recency weight up to date, in short batches (archiving if set)."""

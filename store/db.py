@@ -19,6 +19,9 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 # its first statement instead, the pool drops every connection opened before the failure,
 # and the caller's retry (a StorageFailure) gets fresh ones.
 PING_AFTER_IDLE_SECONDS = 1.0
+# The execution option of a connection that only reads, from one snapshot (``Store.snapshot``):
+# on SQLite its transaction begins deferred, not IMMEDIATE.
+READ_SNAPSHOT = "gleaner_read_snapshot"
 
 # A PostgreSQL peer that vanished without closing (host down, network cut) is noticed in
 # about a minute, not the operating system's two hours: on the client, libpq's keepalives
@@ -53,7 +56,8 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
 
     SQLite gets WAL, a busy timeout, foreign keys and ``BEGIN IMMEDIATE`` transactions, so
     writers queue for the lock instead of failing mid-transaction and read-then-write steps
-    (the next ``updated_seq``, the next free slug) cannot interleave.
+    (the next ``updated_seq``, the next free slug) cannot interleave; a connection with the
+    ``READ_SNAPSHOT`` option begins deferred instead (it only reads).
     """
     parsed = make_url(url)
     if parsed.get_backend_name() == "postgresql":
@@ -98,7 +102,10 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # A long read (an export) asks for a deferred BEGIN: in WAL mode its snapshot takes
+        # no write lock, so writers are not held up while it runs.
+        deferred = connection.get_execution_options().get(READ_SNAPSHOT)
+        connection.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
     return engine
 

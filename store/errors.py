@@ -7,7 +7,8 @@ stable, machine-readable ``reason`` beside a human message::
     └── StoreError
         ├── ConfigError     a setting is invalid (also ValueError)
         ├── InvalidInput    the caller's input broke a rule; nothing was changed (also ValueError)
-        │   └── LinkRefused a link would break the supersedes rules (cycle, second superseder)
+        │   ├── LinkRefused a link would break the supersedes rules (cycle, second superseder)
+        │   └── BadExport   a line of an export file to restore is not valid; nothing restored
         ├── NotFound        the scope holds no note with that slug (also LookupError)
         ├── AlreadyRecorded another harvest recorded the transcript first; nothing was written
         ├── SlugTaken       a new note's slug or topic key was taken at the commit; nothing written
@@ -73,6 +74,19 @@ class LinkRefused(InvalidInput):
     """Raised when a ``supersedes`` link would form a cycle or give a note a second superseder."""
 
     reason = "link_refused"
+
+
+class BadExport(InvalidInput):
+    """Raised when a line of an export file (``store.restore``) breaks the file's schema or a
+    write rule, or the file is cut short; nothing was restored. ``line`` is the line's number
+    (1 is the header); ``rule`` the reason of the write rule it broke, when one did."""
+
+    reason = "bad_export"
+
+    def __init__(self, message: str, *, line: int, rule: str | None = None) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+        self.rule = rule
 
 
 class NotFound(StoreError, LookupError):
