@@ -40,6 +40,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "imports": ("import",),
     "run": ("worker", "beat", "health"),
     "operate": ("housekeep", "status", "retry", "forget"),
+    "backup": ("export", "restore"),
     "serve": ("serve", "mcp", "keys"),
     "evaluate": ("eval",),
 }

@@ -45,7 +45,8 @@ class Progress:
     ``import 3ef6ebb8: 1200/5000 (24%), 41.2/s, ETA 1m32s`` goes to stderr at the first
     update, then at most every ``every`` seconds (``GLEANER_PROGRESS_SECONDS``), and once
     more at the end, so a log shows the run move and finish.
-    The rate counts only what was done while this object watched.
+    The rate counts only what was done while this object watched. With ``quiet_for``, nothing
+    shows before the run has gone on that long: a short run prints nothing at all.
     """
 
     def __init__(
@@ -55,11 +56,15 @@ class Progress:
         every: float,
         stream: TextIO | None = None,
         from_zero: bool = False,
+        quiet_for: float = 0.0,
     ) -> None:
         """``from_zero``: the run starts now with nothing done (an in-process harvest);
-        otherwise the rate counts from the first update (an import already under way)."""
+        otherwise the rate counts from the first update (an import already under way).
+        ``quiet_for``: seconds from now during which updates are only counted, not shown."""
         self.label = label
         self.every = every
+        self._quiet_until = time.monotonic() + quiet_for
+        self._bar_started = False
         self.stream = stream if stream is not None else sys.stderr
         self._bar: Any = None
         self._task: Any = None
@@ -82,9 +87,13 @@ class Progress:
             self._task = self._bar.add_task(label, total=None)
 
     def __enter__(self) -> Progress:
-        if self._bar is not None:
-            self._bar.start()
+        if self._bar is not None and time.monotonic() >= self._quiet_until:
+            self._start_bar()
         return self
+
+    def _start_bar(self) -> None:
+        self._bar.start()
+        self._bar_started = True
 
     def __exit__(
         self,
@@ -93,16 +102,25 @@ class Progress:
         tb: TracebackType | None,
     ) -> None:
         if self._bar is not None:
-            self._bar.stop()
-        elif self._seen is not None and self._seen != self._shown:
+            if self._bar_started:
+                self._bar.stop()
+        elif self._seen is not None and self._seen != self._shown and not self._quiet():
             self._print(*self._seen)
+
+    def _quiet(self) -> bool:
+        """Still quiet: nothing shown yet, and the run has not gone on ``quiet_for`` yet."""
+        return self._shown is None and time.monotonic() < self._quiet_until
 
     def update(self, done: int, total: int) -> None:
         now = time.monotonic()
         if self._start is None:
             self._start = (now, done)
         self._seen = (done, total)
+        if self._quiet():
+            return
         if self._bar is not None:
+            if not self._bar_started:
+                self._start_bar()
             self._bar.update(self._task, completed=done, total=total)
             return
         if now - self._last_line >= self.every:
