@@ -197,7 +197,7 @@ _NOTE_ATTRS = (
     "evidence",
 )
 _VERSION_ATTRS = ("title", "body", "topics", "keywords", "pinned", "confidence", "evidence")
-_REQUIRED = {
+REQUIRED = {
     "note": ("slug", "title", "body", "provenance", "created_at", "updated_at"),
     "version": (
         "slug",
@@ -251,7 +251,7 @@ def _attrs(
 
 
 def _require(data: Mapping[str, Any], kind: str, what: str, number: int) -> None:
-    missing = [key for key in _REQUIRED[kind] if key not in data]
+    missing = [key for key in REQUIRED[kind] if key not in data]
     if missing:
         raise BadExport(f"{what} has no {', '.join(map(repr, missing))}", line=number)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -643,3 +644,23 @@ def test_restore_is_one_transaction(store: Store, monkeypatch: pytest.MonkeyPatc
     with pytest.raises(RuntimeError):
         store.restore(io.BytesIO(data), "bob", reassign_owner=True)
     assert held(store, BOB) == (0, 0, 0)
+
+
+def test_the_schema_document_lists_every_key_the_code_writes_and_requires() -> None:
+    from store import export, restore
+
+    doc = (Path(__file__).parent.parent / "docs" / "EXPORT.md").read_text(encoding="utf-8")
+
+    def part(title: str) -> str:
+        return doc.split(f"### {title}", 1)[1].split("\n#", 1)[0]
+
+    rows = re.findall(r"^\| ((?:`\w+`(?:, )?)+) \|.*\| ([^|]+) \|$", part("Note"), re.MULTILINE)
+    listed = [key for cell, _ in rows for key in re.findall(r"`(\w+)`", cell)]
+    assert listed == list(export.NOTE_KEYS[1:])
+    required = [key for cell, need in rows if need == "yes" for key in re.findall(r"`(\w+)`", cell)]
+    assert required == list(restore.REQUIRED["note"])
+    version = part("Version")
+    assert all(f"`{key}`" in version for key in export.VERSION_KEYS[1:])
+    assert all(f"`{key}`" in version for key in restore.REQUIRED["version"])
+    assert all(f"`{key}`" in part("Link") for key in export.LINK_KEYS[1:])
+    assert all(f"| `{key}` |" in part("Header") for key in export.HEADER_KEYS)
