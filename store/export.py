@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, cast
 
-from sqlalchemy import Connection, Table, func, select
+from sqlalchemy import Connection, Select, Table, func, select
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql import FromClause
 
@@ -93,6 +93,8 @@ SOURCE_KEYS = ("url", "artifact", "note")
 
 _VERSIONS = cast(Table, MemoryVersion.__table__)
 _LINKS = cast(Table, Link.__table__)
+# A link's two notes.
+_SOURCE, _TARGET = MEMORIES.alias("source"), MEMORIES.alias("target")
 
 
 @dataclass(frozen=True)
@@ -137,20 +139,27 @@ def counts(conn: Connection, scope: Scope) -> ExportCounts:
     def count(query: Any) -> int:
         return int(conn.execute(query).scalar_one())
 
-    source, target = MEMORIES.alias("source"), MEMORIES.alias("target")
-    links = (
-        select(func.count())
-        .select_from(_LINKS)
-        .join(source, source.c.id == _LINKS.c.from_id)
-        .join(target, target.c.id == _LINKS.c.to_id)
-        .where(*_in_scope(source, scope), *_in_scope(target, scope))
-    )
     return ExportCounts(
         notes=count(select(func.count()).select_from(MEMORIES).where(*_in_scope(MEMORIES, scope))),
         versions=count(
             select(func.count()).select_from(_VERSIONS).where(*_in_scope(_VERSIONS, scope))
         ),
-        links=count(links),
+        links=count(_scope_links(select(func.count()), scope)),
+    )
+
+
+def _scope_links(query: Select[Any], scope: Scope) -> Select[Any]:
+    """``query`` over the links whose source note is in ``scope`` (a link's two notes are
+    always of one scope: ``store.links``), the target joined by its id alone.
+
+    Filtering the target by the scope too would invite PostgreSQL, when its statistics say
+    the scope holds about one note (they lag behind an import), to join the two filtered
+    sets first, every note by every note: measured, minutes at 20,000 notes."""
+    return (
+        query.select_from(_LINKS)
+        .join(_SOURCE, _SOURCE.c.id == _LINKS.c.from_id)
+        .join(_TARGET, _TARGET.c.id == _LINKS.c.to_id)
+        .where(*_in_scope(_SOURCE, scope))
     )
 
 
@@ -240,14 +249,9 @@ def records(conn: Connection, scope: Scope) -> Iterator[dict[str, Any]]:
     )
     for row in conn.execute(versions.execution_options(yield_per=FETCH)):
         yield version_record(row._mapping)
-    source, target = MEMORIES.alias("source"), MEMORIES.alias("target")
-    links = (
-        select(source.c.slug, target.c.slug, _LINKS.c.rel, _LINKS.c.created_at)
-        .join(source, source.c.id == _LINKS.c.from_id)
-        .join(target, target.c.id == _LINKS.c.to_id)
-        .where(*_in_scope(source, scope), *_in_scope(target, scope))
-        .order_by(_LINKS.c.id)
-    )
+    links = _scope_links(
+        select(_SOURCE.c.slug, _TARGET.c.slug, _LINKS.c.rel, _LINKS.c.created_at), scope
+    ).order_by(_LINKS.c.id)
     for from_slug, to_slug, rel, created_at in conn.execute(
         links.execution_options(yield_per=FETCH)
     ):

@@ -30,6 +30,8 @@ def _made(cls: type[ReasonedError]) -> ReasonedError:
         return cls(StorageFailure("gone", reason="db_down"), Counts(model_calls=2))  # type: ignore[call-arg]
     if cls is harvest.errors.ResponseFormatRejected:
         return cls("refused", format="json_schema")  # type: ignore[call-arg]
+    if cls is store.errors.BadExport:
+        return cls("not JSON", line=7, rule="bad_type")  # type: ignore[call-arg]
     try:
         return cls("bad thing", reason="why_not")
     except TypeError:  # its __init__ takes fields of its own instead
