@@ -664,3 +664,25 @@ def test_the_schema_document_lists_every_key_the_code_writes_and_requires() -> N
     assert all(f"`{key}`" in version for key in restore.REQUIRED["version"])
     assert all(f"`{key}`" in part("Link") for key in export.LINK_KEYS[1:])
     assert all(f"| `{key}` |" in part("Header") for key in export.HEADER_KEYS)
+
+
+def test_an_export_reads_one_snapshot_and_holds_no_writer_up(store: Store) -> None:
+    """A write during an export goes through at once (SQLite: no write lock taken) and the
+    export does not see it (PostgreSQL: REPEATABLE READ; SQLite: a WAL read snapshot)."""
+    fill(store, "alice")
+    before = export(store, "alice")
+    lines = store.export_lines("alice")
+    first = next(lines)  # the snapshot is open from here
+    assert json.loads(first)["counts"] == header(before)["counts"]
+    started = datetime.now(UTC)
+    store.write(ALICE, {"title": "Written meanwhile", "body": "not in this export"})
+    assert (datetime.now(UTC) - started).total_seconds() < 5
+    assert records(first + b"".join(lines)) == records(before)
+    assert b"Written meanwhile" in export(store, "alice")
+
+
+def test_export_writes_to_a_text_file_too(store: Store) -> None:
+    fill(store, "alice")
+    out = io.StringIO()
+    store.export_owner("alice", out)
+    assert records(out.getvalue().encode("utf-8")) == records(export(store, "alice"))
