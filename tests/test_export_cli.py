@@ -137,3 +137,43 @@ def test_progress_is_quiet_on_a_short_run() -> None:
         shown.update(100, 100)
     assert stream.getvalue().splitlines()[0].startswith("restore: 0/100")
     assert stream.getvalue().splitlines()[-1].startswith("restore: 100/100 (100%)")
+
+
+@pytest.mark.slow
+def test_export_piped_into_restore_as_real_processes(
+    make_store: Callable[..., Store], tmp_path: Path
+) -> None:
+    """`gleaner export | gleaner restore -` between two databases, as real processes in an
+    ASCII locale: the bytes are UTF-8 whatever the locale, and the round trip is exact."""
+    import os
+    import subprocess
+    import sys
+
+    source = make_store("sqlite")
+    fill(source, "alice")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GLEANER_", "LC_"))}
+    base |= {"LANG": "C", "PYTHONIOENCODING": "ascii", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    command = [sys.executable, "-m", "workers.cli"]
+    target = f"sqlite:///{tmp_path}/target.db"
+    with subprocess.Popen(
+        [*command, "export", "--owner", "alice"],
+        env={**base, "GLEANER_DATABASE_URL": source.database_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as exporting:
+        restoring = subprocess.run(
+            [*command, "restore", "-", "--owner", "bob", "--reassign-owner"],
+            env={**base, "GLEANER_DATABASE_URL": target},
+            stdin=exporting.stdout,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert exporting.wait(timeout=120) == 0, exporting.stderr.read()  # type: ignore[union-attr]
+    assert restoring.returncode == 0, restoring.stderr
+    assert b"restored 11 note(s)" in restoring.stdout
+    restored = Store(target, settings=source.settings)
+    try:
+        assert records(export(restored, "bob")) == records(export(source, "alice"))
+    finally:
+        restored.dispose()
