@@ -31,7 +31,8 @@ from harvest.options import MIN_CONTEXT_TOKENS, ModelOptions
 from harvest.outcome import Counts
 from harvest.prompt import KnownNote, build_messages, reask_messages, render_message
 from harvest.transcript import Limits, Transcript, check_size, too_large
-from store.terms import FactText, disagreement
+from store import judge
+from store.terms import FactText
 
 # The call contract, the options and token counting live in the modules named for them.
 __all__ = [
@@ -352,7 +353,7 @@ def merge_notes(notes: Iterable[NoteCandidate], max_facts: int) -> list[NoteCand
     confident; sort by confidence (highest first, ties in order of appearance) and keep at
     most ``max_facts``.
 
-    Two notes of one title whose titles or bodies disagree (``store.terms.disagreement``:
+    Two notes of one title whose titles or bodies disagree (``store.judge.contradiction``:
     "Editor preference" as Vim for Python and as VS Code for TypeScript, or "Uses C++" and
     "Uses C#") are both kept: the title alone does not make them one fact, and the store's
     same-fact rule then judges each as it judges notes from two conversations.
@@ -362,7 +363,8 @@ def merge_notes(notes: Iterable[NoteCandidate], max_facts: int) -> list[NoteCand
     for note in notes:
         same_title = by_title.setdefault(_title_key(note.title) or note.title, [])
         twin = next(
-            (i for i in same_title if disagreement(_fact(kept[i]), _fact(note)) is None), None
+            (i for i in same_title if judge.contradiction(_fact(kept[i]), _fact(note)) is None),
+            None,
         )
         if twin is None:
             same_title.append(len(kept))

@@ -8,7 +8,7 @@ cue phrases; anything else yields no note rather than a guess.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from harvest.candidate import MAX_QUOTE_CHARS, NoteCandidate
 from harvest.offline_cues import (
@@ -46,9 +46,10 @@ from harvest.offline_cues import (
 )
 from harvest.redact import redact_text
 from harvest.transcript import Message, Transcript
+from store import judge
 from store.settings import DEFAULT_OBSERVATION_TYPES
-from store.terms import jaccard
-from store.text import REDACTED, words
+from store.terms import FactText
+from store.text import REDACTED
 
 
 @dataclass
@@ -64,13 +65,6 @@ class _Found:
     topic_key: str | None
     message: Message
     order: int
-    # Word sets for near-duplicate checks, computed once per statement.
-    title_words: frozenset[str] = field(init=False)
-    sentence_words: frozenset[str] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.title_words = frozenset(words(self.title))
-        self.sentence_words = frozenset(words(self.sentence))
 
 
 def _sentences(text: str) -> list[str]:
@@ -235,16 +229,14 @@ def _statements(t: Transcript, cues: tuple[Cue, ...]) -> list[_Found]:
 
 
 def _same(a: _Found, b: _Found) -> bool:
+    """Two statements of one transcript that hold one fact (``store.judge``, the rule every
+    same-fact decision uses; one topic key is one fact within a conversation)."""
     if a.type != b.type:
         return False
     if a.topic_key or b.topic_key:
         return a.topic_key == b.topic_key
-    return (
-        max(
-            jaccard(a.title_words, b.title_words),
-            jaccard(a.sentence_words, b.sentence_words),
-        )
-        >= DUPLICATE_SIMILARITY
+    return judge.same_fact(
+        FactText(a.title, a.sentence), FactText(b.title, b.sentence), DUPLICATE_SIMILARITY
     )
 
 

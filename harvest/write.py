@@ -10,10 +10,10 @@ from harvest import grounding
 from harvest.candidate import NoteCandidate
 from harvest.outcome import Counts
 from harvest.transcript import Transcript
-from store import Scope, Settings, keyed, normalize_topics, notes, similar, strip_private
+from store import Scope, Settings, judge, keyed, normalize_topics, notes, similar, strip_private
 from store.keyed import ShownNote
 from store.similar import Twin
-from store.terms import FactText, adds_to, jaccard, same_fact, similarity_terms
+from store.terms import FactText, jaccard, similarity_terms
 
 if TYPE_CHECKING:
     from store import Executor
@@ -159,7 +159,7 @@ def _hinted(
     if candidate.mark == "new" and held_id in shown_ids:
         keeps = False
     else:
-        keeps = same_fact(text, held, threshold)
+        keeps = judge.same_fact(text, held, threshold)
     return candidate if keeps else candidate.model_copy(update={"topic_key": None})
 
 
@@ -325,7 +325,7 @@ class _SegmentWriter:
         decided = _TwinDecision()
         if twin is not None:
             note, held = twin
-            if note.pinned or note.provenance == "user" or not adds_to(text, held):
+            if note.pinned or note.provenance == "user" or not judge.adds_to(text, held):
                 return None
             decided = _TwinDecision(
                 note.slug, notes.Expect(text=(held.title, held.body, held.topics))

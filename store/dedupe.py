@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.orm import Session
 
-from store import supersede
+from store import judge, supersede
 from store.housekeeping import DEDUPE, MAX_REPORTED_PAIRS, elapsed, lock_key, record, watermark
 from store.mem import SUMMARY_TYPE
 from store.models import LIVE, Memory
@@ -36,7 +36,7 @@ from store.overlap import Candidates, similar_groups
 from store.schemas import Frozen, Scope
 from store.settings import Settings
 from store.sql import ID_CHUNK, dialect_name, one_of
-from store.terms import FactText, covers, disagreement, similarity_terms
+from store.terms import FactText, similarity_terms
 
 # Dedupe -----------------------------------------------------------------------------------
 
@@ -152,8 +152,8 @@ def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[i
                 ):
                     # The score says near-duplicate; only the same fact, all of it in the
                     # keeper, is superseded.
-                    if disagreement(rows[keeper].text, rows[loser].text) is not None or not (
-                        covers(rows[keeper].text, rows[loser].text)
+                    if judge.contradiction(rows[keeper].text, rows[loser].text) is not None or not (
+                        judge.covers(rows[keeper].text, rows[loser].text)
                     ):
                         contradicted = True
                         continue

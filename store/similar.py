@@ -22,12 +22,12 @@ from sqlalchemy import Integer, bindparam, func, select, text
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
-from store import prepared
+from store import judge, prepared
 from store.models import LIVE, Memory, MemoryTerm
 from store.overlap import min_shared
 from store.schemas import Scope, Similar
 from store.sql import FLOAT_SLACK, ID_CHUNK, dialect_name, one_of
-from store.terms import FactText, disagreement, similarity_terms
+from store.terms import FactText, similarity_terms
 
 if TYPE_CHECKING:
     from store.sql import Executor
@@ -412,7 +412,7 @@ def same_fact_twins(
             (
                 (twin, texts[twin.id])
                 for twin in twins
-                if twin.id in texts and disagreement(probe, texts[twin.id]) is None
+                if twin.id in texts and judge.contradiction(probe, texts[twin.id]) is None
             ),
             None,
         )
