@@ -8,14 +8,16 @@ take the caller's session, so a harvest writes notes, ledger and job outcome in 
 transaction; those a step of single statements runs take an ``Executor``, a session or the
 Core connection of ``Store.statements``; the reads of ``search`` and ``index`` take a Core
 connection, a session's being ``session.connection()``, and ``job_reports`` either):
-``notes`` (write, write_batch), ``similar`` and ``keyed`` (near-duplicates, topic keys),
+``notes`` (write, write_batch), ``similar`` and ``keyed`` (near-duplicates, topic keys,
+the notes a harvest shows its model), ``judge`` (the same fact), ``search_terms`` (the
+search tokenizer), ``vectors`` (note vectors: pending, save, nearest, usage),
 ``ledger``, ``forget``, ``jobs``, ``job_leases``, ``job_reports``, ``job_status``, ``keys``,
 ``links``, ``history``, ``index``, ``search``, ``decay``, ``export`` and ``restore`` (an
 owner's JSON Lines export and loading it back), ``terms``, ``text``, ``schemas``,
 ``errors``, ``settings`` and ``db`` (migrations and revisions).
 
 Everything else is internal and may change without notice: the one writer (``writer``,
-``write_lookup``, ``term_index``, ``drafts``), dialect SQL (``sql``), advisory locks
+``write_lookup``, ``term_index``, ``search_index``, ``drafts``), dialect SQL (``sql``), advisory locks
 (``locks``, reached through ``Store.transcript_lock``, whose ``TranscriptLock`` is
 exported here), superseding (``supersede``), dedupe and its join (``dedupe``, ``overlap``,
 ``housekeeping``), forgetting one conversation (``forget_conversation``, reached through
