@@ -60,11 +60,15 @@ _CACHE_SIZE = 200_000
 
 
 def snowball_release() -> str:
-    """The installed Snowball stemmer's release: part of every tokenizer version here."""
-    try:
-        return metadata.version("snowballstemmer")
-    except metadata.PackageNotFoundError:  # pragma: no cover - a dependency of the package
-        return "unknown"
+    """The installed Snowball stemmers' releases (snowballstemmer, and PyStemmer, the C
+    implementation it runs when installed): part of every tokenizer version here."""
+    releases = []
+    for package in ("snowballstemmer", "PyStemmer"):
+        try:
+            releases.append(metadata.version(package))
+        except metadata.PackageNotFoundError:
+            releases.append("none")
+    return "+".join(releases)
 
 
 VERSION = f"1/snowball-{snowball_release()}"
