@@ -109,6 +109,8 @@ MEMORY_VECTORS = Table(
     Column("vector", LargeBinary, nullable=False),
     Column("embedded_at", DateTime(timezone=True), nullable=False),
     Index("ix_memory_vectors_scope", "scope_kind", "scope_id", "model", "memory_id"),
+    # The newest vector of a scope's model, in one probe: what a cached matrix is checked by.
+    Index("ix_memory_vectors_embedded", "scope_kind", "scope_id", "model", "embedded_at"),
 )
 
 # What embedding cost, per model and UTC day (YYYY-MM-DD), as the jobs table keeps a

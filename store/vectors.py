@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -165,40 +165,41 @@ class _Matrix:
 
     ids: Any  # numpy int64 array
     rows: Any  # numpy float32 matrix, one L2-normalised row per note
-    fingerprint: tuple[int, int]
+    fingerprint: object
     at: float
 
 
 # Scopes' vectors kept by process, so a search scores them without reading them again: at
 # most CACHE_BYTES in all (the least recently used go first), each valid while the scope's
-# (count, highest note id) is unchanged and for at most CACHE_SECONDS (a re-embedded note's
-# new vector is read within that).
+# newest ``embedded_at`` is unchanged (any vector stored since, a new note's or a re-embedded
+# one's, changes it; a deleted note's vector is no harm: candidates are checked live) and
+# for at most CACHE_SECONDS.
 _CACHE: OrderedDict[tuple[str, str, str, str, int], _Matrix] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 CACHE_BYTES = 256 * 1024 * 1024
-CACHE_SECONDS = 60.0
+CACHE_SECONDS = 600.0
 # Candidates checked for being live (and in the time window) per round trip.
 _CHECK_CHUNK = 200
 
 
-def _fingerprint(conn: Connection, scope: Scope, model: str, dims: int) -> tuple[int, int]:
-    row = conn.execute(
+def _fingerprint(conn: Connection, scope: Scope, model: str) -> object:
+    """When the scope's newest vector of ``model`` was stored (None: it has none): one probe
+    of ``ix_memory_vectors_embedded``."""
+    return conn.execute(
         text(
-            "SELECT count(*), max(memory_id) FROM memory_vectors"
+            "SELECT max(embedded_at) FROM memory_vectors"
             " WHERE scope_kind = :kind AND scope_id = :sid AND model = :model"
-            " AND dimensions = :dims"
         ),
-        {"kind": scope.kind, "sid": scope.id, "model": model, "dims": dims},
-    ).one()
-    return int(row[0] or 0), int(row[1] or 0)
+        {"kind": scope.kind, "sid": scope.id, "model": model},
+    ).scalar_one()
 
 
 def _matrix(conn: Connection, scope: Scope, model: str, dims: int) -> _Matrix | None:
     """The scope's vectors of ``model`` (cached; see ``_CACHE``), or None when it has none."""
     import numpy as np
 
-    fingerprint = _fingerprint(conn, scope, model, dims)
-    if fingerprint[0] == 0:
+    fingerprint = _fingerprint(conn, scope, model)
+    if fingerprint is None:
         return None
     key = (conn.engine.url.render_as_string(hide_password=True), scope.kind, scope.id, model, dims)
     now = time.monotonic()
@@ -258,7 +259,18 @@ def nearest(
     if loaded is None:
         return []
     scores = loaded.rows @ (probe / norm)
-    order = np.argsort(-scores, kind="stable")
+    # The best few first (a partial sort: most searches need no more), the rest if they do.
+    head = min(len(scores), max(4 * limit, _CHECK_CHUNK))
+    best = np.argpartition(-scores, head - 1)[:head] if head < len(scores) else np.arange(head)
+    best = best[np.argsort(-scores[best], kind="stable")]
+
+    def chunks() -> Iterator[Any]:
+        yield from (best[i : i + _CHECK_CHUNK] for i in range(0, len(best), _CHECK_CHUNK))
+        if head < len(scores):  # the few were not enough (archived notes, a narrow window)
+            rest = np.setdiff1d(np.arange(len(scores)), best, assume_unique=True)
+            rest = rest[np.argsort(-scores[rest], kind="stable")]
+            yield from (rest[i : i + _CHECK_CHUNK] for i in range(0, len(rest), _CHECK_CHUNK))
+
     window = ""
     if since is not None:
         window += " AND coalesce(occurred_at, updated_at) >= :since"
@@ -269,8 +281,7 @@ def nearest(
         f" AND status = :live AND id IN :ids{window}"
     ).bindparams(bindparam("ids", expanding=True))
     found: list[tuple[int, float]] = []
-    for start in range(0, len(order), _CHECK_CHUNK):
-        chunk = order[start : start + _CHECK_CHUNK]
+    for chunk in chunks():
         wanted = [int(loaded.ids[i]) for i in chunk]
         live = set(
             conn.execute(

@@ -132,3 +132,21 @@ def test_forget_takes_the_vectors_and_usage_adds_up(store: Store) -> None:
     with store.engine.connect() as conn:
         owners = conn.execute(text("SELECT scope_id FROM memory_vectors")).scalars().all()
     assert owners == ["bob"]
+
+
+def test_a_vector_stored_since_the_last_search_is_seen_by_the_next(store: Store) -> None:
+    """The scope's vectors are kept between searches; a vector stored since (a new note's,
+    or a re-embedded one's) is seen at once, and an archived note's never."""
+    dog = store.write(ALICE, {"title": "Dog named Luna", "body": "a beagle"}).memory
+    embed_all(store, {"dog": axis(0)})
+    with store.connection() as conn:
+        found = note_vectors.nearest(conn, ALICE, MODEL, axis(1), limit=5)
+    assert [i for i, _ in found] == [dog.id]
+    cat = store.write(ALICE, {"title": "Cat named Miso", "body": "grey"}).memory
+    embed_all(store, {"cat": axis(1)})
+    with store.connection() as conn:
+        best = note_vectors.nearest(conn, ALICE, MODEL, axis(1), limit=5)
+    assert best[0][0] == cat.id
+    store.archive(ALICE, cat.slug)
+    with store.connection() as conn:
+        assert len(note_vectors.nearest(conn, ALICE, MODEL, axis(1), limit=5)) == 1

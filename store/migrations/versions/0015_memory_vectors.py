@@ -45,6 +45,11 @@ def upgrade() -> None:
         "memory_vectors",
         ["scope_kind", "scope_id", "model", "memory_id"],
     )
+    op.create_index(
+        "ix_memory_vectors_embedded",
+        "memory_vectors",
+        ["scope_kind", "scope_id", "model", "embedded_at"],
+    )
     op.create_table(
         "embedding_usage",
         sa.Column("model", sa.String(255), primary_key=True),
@@ -58,5 +63,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("embedding_usage")
+    op.drop_index("ix_memory_vectors_embedded", table_name="memory_vectors")
     op.drop_index("ix_memory_vectors_scope", table_name="memory_vectors")
     op.drop_table("memory_vectors")
