@@ -112,6 +112,9 @@ class one_of(ColumnElement[bool]):  # noqa: N801 - reads as an SQL operator, lik
 
     inherit_cache = True
     type = Boolean()
+    # A comparison, as the IN it renders is: without this SQLite's WHERE would get
+    # "IN (...) = 1", which no index serves (a scan of the table for a lookup by key).
+    _is_implicitly_boolean = True
     _traverse_internals = [  # noqa: RUF012 - SQLAlchemy reads this class attribute
         ("column", InternalTraversal.dp_clauseelement),
         ("name", InternalTraversal.dp_string),
