@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection, Table, bindparam, delete, insert, select, text, update
+from sqlalchemy import Connection, Table, bindparam, delete, select, text, update
 
 from store import search_terms
 from store.models import SEARCH_POSTINGS, MemoryTerm
@@ -39,6 +39,10 @@ MEMORY_TERMS = cast(Table, MemoryTerm.__table__)
 STATE_NAME = "search_index"
 REINDEX_BATCH = 2_000
 
+_SQLITE_INSERT = (
+    "INSERT INTO search_postings (scope_kind, scope_id, term, memory_id, weight, length)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
 _PG_INSERT = text(
     "INSERT INTO search_postings (scope_kind, scope_id, term, memory_id, weight, length)"
     " SELECT :kind, :sid, unnest(CAST(:terms AS varchar[])), unnest(CAST(:ids AS bigint[])),"
@@ -91,20 +95,10 @@ def insert_postings(session: Executor, scope: Scope, notes: Sequence[tuple[int, 
             },
         )
         return
-    session.execute(
-        insert(SEARCH_POSTINGS),
-        [
-            {
-                "scope_kind": scope.kind,
-                "scope_id": scope.id,
-                "term": term,
-                "memory_id": memory_id,
-                "weight": weight,
-                "length": length,
-            }
-            for term, memory_id, weight, length in rows
-        ],
-    )
+    # SQLite: straight to the driver's executemany (tens of rows a note; SQLAlchemy's
+    # per-row parameter handling cost more than the inserts).
+    connection = session if isinstance(session, Connection) else session.connection()
+    connection.exec_driver_sql(_SQLITE_INSERT, [(scope.kind, scope.id, *row) for row in rows])
 
 
 def delete_postings(session: Executor, memory_ids: Iterable[int]) -> None:
