@@ -50,6 +50,7 @@ substrings of title, topics, keywords or body. A query with no content word (``t
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -382,17 +383,10 @@ def search(
     if not needles:
         return []  # only stop words or punctuation: nothing to look for
     hybrid = vector is not None and vector_model is not None
-    rows, backend = _lexical_rows(
-        conn,
-        settings,
-        scope,
-        query,
-        needles,
-        limit=max(limit, FUSION_DEPTH) if hybrid else limit,
-        window=(since, until),
-        bounds=bounds,
-        hybrid=hybrid,
+    lexical = functools.partial(
+        _lexical_rows, conn, settings, scope, query, needles, window=(since, until), bounds=bounds
     )
+    rows, backend = lexical(limit=max(limit, FUSION_DEPTH) if hybrid else limit, hybrid=hybrid)
     if vector is not None and vector_model is not None:
         nearest = vectors.nearest(
             conn,
@@ -408,16 +402,7 @@ def search(
                 conn, settings, rows, nearest, limit=limit, needles=needles, fusion=fusion
             )
         if not rows:  # no vector yet either: the lexical search as without vectors
-            rows, backend = _lexical_rows(
-                conn,
-                settings,
-                scope,
-                query,
-                needles,
-                limit=limit,
-                window=(since, until),
-                bounds=bounds,
-            )
+            rows, backend = lexical(limit=limit)
     weight, bonus = settings.recency_weight, settings.pinned_bonus
     return [
         SearchHit(
