@@ -44,7 +44,9 @@ class Gleaner:
     """Gleaner on one database: hand over conversations, follow their jobs, read the notes.
 
     ``Gleaner()`` takes its configuration from the ``GLEANER_*`` environment;
-    ``Gleaner(database_url, settings)`` overrides it. Nothing connects until the first call.
+    ``Gleaner(database_url, settings)`` overrides it. A SQLite file is migrated at once when
+    its schema is missing or older (as ``gleaner harvest`` does); on PostgreSQL nothing
+    connects until the first call (run ``gleaner db upgrade`` once before).
     Every method takes the owner it acts for: it never reads or changes another's notes.
     Errors are :mod:`gleaner.errors` (``InvalidRequest``, ``TooLarge``, ``NotFound``,
     ``Unavailable``), each with a ``reason``.
@@ -61,6 +63,8 @@ class Gleaner:
 
         with translated():
             self.store = store or Store(database_url, settings=settings)
+            if self.store.dialect == "sqlite":
+                self.store.ensure_schema()
         self.settings = self.store.settings
         self._celery: Any = None
         self._celery_lock = threading.Lock()

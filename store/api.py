@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Executable
-from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError, StatementError
 
 from store.db import make_engine, migrate
 from store.errors import DataRefused, NotFound, StorageFailure, StoreError
@@ -73,6 +73,15 @@ class Store:
         with self._failures():
             migrate(self.engine)
         self.reindex(progress=progress)
+
+    def ensure_schema(self) -> str | None:
+        """Migrate a SQLite file whose schema is missing or older (the revision it now has),
+        None when it was current; StorageFailure ``not_migrated`` on PostgreSQL behind, so
+        ``gleaner db upgrade`` stays an operator's step there (``store.schema_version``)."""
+        from store import schema_version
+
+        with self._failures():
+            return schema_version.ensure_schema(self)
 
     def reindex(self, *, progress: Callable[[int], None] | None = None) -> ReindexResult:
         """Index the notes the search index lacks, rebuilding it whole when it was built by
@@ -193,6 +202,10 @@ class Store:
         except StoreError:
             raise
         except (DBAPIError, SQLAlchemyError) as exc:
+            if isinstance(exc, StatementError):
+                # The engine hides them from the message, but the error still holds the
+                # statement's parameters: a transcript's or a note's words.
+                exc.params = None
             raise _storage_failure(exc) from exc
 
     def _run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:

@@ -76,13 +76,14 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
             pool_size=pool_size,
             max_overflow=pool_size,
             connect_args={"prepare_threshold": None},
+            hide_parameters=True,
         )
         _ping_when_idle(engine)
         event.listen(
             engine.pool, "connect", lambda dbapi_connection, _: shorten_keepalives(dbapi_connection)
         )
         return engine
-    engine = create_engine(parsed, connect_args={"timeout": 30})
+    engine = create_engine(parsed, connect_args={"timeout": 30}, hide_parameters=True)
     memory = parsed.database in (None, "", ":memory:")
 
     @event.listens_for(engine, "connect")

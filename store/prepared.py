@@ -524,7 +524,12 @@ def _failure(
         connection.engine.pool._invalidate(connection.connection, exc)
         connection.invalidate(exc)
     return DBAPIError.instance(
-        sql, params, exc, dialect.loaded_dbapi.Error, connection_invalidated=gone
+        sql,
+        params,
+        exc,
+        dialect.loaded_dbapi.Error,
+        hide_parameters=True,
+        connection_invalidated=gone,
     )
 
 

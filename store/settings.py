@@ -28,6 +28,8 @@ LOCAL_EMBED_PREFIX = "local/"
 LOCAL_EMBED_MODELS = ("local/all-minilm-l6-v2",)
 # GLEANER_ variables a command reads itself, outside the settings (`gleaner mcp`'s owner).
 COMMAND_VARIABLES = ("GLEANER_MCP_OWNER",)
+# The broker URLs Gleaner can use: kombu's Redis transports.
+REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "unix://", "sentinel://")
 
 
 class Settings(BaseSettings):
@@ -337,6 +339,15 @@ class Settings(BaseSettings):
                 f"{self.job_lease_seconds} and {self.job_heartbeat_seconds}"
             )
         return self
+
+    @field_validator("broker_url")
+    @classmethod
+    def _check_broker_url(cls, value: str | None) -> str | None:
+        # Celery takes any kombu transport, but Gleaner's queues, sweep and health read Redis.
+        if value is not None and not value.startswith(REDIS_SCHEMES):
+            scheme = value.partition("://")[0] if "://" in value else "no scheme"
+            raise ValueError(f"must be a Redis URL ({', '.join(REDIS_SCHEMES)}), got {scheme}")
+        return value
 
     @field_validator("database_url")
     @classmethod

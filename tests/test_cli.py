@@ -85,6 +85,7 @@ def test_help_documents_the_exit_statuses(cli: Cli) -> None:
 
 
 def test_unmigrated_database_says_to_upgrade(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "never.db").touch()  # a file, never migrated (none at all: test_entry_points)
     cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/never.db")
     result = cli("search", "x", "--owner", "a")
     assert result.code == 1

@@ -88,7 +88,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         raise UsageError("--reassign-owner needs --owner NAME: the owner to restore into")
     if args.file != "-":
         existing_paths([args.file])
-    store = open_store()
+    store = open_store(create=True)
     ensure_schema(store)
     try:
         with _open(args.file) as fp, _progress("restore", store) as progress:

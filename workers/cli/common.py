@@ -43,53 +43,43 @@ class Interrupted(Exception):
     """Raised when Ctrl-C stopped a command (exit 130); the message says what is kept."""
 
 
-def open_store() -> Store:
+def open_store(*, create: bool = False) -> Store:
+    """The store of GLEANER_DATABASE_URL. Only a command that writes (``create``) may make a
+    SQLite file that is not there: a read command fails instead and leaves no file behind."""
     from store import Store
 
+    if not create:
+        require_database()
     return Store()
 
 
-def ensure_schema(store: Store) -> None:
-    """Make sure the schema is this Gleaner's newest before a command writes.
+def require_database() -> None:
+    """CommandFailed when the database is a SQLite file that does not exist yet."""
+    from pathlib import Path
 
-    The embedded SQLite default is migrated here (and says so on stderr), so a first
-    ``gleaner harvest`` just works; PostgreSQL is left to ``gleaner db upgrade`` (run once,
-    before the workers), so one clear error ends the command instead of one per transcript.
-    """
-    from alembic.script import ScriptDirectory
-    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
 
-    from store import StorageFailure
-    from store.db import MIGRATIONS
-
-    script = ScriptDirectory(str(MIGRATIONS))
-    head = script.get_current_head()
-    with store.transaction() as session:
-        # The version table is absent from a database never migrated.
-        if session.get_bind().dialect.has_table(session.connection(), "alembic_version"):
-            current = session.execute(text("SELECT version_num FROM alembic_version")).scalar()
-        else:
-            current = None
-    if current == head:
+    url = make_url(current_settings().database_url)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
         return
-    if current is not None and current not in {r.revision for r in script.walk_revisions()}:
-        raise StorageFailure(
-            f"the database schema is at revision {current}, which this Gleaner does not know "
-            f"(its newest is {head}): a newer Gleaner migrated it; run that version",
-            reason="schema_too_new",
+    if not Path(url.database).exists():
+        raise CommandFailed(
+            f"no database at {url.database} (GLEANER_DATABASE_URL): nothing is stored there "
+            "yet; harvest a conversation first, or point GLEANER_DATABASE_URL at your database"
         )
-    if store.dialect != "sqlite":
-        found = "no schema" if current is None else f"schema revision {current}"
-        raise StorageFailure(
-            f"the database holds {found}, this Gleaner needs revision {head}: "
-            "run `gleaner db upgrade` once, then this command again",
-            reason="not_migrated",
+
+
+def ensure_schema(store: Store) -> None:
+    """Make sure the schema is this Gleaner's newest before a command writes: the embedded
+    SQLite default is migrated here (and says so on stderr), PostgreSQL is left to ``gleaner
+    db upgrade`` (``store.schema_version``)."""
+    migrated = store.ensure_schema()
+    if migrated is not None:
+        print(
+            f"gleaner: migrated the SQLite database {store.engine.url.database} "
+            f"to revision {migrated}",
+            file=sys.stderr,
         )
-    store.migrate()
-    print(
-        f"gleaner: migrated the SQLite database {store.engine.url.database} to revision {head}",
-        file=sys.stderr,
-    )
 
 
 def scope_of(args: argparse.Namespace) -> Scope:

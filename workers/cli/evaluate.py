@@ -123,7 +123,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"gleaner: {format_error(exc)}", file=sys.stderr)
         return EXIT_USAGE
 
-    store = open_store()
+    store = open_store(create=True)
     ensure_schema(store)
     gleaner = Gleaner(store=store)
     run = Run(

@@ -66,7 +66,7 @@ def _existing_store(settings: Any) -> Any:
             if not bind.dialect.has_table(session.connection(), "alembic_version"):
                 return None
         return store
-    store = open_store()
+    store = open_store(create=True)
     ensure_schema(store)
     return store
 
@@ -77,7 +77,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     paths = existing_paths([args.path])
     if args.dry_run:
         return _dry_run_import(paths, settings, owners, args.json)
-    store = open_store()
+    store = open_store(create=True)
     ensure_schema(store)
     if not settings.broker_url:
         return _import_in_process(store, paths, owners, args.json)

@@ -31,7 +31,7 @@ def cmd_harvest(args: argparse.Namespace) -> int:
 
     paths = inputs(args.paths)
     owners = owner_options(args)
-    store = open_store()
+    store = open_store(create=True)
     ensure_schema(store)
     try:
         every = store.settings.progress_seconds
@@ -75,7 +75,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     settings = require_broker("enqueue")
     owners = owner_options(args)
     paths = inputs(args.paths)
-    store = open_store()
+    store = open_store(create=True)
     ensure_schema(store)
     summary = Summary()
     transcripts = judge_owners(

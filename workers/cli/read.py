@@ -22,7 +22,7 @@ from workers.cli.common import (
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from store.db import current_revision
 
-    store = open_store()
+    store = open_store(create=True)
     store.migrate(progress=_reindex_progress)
     print(f"database at revision {current_revision(store.engine)} ({store.dialect})")
     return EXIT_OK

@@ -1,0 +1,117 @@
+"""Every entry point on a fresh database: writers migrate a new SQLite file as ``harvest``
+does, readers create no file, a bad broker URL is a bad setting, and no exception chain
+carries a transcript's words (SQLAlchemy's statement parameters are hidden)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gleaner import Gleaner, GleanerError
+from store import Store
+from tests.cli_harness import EXAMPLES, Cli
+from tests.conftest import recreate_pg_database, test_settings
+
+WORD = "Zanzibarquokka"  # in the transcript only: an exception naming it leaked the text
+CONVERSATION = {
+    "owner": "ann",
+    "conversation_id": "c1",
+    "messages": [
+        {"role": "user", "content": f"Remember: I prefer tea. My cat is called {WORD}."},
+        {"role": "assistant", "content": "Noted."},
+    ],
+}
+
+
+@pytest.fixture
+def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Cli:
+    monkeypatch.chdir(tmp_path)
+    return Cli(monkeypatch, capsys)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def test_the_python_api_on_a_new_sqlite_file_migrates_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/new.db"
+    with Gleaner(url, test_settings(database_url=url)) as gleaner:
+        job = gleaner.job(gleaner.submit(CONVERSATION))
+        assert job.state == "done", job
+        assert gleaner.search("ann", "tea")
+    with Gleaner(url, test_settings(database_url=url)) as again:  # current: nothing to do
+        assert again.search("ann", "tea")
+
+
+def test_keys_create_on_a_new_sqlite_file_migrates_it(run: Cli, tmp_path: Path) -> None:
+    run.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/keys.db")
+    ran = run("keys", "create", "--owner", "ann")
+    assert ran.code == 0, ran.err
+    assert "glk_" in ran.out
+    assert (tmp_path / "keys.db").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("search", "--owner", "ann", "tea"),
+        ("index", "--owner", "ann"),
+        ("show", "--owner", "ann", "some-note"),
+        ("status",),
+        ("notes", "list", "--owner", "ann"),
+        ("export", "--owner", "ann", "out.jsonl"),
+        ("forget", "ann", "--yes"),
+    ],
+)
+def test_a_read_command_on_a_missing_sqlite_file_creates_none(
+    run: Cli, tmp_path: Path, argv: tuple[str, ...]
+) -> None:
+    run.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/absent.db")
+    ran = run(*argv)
+    assert ran.code in (1, 2), ran
+    assert not (tmp_path / "absent.db").exists()
+    if ran.code == 1:
+        assert "no database at" in ran.err and "absent.db" in ran.err
+
+
+def test_a_broker_url_that_is_not_redis_is_a_bad_setting(run: Cli, tmp_path: Path) -> None:
+    run.env(GLEANER_BROKER_URL="http://x", GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/b.db")
+    ran = run("enqueue", "--owner", "ann", str(EXAMPLES / "native.json"))
+    assert ran.code == 2
+    assert "GLEANER_BROKER_URL" in ran.err and "Redis URL" in ran.err
+
+
+def test_no_exception_chain_holds_the_transcript_on_postgresql(worker_id: str) -> None:
+    # An unmigrated database: the first statement that carries the transcript fails.
+    url = recreate_pg_database(f"gleaner_entry_{worker_id}")
+    store = Store(url, settings=test_settings(database_url=url))
+    try:
+        with pytest.raises(GleanerError) as raised:
+            Gleaner(store=store).submit(CONVERSATION)
+        assert raised.value.reason == "not_migrated"
+        for exc in _chain(raised.value):
+            assert WORD not in str(exc), type(exc)
+            assert WORD not in repr(getattr(exc, "params", None))
+    finally:
+        store.dispose()
+
+
+def test_no_exception_chain_holds_the_transcript_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/broken.db"
+    store = Store(url, settings=test_settings(database_url=url))
+    store.migrate()
+    with store.engine.begin() as connection:
+        connection.exec_driver_sql("DROP TABLE jobs")  # the first write now fails
+    try:
+        with pytest.raises(GleanerError) as raised:
+            Gleaner(store=store).submit(CONVERSATION)
+        for exc in _chain(raised.value):
+            assert WORD not in str(exc), type(exc)
+    finally:
+        store.dispose()
