@@ -168,6 +168,36 @@ def import_progress(conn: Connection | Session, import_id: str) -> dict[str, Any
     }
 
 
+def recent_imports(conn: Connection | Session, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest imports first: each with its source, owner, totals and jobs by state."""
+    batches = conn.execute(
+        select(IMPORTS).order_by(IMPORTS.c.created_at.desc(), IMPORTS.c.id).limit(limit)
+    ).all()
+    ids = [batch.id for batch in batches]
+    states: dict[str, dict[str, int]] = {i: dict.fromkeys(JOB_STATES, 0) for i in ids}
+    if ids:
+        rows = conn.execute(
+            select(JOBS.c.import_id, JOBS.c.state, func.count())
+            .where(JOBS.c.import_id.in_(ids))
+            .group_by(JOBS.c.import_id, JOBS.c.state)
+        )
+        for import_id, state, n in rows:
+            states[str(import_id)][str(state)] = int(n)
+    return [
+        {
+            "import_id": batch.id,
+            "created_at": _aware(batch.created_at).isoformat(),
+            "owner": batch.owner,
+            "provenance": batch.provenance,
+            "source": batch.source,
+            "total": batch.total,
+            "unreadable": batch.unreadable,
+            "jobs": states[batch.id],
+        }
+        for batch in batches
+    ]
+
+
 def cost_by_state(conn: Connection | Session) -> dict[str, dict[str, int]]:
     """Model calls and tokens every run of the jobs cost, by job state (failed runs too)."""
     rows = conn.execute(

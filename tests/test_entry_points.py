@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import redis
 
 from gleaner import Gleaner, GleanerError
 from store import Store
-from tests.cli_harness import EXAMPLES, Cli
+from tests.cli_harness import EXAMPLES, Cli, redis_url_for
 from tests.conftest import recreate_pg_database, test_settings
 
 WORD = "Zanzibarquokka"  # in the transcript only: an exception naming it leaked the text
@@ -115,3 +116,37 @@ def test_no_exception_chain_holds_the_transcript_on_sqlite(tmp_path: Path) -> No
             assert WORD not in str(exc), type(exc)
     finally:
         store.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_imports_lists_each_import_with_its_jobs(
+    run: Cli, tmp_path: Path, backend: str, worker_id: str
+) -> None:
+    url = (
+        recreate_pg_database(f"gleaner_imports_{worker_id}")
+        if backend == "postgresql"
+        else f"sqlite:///{tmp_path}/imports.db"
+    )
+    broker = redis_url_for(worker_id)  # queued imports are recorded; no worker takes them
+    redis.Redis.from_url(broker).flushdb()
+    run.env(GLEANER_DATABASE_URL=url, GLEANER_BROKER_URL=broker)
+    try:
+        assert run("db", "upgrade").code == 0
+        assert run("imports").out.strip() == "no imports"
+        claude = str(EXAMPLES / "claude-export")
+        first = run("import", claude, "--owner", "ann", "--no-wait")
+        second = run("import", str(EXAMPLES / "chatgpt-export"), "--owner", "bob", "--no-wait")
+        assert first.code == 0 and second.code == 0, (first.err, second.err)
+
+        listed = run("imports", "--json")
+        assert listed.code == 0, listed.err
+        found = listed.json()
+        assert [batch["owner"] for batch in found] == ["bob", "ann"]  # newest first
+        assert found[0]["total"] == 2 and found[0]["jobs"]["pending"] == 2
+        assert found[0]["source"].endswith("chatgpt-export")
+        assert run("imports", "--limit", "1", "--json").json() == found[:1]
+        text = run("imports").out.splitlines()
+        assert len(text) == 2 and text[0].startswith(found[0]["import_id"][:8])
+        assert run("status", "--json").json()["imports"] == found
+    finally:
+        redis.Redis.from_url(broker).flushdb()

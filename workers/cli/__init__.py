@@ -39,7 +39,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "hook": ("hook",),
     "imports": ("import",),
     "run": ("worker", "beat", "health"),
-    "operate": ("housekeep", "status", "retry", "forget"),
+    "operate": ("housekeep", "status", "imports", "retry", "forget"),
     "backup": ("export", "restore"),
     "serve": ("serve", "mcp", "keys"),
     "evaluate": ("eval",),

@@ -110,6 +110,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         harvested = job_reports.harvested(conn)
         cost = job_reports.cost_by_state(conn)
         embeddings = _embeddings(conn, settings.embed_model)
+        imports = job_reports.recent_imports(conn, limit=args.limit)
     depths: dict[str, int | None] = {}
     if settings.broker_url:
         depths = _queue_depths(settings.broker_url)
@@ -126,6 +127,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "harvested": harvested,
         "job_cost": cost,
         "embeddings": embeddings,
+        "imports": imports,
     }
     if args.json:
         print(json.dumps(out, indent=2, default=str))
@@ -168,6 +170,27 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  {row['day']} {row['model']}: {row['notes']} notes in {row['calls']} call(s), "
             f"{row['tokens']} tokens, cost {dollars}"
         )
+    return EXIT_OK
+
+
+def cmd_imports(args: argparse.Namespace) -> int:
+    from store import job_reports
+
+    with open_store().connection() as conn:
+        found = job_reports.recent_imports(conn, limit=args.limit)
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return EXIT_OK
+    for batch in found:
+        jobs = ", ".join(f"{state} {n}" for state, n in batch["jobs"].items() if n)
+        print(
+            f"{batch['import_id'][:8]}  {batch['created_at'][:16].replace('T', ' ')}  "
+            f"{batch['owner']}  {batch['total']} conversation(s)"
+            + (f", {batch['unreadable']} unreadable" if batch["unreadable"] else "")
+            + f"  [{jobs or 'no jobs'}]  {batch['source']}"
+        )
+    if not found:
+        print("no imports")
     return EXIT_OK
 
 
@@ -377,6 +400,16 @@ def register(sub: Any) -> None:
     )
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    imports = sub.add_parser(
+        "imports",
+        help="list the imports, newest first, with their jobs by state",
+        description="The newest imports first: id (its first 8 characters; `gleaner status "
+        "--import ID` follows one), when, owner, conversations, jobs by state and the source.",
+    )
+    imports.add_argument("--limit", type=int, default=20, help="imports to list")
+    imports.add_argument("--json", action="store_true")
+    imports.set_defaults(func=cmd_imports)
 
     retry = sub.add_parser(
         "retry",
