@@ -83,8 +83,11 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
             engine.pool, "connect", lambda dbapi_connection, _: shorten_keepalives(dbapi_connection)
         )
         return engine
-    engine = create_engine(parsed, connect_args={"timeout": 30}, hide_parameters=True)
     memory = parsed.database in (None, "", ":memory:")
+    if not memory and parsed.database is not None:
+        # The default file's folder (the user's data directory) may not exist yet.
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(parsed, connect_args={"timeout": 30}, hide_parameters=True)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

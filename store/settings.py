@@ -38,8 +38,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
     database_url: str = Field(
-        default="sqlite:///gleaner.db",
-        description="SQLAlchemy URL of the store; the default is a SQLite file in the working dir.",
+        default=None,  # filled in by _default_location
+        validate_default=True,
+        description="SQLAlchemy URL of the store; unset, one SQLite file in the user's data "
+        "directory, shared by every command, hook and MCP server.",
     )
     broker_url: str | None = Field(
         default=None, description="Redis URL of the Celery broker; unset runs tasks in process."
@@ -349,12 +351,26 @@ class Settings(BaseSettings):
             raise ValueError(f"must be a Redis URL ({', '.join(REDIS_SCHEMES)}), got {scheme}")
         return value
 
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _default_location(cls, value: object) -> object:
+        return default_database_url() if value is None else value
+
     @field_validator("database_url")
     @classmethod
     def _check_url(cls, value: str) -> str:
         if not value.startswith(("sqlite", "postgresql")):
             raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
         return value
+
+
+def default_database_url() -> str:
+    """The SQLite file every entry point shares when GLEANER_DATABASE_URL is unset:
+    ``gleaner.db`` in the user's data directory (``$XDG_DATA_HOME/gleaner``, by default
+    ``~/.local/share/gleaner`` on Linux), made when the first command writes."""
+    from platformdirs import user_data_path
+
+    return f"sqlite:///{user_data_path('gleaner', appauthor=False) / 'gleaner.db'}"
 
 
 def setting_field(name: str) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +18,13 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# The default database lives in the user's data directory: the suite (and every process it
+# starts) gets a folder of its own there, never the developer's memory.
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="gleaner-test-data-")
 
 from store import Settings, Store
 
+TEST_DATA_HOME = Path(os.environ["XDG_DATA_HOME"])
 PG_BASE_URL = os.environ.get(
     "GLEANER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
@@ -143,3 +148,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 def store(make_store, backend: str) -> Store:  # type: ignore[no-untyped-def]
     """A clean, migrated store on each backend."""
     return make_store(backend)  # type: ignore[no-any-return]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(TEST_DATA_HOME, ignore_errors=True)

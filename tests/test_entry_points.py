@@ -150,3 +150,32 @@ def test_imports_lists_each_import_with_its_jobs(
         assert run("status", "--json").json()["imports"] == found
     finally:
         redis.Redis.from_url(broker).flushdb()
+
+
+def test_the_hook_the_cli_and_mcp_share_one_default_file(
+    run: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import sys
+
+    from tests.test_claude_code import SESSION, hook_json
+
+    data = tmp_path / "data"
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))  # no GLEANER_DATABASE_URL (run unset it)
+    project = tmp_path / "some-project"
+    project.mkdir()
+    monkeypatch.chdir(project)  # the hook runs in whatever folder the agent is in
+    monkeypatch.setattr(sys, "stdin", io.StringIO(hook_json(SESSION)))
+    hooked = run("hook", "claude-code", "--owner", "alice")
+    assert hooked.code == 0, hooked.err
+    assert (data / "gleaner" / "gleaner.db").exists()
+    assert not list(project.iterdir())  # no database left in the project
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    found = run("search", "--owner", "alice", "psycopg", "--json")
+    assert found.code == 0 and found.json(), found.err
+    with Gleaner() as gleaner:  # what `gleaner mcp` and the Python API open
+        assert gleaner.store.database_url == f"sqlite:///{data / 'gleaner' / 'gleaner.db'}"
+        assert gleaner.search("alice", "psycopg")

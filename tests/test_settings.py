@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from store import ConfigError, load_settings
@@ -41,7 +44,8 @@ def test_defaults() -> None:
     for key in SEED_KEYS:
         assert hasattr(settings, key), key
     assert settings.max_body_bytes == 32_000
-    assert settings.database_url == "sqlite:///gleaner.db"
+    data = Path(os.environ["XDG_DATA_HOME"])  # the suite's own (conftest)
+    assert settings.database_url == f"sqlite:///{data / 'gleaner' / 'gleaner.db'}"
     assert settings.broker_url is None and settings.harvest_model is None
     assert settings.observation_types == DEFAULT_OBSERVATION_TYPES
 

@@ -65,8 +65,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="gleaner",
         description=(
             "Gleaner turns finished conversations into durable notes. Configuration comes\n"
-            "from GLEANER_* environment variables (GLEANER_DATABASE_URL defaults to\n"
-            "sqlite:///gleaner.db in the working directory)."
+            "from GLEANER_* environment variables (GLEANER_DATABASE_URL defaults to one\n"
+            "SQLite file in the user's data directory, e.g. ~/.local/share/gleaner/gleaner.db)."
         ),
         epilog=EXIT_STATUS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
