@@ -4,6 +4,8 @@ carries a transcript's words (SQLAlchemy's statement parameters are hidden)."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -179,3 +181,42 @@ def test_the_hook_the_cli_and_mcp_share_one_default_file(
     with Gleaner() as gleaner:  # what `gleaner mcp` and the Python API open
         assert gleaner.store.database_url == f"sqlite:///{data / 'gleaner' / 'gleaner.db'}"
         assert gleaner.search("alice", "psycopg")
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_an_import_in_process_on_sqlite_at_once(tmp_path: Path) -> None:
+    """Ctrl-C lands anywhere, a database call included (on SQLite under load that once left
+    the write lock held and the import running on for minutes): each time the import exits
+    130 within 2 s, and a rerun does the rest."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.samples import write_chatgpt_export
+
+    export = write_chatgpt_export(tmp_path / "export", 400, facts=4)
+    url = f"sqlite:///{tmp_path}/ctrl-c.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLEANER_")}
+    env |= {"GLEANER_DATABASE_URL": url, "GLEANER_PROGRESS_SECONDS": "0.1"}
+    command = [sys.executable, "-m", "workers.cli", "import", str(export), "--owner", "ann"]
+    for delay in (0.2, 0.5, 0.8, 1.1):
+        importing = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert importing.stderr is not None
+        while "importing" not in importing.stderr.readline():  # under way
+            assert importing.poll() is None
+        time.sleep(delay)
+        asked = time.monotonic()
+        importing.send_signal(signal.SIGINT)
+        _, err = importing.communicate(timeout=60)
+        assert importing.returncode == 130, err[-2000:]
+        assert time.monotonic() - asked < 2.0
+        assert "FAILED" not in err
+    rest = subprocess.run(
+        [*command, "--json"], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert rest.returncode == 0, rest.stderr[-2000:]
+    summary = json.loads(rest.stdout)
+    assert summary["transcripts"] == 400 and summary["skipped"] > 0

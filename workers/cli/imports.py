@@ -21,6 +21,7 @@ from workers.cli.common import (
     print_failures,
     print_summary,
 )
+from workers.cli.interrupt import stop_between_conversations
 from workers.cli.progress import Progress, follow_import, import_state
 
 
@@ -106,10 +107,16 @@ def _import_in_process(store: Any, paths: list[Any], owners: dict[str, Any], as_
 
     try:
         every = store.settings.progress_seconds
-        with Progress("importing", every=every, from_zero=True) as progress:
-            summary = harvest_paths(
-                store, paths, provenance="import", on_progress=progress.update, **owners
-            )
+        with (
+            Progress("importing", every=every, from_zero=True) as progress,
+            stop_between_conversations() as stop_if_asked,
+        ):
+
+            def update(done: int, total: int) -> None:
+                progress.update(done, total)
+                stop_if_asked()
+
+            summary = harvest_paths(store, paths, provenance="import", on_progress=update, **owners)
     except KeyboardInterrupt:
         raise Interrupted(
             "interrupted: the conversations imported so far are kept; run the same command "

@@ -22,6 +22,7 @@ from workers.cli.common import (
     print_summary,
     require_broker,
 )
+from workers.cli.interrupt import stop_between_conversations
 from workers.cli.progress import Progress
 
 
@@ -35,9 +36,17 @@ def cmd_harvest(args: argparse.Namespace) -> int:
     ensure_schema(store)
     try:
         every = store.settings.progress_seconds
-        with Progress("harvesting", every=every, from_zero=True) as progress:
+        with (
+            Progress("harvesting", every=every, from_zero=True) as progress,
+            stop_between_conversations() as stop_if_asked,
+        ):
+
+            def update(done: int, total: int) -> None:
+                progress.update(done, total)
+                stop_if_asked()
+
             summary = harvest_paths(
-                store, paths, provenance=args.provenance, on_progress=progress.update, **owners
+                store, paths, provenance=args.provenance, on_progress=update, **owners
             )
     except KeyboardInterrupt:
         raise Interrupted(RUN_AGAIN) from None
