@@ -220,3 +220,11 @@ def test_ctrl_c_stops_an_import_in_process_on_sqlite_at_once(tmp_path: Path) -> 
     assert rest.returncode == 0, rest.stderr[-2000:]
     summary = json.loads(rest.stdout)
     assert summary["transcripts"] == 400 and summary["skipped"] > 0
+
+
+def test_import_no_wait_without_a_broker_says_it_runs_in_process(run: Cli, tmp_path: Path) -> None:
+    run.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/nw.db")
+    ran = run("import", str(EXAMPLES / "claude-export"), "--owner", "ann", "--no-wait")
+    assert ran.code == 0, ran.err
+    assert "no broker" in ran.err and "in process" in ran.err
+    assert "notes written" in ran.out  # done here, before the command returned

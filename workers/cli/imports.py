@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from workers.cli.common import (
@@ -81,6 +82,12 @@ def cmd_import(args: argparse.Namespace) -> int:
     store = open_store(create=True)
     ensure_schema(store)
     if not settings.broker_url:
+        if args.no_wait:  # nothing could go on without this process: say so, then do it
+            print(
+                "gleaner: no broker (GLEANER_BROKER_URL unset): --no-wait has nothing to hand "
+                "the import to, so it runs here, in process, until it is done",
+                file=sys.stderr,
+            )
         return _import_in_process(store, paths, owners, args.json)
 
     from harvest.imports import plan_import
@@ -181,7 +188,7 @@ def register(sub: Any) -> None:
         "--no-wait",
         action="store_true",
         help="return once the jobs are recorded and queued (follow them with `gleaner status "
-        "--import ID --watch`)",
+        "--import ID --watch`); with no broker it says so and imports in process",
     )
     imp.add_argument("--json", action="store_true", help="print the summary as JSON")
     imp.set_defaults(func=cmd_import)
