@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
+from harvest.budget import budget_for
 from harvest.errors import HarvestError, UnrecordedHarvest
 from harvest.extraction import Extraction, run_extraction, uses_model
 from harvest.llm import HarvestLLM
@@ -80,6 +81,7 @@ class Plan:
     digest: str
     version: str
     provenance: str
+    import_id: str | None = None  # the queued import it came in with: its budget counts it
 
     def outcome(
         self, status: Status, counts: Counts | None = None, **rest: object
@@ -103,6 +105,7 @@ def plan_harvest(
     owner: str | None,
     provenance: str,
     reassign_owner: bool = False,
+    import_id: str | None = None,
 ) -> Plan:
     """Check the provenance, resolve the owner (``resolve_owner``) and redact (HarvestError
     when one is bad)."""
@@ -123,6 +126,7 @@ def plan_harvest(
         digest=transcript_hash(redacted),
         version=harvester_version(settings),
         provenance=provenance,
+        import_id=import_id,
     )
 
 
@@ -417,7 +421,7 @@ def _harvest(
                 return checked
     # What the model calls cost so far, filled in as they are made: a run that fails or is
     # interrupted after them still has them counted (``steps.unrecorded``).
-    usage = Usage()
+    usage = Usage(guard=budget_for(store, plan.scope.id, plan.import_id))
     try:
         found = extract_notes(plan, checked, settings, llm, usage)
         if isinstance(found, HarvestOutcome):

@@ -16,7 +16,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -125,9 +125,19 @@ class Usage:
 
     counts: Counts = field(default_factory=Counts)
     model: str = ""  # the model the server said answered, once one has
+    # Checked before each call and told of each call after (the daily budgets).
+    guard: CallGuard | None = None
 
     def add(self, cost: Counts) -> None:
         self.counts = self.counts + cost
+
+
+class CallGuard(Protocol):
+    """What may stop a model call before it is made (``harvest.budget.Budget``)."""
+
+    def before_call(self) -> None: ...
+
+    def after_call(self, cost: Counts) -> None: ...
 
 
 _ONE_CALL = Counts(model_calls=1)
@@ -142,6 +152,7 @@ class _Meter:
         self.options = options
         self.spent = Usage()
         self.counters = [self.spent] if usage is None else [self.spent, usage]
+        self.guard = None if usage is None else usage.guard
         self.model = ""
 
     def _count(self, cost: Counts) -> None:
@@ -149,11 +160,19 @@ class _Meter:
             counter.add(cost)
 
     def _attempt(self, messages: Messages, *, options: ModelOptions) -> LLMAnswer:
+        if self.guard is not None:
+            self.guard.before_call()  # over a budget: no call is made
         self._count(_ONE_CALL)  # counted before the call: a failed attempt costs too
-        answer = self.llm(messages, options=options)
-        self._count(
-            Counts(prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens)
-        )
+        tokens = Counts()
+        try:
+            answer = self.llm(messages, options=options)
+            tokens = Counts(
+                prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens
+            )
+        finally:
+            if self.guard is not None:
+                self.guard.after_call(_ONE_CALL + tokens)
+        self._count(tokens)
         self.model = answer.model or self.model
         for counter in self.counters:
             counter.model = self.model

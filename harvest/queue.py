@@ -187,6 +187,7 @@ class _JobRun:
                 owner=job.owner,
                 provenance=job.provenance,
                 reassign_owner=True,  # the job's owner was settled when it was recorded
+                import_id=job.import_id,
             )
         except (HarvestError, ValueError) as exc:
             job_records.fail(session, self.job_id, format_error(exc), job.token)

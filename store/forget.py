@@ -34,7 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from store import prepared
+from store import prepared, spend
 from store.models import (
     ApiKey,
     ForgottenConversation,
@@ -68,6 +68,7 @@ VACUUMED = (
     "jobs",
     "imports",
     "api_keys",  # a key for the owner names them
+    "model_spend",  # the budget's ledger names them too
 )
 
 
@@ -256,6 +257,8 @@ def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -
         "imports": count(session, delete(ImportBatch).where(ImportBatch.owner == principal)),
         # A key allowed only this owner is no use once the owner is gone, and holds the name.
         "api_keys": count(session, delete(ApiKey).where(ApiKey.owner == principal)),
+        # The daily budget's ledger is keyed by the owner's name.
+        "spend": spend.forget_owner(session, principal),
         "tombstones": buried,
     }
     scrub_housekeeping(session)

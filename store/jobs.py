@@ -73,6 +73,7 @@ class ClaimedJob:
     attempts: int
     crashes: int
     token: str
+    import_id: str | None = None
 
 
 def new_id() -> str:
@@ -203,6 +204,7 @@ def _claim(now: ColumnElement[datetime], expired: ColumnElement[datetime]) -> Up
             JOBS.c.transcript,
             JOBS.c.attempts,
             JOBS.c.crashes,
+            JOBS.c.import_id,
         )
     )
 
@@ -305,9 +307,16 @@ def claim(
         found = prepared.execute(session, _CLAIM, {**params, "now": now, "expired": now - lease})
     if not found:
         return None
-    found_id, owner, provenance, transcript, attempts, crashes = found[0]
+    found_id, owner, provenance, transcript, attempts, crashes, import_id = found[0]
     return ClaimedJob(
-        str(found_id), owner, provenance, dict(transcript), int(attempts), int(crashes), token
+        str(found_id),
+        owner,
+        provenance,
+        dict(transcript),
+        int(attempts),
+        int(crashes),
+        token,
+        None if import_id is None else str(import_id),
     )
 
 

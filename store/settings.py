@@ -138,6 +138,31 @@ class Settings(BaseSettings):
         le=10_000,
         description="Most model requests one transcript may need; more chunks is too_large.",
     )
+    budget_owner_tokens_per_day: int | None = Field(
+        default=None,
+        gt=0,
+        description="Most harvest model tokens (prompt + completion) one owner may spend per "
+        "UTC day; checked before each call, a job over it fails as budget_exceeded. Unset: "
+        "no cap.",
+    )
+    budget_owner_usd_per_day: float | None = Field(
+        default=None,
+        gt=0,
+        description="Most dollars of harvest model calls one owner may spend per UTC day, "
+        "counting the calls whose price litellm's cost map knows. Unset: no cap.",
+    )
+    budget_import_tokens_per_day: int | None = Field(
+        default=None,
+        gt=0,
+        description="Most harvest model tokens one queued import may spend per UTC day "
+        "(on top of its owner's budget). Unset: no cap.",
+    )
+    budget_import_usd_per_day: float | None = Field(
+        default=None,
+        gt=0,
+        description="Most dollars one queued import may spend per UTC day, counting the "
+        "calls whose price is known. Unset: no cap.",
+    )
     max_transcript_bytes: int = Field(
         default=4_000_000,
         gt=0,

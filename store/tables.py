@@ -126,6 +126,20 @@ EMBEDDING_USAGE = Table(
     Column("cost_usd", Float),
 )
 
+# What harvest model calls spent per owner and per import and UTC day (YYYY-MM-DD): the
+# daily budgets are checked against it before each call (``store.spend``). ``cost_usd`` sums
+# the calls whose price was known.
+MODEL_SPEND = Table(
+    "model_spend",
+    METADATA,
+    Column("kind", String(8), primary_key=True),  # "owner" or "import"
+    Column("key", String(255), primary_key=True),  # the owner's name, or the import's id
+    Column("day", String(10), primary_key=True),
+    Column("calls", Integer, nullable=False),
+    Column("tokens", Integer, nullable=False),
+    Column("cost_usd", Float, nullable=False),
+)
+
 # One harvested transcript per (scope, redacted-transcript hash, harvester version).
 HARVEST_LEDGER = Table(
     "harvest_ledger",

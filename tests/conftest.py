@@ -33,6 +33,7 @@ TABLES = (
     "search_postings",
     "memory_vectors",
     "embedding_usage",
+    "model_spend",
     "memory_links",
     "memory_versions",
     "forgotten_transcripts",

@@ -111,6 +111,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         cost = job_reports.cost_by_state(conn)
         embeddings = _embeddings(conn, settings.embed_model)
         imports = job_reports.recent_imports(conn, limit=args.limit)
+        budgets = _budgets(conn, settings, args.limit)
     depths: dict[str, int | None] = {}
     if settings.broker_url:
         depths = _queue_depths(settings.broker_url)
@@ -128,6 +129,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "job_cost": cost,
         "embeddings": embeddings,
         "imports": imports,
+        "budgets": budgets,
     }
     if args.json:
         print(json.dumps(out, indent=2, default=str))
@@ -162,6 +164,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"(attempts {failure['attempts']}, model calls {failure['model_calls']}, tokens "
             f"{failure['prompt_tokens']} + {failure['completion_tokens']}): {failure['error']}"
         )
+    for line in _budget_lines(budgets):
+        print(line)
     if embeddings["model"]:
         print(f"embeddings ({embeddings['model']}): {embeddings['pending']} note(s) pending")
     for row in embeddings["usage"][:7]:
@@ -171,6 +175,35 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{row['tokens']} tokens, cost {dollars}"
         )
     return EXIT_OK
+
+
+def _budgets(conn: Any, settings: Any, limit: int) -> dict[str, Any]:
+    """The daily budgets' limits and today's spend, most tokens first."""
+    from store import spend
+
+    limits = {
+        "owner_tokens_per_day": settings.budget_owner_tokens_per_day,
+        "owner_usd_per_day": settings.budget_owner_usd_per_day,
+        "import_tokens_per_day": settings.budget_import_tokens_per_day,
+        "import_usd_per_day": settings.budget_import_usd_per_day,
+    }
+    day = spend.today()
+    return {"day": day, "limits": limits, "spent_today": spend.of_day(conn, day, limit)}
+
+
+def _budget_lines(budgets: dict[str, Any]) -> list[str]:
+    limits = budgets["limits"]
+    lines = []
+    for row in budgets["spent_today"]:
+        tokens = limits[f"{row['kind']}_tokens_per_day"]
+        usd = limits[f"{row['kind']}_usd_per_day"]
+        spent = f"{row['tokens']:,}" + (" tokens" if tokens is None else f" of {tokens:,} tokens")
+        if usd is not None:
+            spent += f", ${row['cost_usd']:.4f} of ${usd:.4f}"
+        lines.append(f"  {row['kind']} {row['key']!r}: {spent} in {row['calls']} call(s)")
+    if lines:
+        lines.insert(0, f"model spend today ({budgets['day']} UTC):")
+    return lines
 
 
 def cmd_imports(args: argparse.Namespace) -> int:
