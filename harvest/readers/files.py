@@ -72,10 +72,14 @@ def _declared_entries(fp: BinaryIO) -> int:
 
 
 def _inflate(
-    archive: zipfile.ZipFile, member: zipfile.ZipInfo, path: Path, limits: Limits
+    archive: zipfile.ZipFile,
+    member: zipfile.ZipInfo,
+    path: Path,
+    limit: int,
+    setting: str = "GLEANER_MAX_FILE_BYTES",
 ) -> bytearray:
-    """The member's bytes, inflated a piece at a time and refused past ``limits.file_bytes``."""
-    limit = limits.file_bytes
+    """The member's bytes, inflated a piece at a time and refused past ``limit`` bytes (the
+    bound ``setting`` sets)."""
     data = bytearray()
     with archive.open(member) as stream:
         while piece := stream.read(_INFLATE_PIECE):
@@ -85,7 +89,7 @@ def _inflate(
                     f"{path}: the archive's {EXPORT_MEMBER}",
                     f"more than {limit:,} bytes inflated",
                     limit,
-                    limits.file_bytes_setting,
+                    setting,
                 )
     return data
 
@@ -159,7 +163,7 @@ def _export_member(archive: zipfile.ZipFile, path: Path, limits: Limits) -> byte
             limits.file_bytes,
             limits.file_bytes_setting,
         )
-    return _inflate(archive, member, path, limits)
+    return _inflate(archive, member, path, limits.file_bytes, limits.file_bytes_setting)
 
 
 def _read_file(path: Path, limits: Limits) -> bytes:
