@@ -3,9 +3,10 @@
 uvicorn (h11) arms its keep-alive timer only after an answer and cancels it at the first byte
 that arrives: a client that opens a connection and sends nothing, or trickles a request line
 and headers a byte at a time, keeps it open for ever (and counts against
-``--limit-concurrency``, so enough of them shut everyone else out). Here a connection that
-is not in the middle of a request ``GLEANER_HTTP_HEADER_TIMEOUT_SECONDS`` after it opened or
-after its last answer is closed. A body's own deadline is the service's (``service.http``).
+``--limit-concurrency``, so enough of them shut everyone else out). Here a connection whose
+request line and headers are not whole ``GLEANER_HTTP_HEADER_TIMEOUT_SECONDS`` after it
+opened, or after its request's first byte, is closed. A body's own deadline is the service's
+(``service.http``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from functools import cache
 from typing import Any
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 # uvicorn's own logger: its format and --log-level.
@@ -32,7 +34,9 @@ def header_timeout() -> float:
 class HeaderDeadlineProtocol(H11Protocol):
     """H11Protocol that drops a connection waiting too long for a request's headers.
     ``gleaner serve`` names it as uvicorn's ``http`` (an import string, so that every
-    worker process builds its own)."""
+    worker process builds its own). An idle connection between requests is left to
+    uvicorn's keep-alive timer; the deadline runs from the connection's opening, or from
+    the first byte of its next request, until the request's head is whole."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -43,10 +47,13 @@ class HeaderDeadlineProtocol(H11Protocol):
         super().connection_made(transport)
         self._arm_header_deadline()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm_header_deadline()
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:  # a request's head begun, not yet whole
+            if self._header_deadline is None:
+                self._arm_header_deadline()
+        else:
+            self._cancel_header_deadline()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_deadline()
@@ -63,13 +70,11 @@ class HeaderDeadlineProtocol(H11Protocol):
 
     def _header_overdue(self) -> None:
         self._header_deadline = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
             return
-        if self.cycle is not None and not self.cycle.response_complete:
-            return  # a request is being answered: its body has the service's deadline
         client = "%s:%d" % self.client if self.client else "a client"  # noqa: UP031
         log.info(
-            "closed the connection of %s: no request within %.0f s "
+            "closed the connection of %s: no whole request within %g s "
             "(GLEANER_HTTP_HEADER_TIMEOUT_SECONDS)",
             client,
             self.header_timeout,

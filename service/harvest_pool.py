@@ -1,5 +1,6 @@
-"""The HTTP service's harvest pool: submits harvested in process (no broker) run on threads
-of their own, so a slow model holds these and never the threads that answer requests.
+"""The HTTP service's harvest pool: a submitted body is read, and harvested in process (no
+broker) or queued, on threads of their own, so a slow model holds these and never the
+threads that answer requests, and the pool's size bounds how many bodies are parsed at once.
 
 The pool takes ``threads`` submits at once and lets ``queue`` more wait; one more is refused
 at once (503 with Retry-After) rather than left to wait without a bound.

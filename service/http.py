@@ -25,7 +25,6 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -253,8 +252,9 @@ def create_app(gleaner: Gleaner) -> FastAPI:
         harvested at once when the server has no broker. ``owner`` fills in a conversation
         that names none (a one-owner key's owner when left out); ``reassign_owner`` puts it
         in ``owner``'s scope whatever it names. The key must be allowed the owner it ends in.
-        Without a broker the harvest runs on the server's harvest pool (503 when it is full);
-        a key has at most GLEANER_HTTP_SUBMITS_PER_KEY submits in progress (429).
+        The body is read, and harvested (no broker) or queued, on the server's harvest pool
+        (503 when it is full); a key has at most GLEANER_HTTP_SUBMITS_PER_KEY submits in
+        progress (429).
         """
         if owner is None and key.owner is not None:
             owner = key.owner
@@ -273,8 +273,8 @@ def create_app(gleaner: Gleaner) -> FastAPI:
                     queued=service.queued,
                 )
 
-            if service.queued:  # recorded and sent: quick, on the request threads
-                return await run_in_threadpool(accept)
+            # Read, and harvested or queued, on the harvest pool: parsing a body costs
+            # about 10x its size, so the pool's size bounds that memory too.
             pool: HarvestPool = request.app.state.harvest_pool
             return await pool.run(accept)
 

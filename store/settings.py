@@ -148,7 +148,7 @@ class Settings(BaseSettings):
         description="Most bytes read from one file (a zip's conversations.json inflated).",
     )
     http_max_body_bytes: int = Field(
-        default=8_000_000,
+        default=4_000_000,
         gt=0,
         description="Most bytes of one HTTP request body (a zip inflated), counted while it "
         "streams in and before any parsing; more is 413 too_large.",
@@ -174,8 +174,8 @@ class Settings(BaseSettings):
         default=4,
         gt=0,
         le=256,
-        description="Threads of the HTTP service's harvest pool (no broker: submits harvest "
-        "there, apart from the threads that answer requests).",
+        description="Threads of the HTTP service's harvest pool: submits are read there, and "
+        "harvested (no broker) or queued, apart from the threads that answer requests.",
     )
     http_harvest_queue: int = Field(
         default=32,
