@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import re
 import select
+import socket
 import time
 import uuid
 import zipfile
@@ -22,7 +23,7 @@ from gleaner import Gleaner
 from tests.conftest import test_settings
 from tests.http_raw import Resident, chunked, connect, head, read_answer, send_streaming
 from tests.samples import native
-from tests.service_harness import Service, free_port, service_env, start
+from tests.service_harness import Service, free_port, service_env, start, start_http
 
 MB = 1_000_000
 LIMIT = 4_000_000  # GLEANER_HTTP_MAX_BODY_BYTES's default
@@ -330,6 +331,63 @@ def test_a_key_with_its_submits_in_progress_is_429(served: Served) -> None:
     # ... so the key submits again.
     again = served.client.post(POST, json=native(2, owner=alice), headers=headers)
     assert again.status_code == 202, again.text
+
+
+@pytest.mark.slow
+def test_with_a_broker_the_same_key_limits_and_a_connection_cap(
+    tmp_path: Path, worker_id: str
+) -> None:
+    import redis
+
+    from tests.workers_harness import REDIS_URL, redis_db_for
+
+    url = f"sqlite:///{tmp_path / 'broker.db'}"
+    gleaner = Gleaner(url, settings=test_settings())
+    gleaner.migrate()
+    broker = f"{REDIS_URL}/{redis_db_for(worker_id)}"
+    service = start_http(
+        url,
+        tmp_path,
+        GLEANER_BROKER_URL=broker,
+        GLEANER_HTTP_REQUESTS_PER_MINUTE="3",
+        GLEANER_HTTP_MAX_CONNECTIONS="8",
+        GLEANER_HTTP_HEADER_TIMEOUT_SECONDS=str(HEADER_TIMEOUT),
+    )
+    alice, job_id = owner_name(), ""
+    idle: list[socket.socket] = []
+    try:
+        headers = {"Authorization": f"Bearer {gleaner.create_api_key(alice)[1]}"}
+        with httpx.Client(base_url=service.url, timeout=30) as client:
+            accepted = client.post(POST, json=native(3, owner=alice), headers=headers)
+            assert accepted.status_code == 202 and accepted.json()["queued"] is True
+            job_id = accepted.json()["job_id"]
+            for _ in range(2):
+                assert client.get(f"/v1/jobs/{job_id}", headers=headers).status_code == 200
+            over = client.get(f"/v1/jobs/{job_id}", headers=headers)
+            assert over.status_code == 429 and int(over.headers["Retry-After"]) >= 1
+        # Eight connections that send nothing fill the cap: the next request is 503 until
+        # the head deadline has closed them.
+        idle = [connect(service.url) for _ in range(8)]
+        with httpx.Client(base_url=service.url, timeout=30) as client:
+            assert client.get("/healthz").status_code == 503
+            deadline = time.monotonic() + HEADER_TIMEOUT + 10
+            while time.monotonic() < deadline:
+                with httpx.Client(base_url=service.url, timeout=30) as fresh:
+                    if fresh.get("/healthz").status_code == 200:
+                        break
+                time.sleep(0.1)
+            else:
+                pytest.fail("idle connections were never closed")
+    finally:
+        for sock in idle:
+            sock.close()
+        service.stop()
+        gleaner.close()
+        queue = redis.Redis.from_url(broker)  # the queued job's message is this test's
+        for message in queue.lrange("harvest", 0, -1):
+            if job_id and job_id.encode() in message:
+                queue.lrem("harvest", 0, message)
+        queue.close()
 
 
 def test_serve_options_set_the_bounds(tmp_path: Path) -> None:
