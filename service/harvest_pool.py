@@ -58,11 +58,18 @@ class HarvestPool:
             # A client that goes away does not stop the harvest: the job is recorded and
             # runs to its end (shield), and the slot is given back only then.
             future = asyncio.wrap_future(executor.submit(work))
-            future.add_done_callback(lambda _: self._release())
+            future.add_done_callback(self._done)
         except BaseException:
             self._release()
             raise
         return await asyncio.shield(future)
+
+    def _done(self, future: asyncio.Future[T]) -> None:
+        self._release()
+        if not future.cancelled():
+            # Retrieved here: when its client is gone nobody awaits it, and asyncio would
+            # log the error as never retrieved.
+            future.exception()
 
     def _release(self) -> None:
         with self._lock:
