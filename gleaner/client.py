@@ -104,12 +104,18 @@ class Gleaner:
         *,
         owner: str | None = None,
         reassign_owner: bool = False,
+        upload: bool = False,
     ) -> Conversation:
         """Read one conversation (bytes, text or parsed JSON, in any format the CLI reads)
         and settle its owner, recording nothing: what ``submit`` does first. ``owner`` fills
-        in a conversation that names none; ``reassign_owner`` overrides the one it names."""
+        in a conversation that names none; ``reassign_owner`` overrides the one it names;
+        ``upload`` bounds it (a zip inflated) by GLEANER_HTTP_MAX_BODY_BYTES as well."""
         return read_conversation(
-            conversation, self.settings, owner=owner, reassign_owner=reassign_owner
+            conversation,
+            self.settings,
+            owner=owner,
+            reassign_owner=reassign_owner,
+            upload=upload,
         )
 
     def submit(

@@ -42,13 +42,16 @@ def read_conversation(
     *,
     owner: str | None = None,
     reassign_owner: bool = False,
+    upload: bool = False,
 ) -> Conversation:
     """Read exactly one conversation from ``document`` under the CLI's formats and limits.
 
     ``document`` is a file's bytes or text, or its parsed JSON (a native conversation, an
     OpenAI-style ``{"messages": [...]}``, a one-conversation export...). ``owner`` fills in a
     conversation that names none; ``reassign_owner`` puts it in ``owner``'s scope whatever it
-    names. InvalidRequest (``bad_transcript``, ``no_owner``, ``bad_owner``,
+    names. ``upload`` bounds the document (a zip's conversations.json inflated) by
+    GLEANER_HTTP_MAX_BODY_BYTES too: a request body, not a file an operator chose.
+    InvalidRequest (``bad_transcript``, ``no_owner``, ``bad_owner``,
     ``not_one_conversation``) or TooLarge when it cannot be taken as it is.
     """
     from harvest.job import resolve_owner
@@ -61,7 +64,15 @@ def read_conversation(
     with translated():
         if owner is not None:
             owner = check_principal(owner)  # refused even when the conversation names its own
-        found = read_bytes(data, DOCUMENT_NAME, limits=Limits.from_settings(settings))
+        limits = Limits.from_settings(settings)
+        if upload and settings.http_max_body_bytes < limits.file_bytes:
+            limits = limits.model_copy(
+                update={
+                    "file_bytes": settings.http_max_body_bytes,
+                    "file_bytes_setting": "GLEANER_HTTP_MAX_BODY_BYTES",
+                }
+            )
+        found = read_bytes(data, DOCUMENT_NAME, limits=limits)
     if found.errors:
         _, why = found.errors[0]
         reason = why.split(":", 1)[0] if why.startswith(("too_large:", "too_deep:")) else None

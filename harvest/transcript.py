@@ -73,6 +73,8 @@ class Limits(BaseModel):
     transcript_messages: int = setting_field("max_transcript_messages")
     file_bytes: int = setting_field("max_file_bytes")
     zip_entries: int = setting_field("max_zip_entries")
+    # The setting a too_large file names: an HTTP body is bounded by its own limit.
+    file_bytes_setting: str = "GLEANER_MAX_FILE_BYTES"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:

@@ -7,24 +7,30 @@ Every route calls :class:`gleaner.Gleaner` and adds no rule of its own; the key 
     401 no key, or an unknown or revoked one      403 the key is not allowed that owner
     400 the body is no conversation we can read  413 over a size limit
     422 a bad owner, parameter or note type      404 no such note, job or conversation
-    503 the database or the broker is down
+    408 the body did not arrive in time           429 over the key's rate or submits
+    503 the database or the broker is down, or the harvest pool is full
+
+429 and 503 for a limit carry ``Retry-After`` (seconds).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import quote, unquote, unquote_to_bytes
 
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gleaner import (
+    ApiKey,
     Gleaner,
     GleanerError,
     InvalidRequest,
@@ -32,15 +38,24 @@ from gleaner import (
     NoteDetail,
     NotFound,
     SearchHit,
+    Settings,
     TooLarge,
     Unavailable,
 )
+from service.harvest_pool import HarvestPool
 from service.keys import Key, Refused, Service, allowed_owner
+from service.limits import KeyLimits, Throttled
 
 # Refusals of the body itself: it is not one conversation that can be read.
 UNREADABLE = frozenset({"bad_transcript", "too_deep", "not_one_conversation"})
 OWNERS = b"/v1/owners/"
 CONVERSATIONS = b"conversations/"
+# uvicorn's own logger: its format and --log-level.
+log = logging.getLogger("uvicorn.error")
+
+
+class ClientGone(Exception):
+    """Raised when the client went away before its request body was whole (logged once)."""
 
 
 class OwnerSegment:
@@ -166,8 +181,24 @@ def status_of(exc: GleanerError) -> int:
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Error} for code in (400, 401, 403, 404, 413, 422, 503)
+    code: {"model": Error} for code in (400, 401, 403, 404, 408, 413, 422, 429, 503)
 }
+
+
+def key_limits(request: Request) -> KeyLimits:
+    found: KeyLimits = request.app.state.key_limits
+    return found
+
+
+async def counted_key(request: Request, key: Key) -> ApiKey:
+    """The request's key, counted against its rate (Throttled, 429, past it). Async: the
+    count is a dict lookup, no thread is taken for it."""
+    key_limits(request).hit(key.id)
+    return key
+
+
+# Every route but /healthz: a key, checked and counted.
+CountedKey = Annotated[ApiKey, Depends(counted_key)]
 
 
 def create_app(gleaner: Gleaner) -> FastAPI:
@@ -179,12 +210,18 @@ def create_app(gleaner: Gleaner) -> FastAPI:
         responses=ERRORS,
     )
     app.state.gleaner = gleaner
+    settings = gleaner.settings
+    app.state.key_limits = KeyLimits(
+        settings.http_requests_per_minute, settings.http_submits_per_key
+    )
+    app.state.harvest_pool = HarvestPool(settings.http_harvest_threads, settings.http_harvest_queue)
     app.add_middleware(OwnerSegment)
     _handle_errors(app)
 
     @app.get("/healthz", tags=["service"])
-    def healthz() -> dict[str, bool]:
-        """Answers while the process serves (no key, no database)."""
+    async def healthz() -> dict[str, bool]:
+        """Answers while the process serves (no key, no database; async: it never waits for
+        a thread, however busy the request threads and the harvest pool are)."""
         return {"ok": True}
 
     @app.post(
@@ -196,7 +233,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
                 "required": True,
                 "description": "One conversation, in any format `gleaner enqueue` reads: "
                 "native JSON, OpenAI-style messages, JSON Lines, a one-conversation export "
-                "or its zip. At most GLEANER_MAX_FILE_BYTES.",
+                "or its zip. At most GLEANER_HTTP_MAX_BODY_BYTES, a zip inflated.",
                 "content": {
                     "application/json": {"schema": {"type": "object"}},
                     "application/zip": {"schema": {"type": "string", "format": "binary"}},
@@ -206,7 +243,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
     )
     async def submit(
         request: Request,
-        key: Key,
+        key: CountedKey,
         service: Service,
         owner: str | None = None,
         reassign_owner: bool = False,
@@ -215,27 +252,34 @@ def create_app(gleaner: Gleaner) -> FastAPI:
         harvested at once when the server has no broker. ``owner`` fills in a conversation
         that names none (a one-owner key's owner when left out); ``reassign_owner`` puts it
         in ``owner``'s scope whatever it names. The key must be allowed the owner it ends in.
+        The body is read, and harvested (no broker) or queued, on the server's harvest pool
+        (503 when it is full); a key has at most GLEANER_HTTP_SUBMITS_PER_KEY submits in
+        progress (429).
         """
         if owner is None and key.owner is not None:
             owner = key.owner
         if owner is not None:
             owner = allowed_owner(service, key, owner)  # before the body is read
-        body = await _body(request, service.settings.max_file_bytes)
+        with key_limits(request).submitting(key.id):
+            body = await _body(request, service.settings)
 
-        def accept() -> Accepted:  # one trip to the thread pool: read, check, record, send
-            read = service.read(body, owner=owner, reassign_owner=reassign_owner)
-            allowed_owner(service, key, read.owner)
-            return Accepted(
-                job_id=service.submit(read),
-                owner=read.owner,
-                conversation_id=read.conversation_id,
-                queued=service.queued,
-            )
+            def accept() -> Accepted:  # one trip to a thread: read, check, record, send
+                read = service.read(body, owner=owner, reassign_owner=reassign_owner, upload=True)
+                allowed_owner(service, key, read.owner)
+                return Accepted(
+                    job_id=service.submit(read),
+                    owner=read.owner,
+                    conversation_id=read.conversation_id,
+                    queued=service.queued,
+                )
 
-        return await run_in_threadpool(accept)
+            # Read, and harvested or queued, on the harvest pool: parsing a body costs
+            # about 10x its size, so the pool's size bounds that memory too.
+            pool: HarvestPool = request.app.state.harvest_pool
+            return await pool.run(accept)
 
     @app.get("/v1/jobs/{job_id}", tags=["conversations"])
-    def job(job_id: str, key: Key, service: Service) -> JobStatus:
+    def job(job_id: str, key: CountedKey, service: Service) -> JobStatus:
         """A job's state, outcome and cost; 404 for a job of an owner the key is not allowed."""
         return service.job(job_id, owner=key.owner)
 
@@ -243,7 +287,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
     def search(  # noqa: PLR0917 - FastAPI passes every parameter by name
         owner: Owner,
         q: Annotated[str, Query(max_length=1000)],
-        key: Key,
+        key: CountedKey,
         service: Service,
         limit: Annotated[int, Query(ge=1, le=100)] = 10,
         since: Annotated[datetime | None, Query()] = None,
@@ -256,14 +300,14 @@ def create_app(gleaner: Gleaner) -> FastAPI:
         return Hits(hits=service.search(name, q, limit=limit, since=since, until=until))
 
     @app.get("/v1/owners/{owner}/notes/{slug}", tags=["notes"])
-    def note(owner: Owner, slug: str, key: Key, service: Service) -> NoteDetail:
+    def note(owner: Owner, slug: str, key: CountedKey, service: Service) -> NoteDetail:
         """One note with its links, backlinks, superseder and earlier versions."""
         return service.note(allowed_owner(service, key, owner_of(owner)), slug)
 
     @app.get("/v1/owners/{owner}/index", tags=["notes"])
     def index_text(
         owner: Owner,
-        key: Key,
+        key: CountedKey,
         service: Service,
         q: Annotated[str | None, Query(max_length=4000)] = None,
     ) -> IndexText:
@@ -275,7 +319,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
 
     @app.delete("/v1/owners/{owner}", tags=["owners"])
     def forget(
-        owner: Owner, key: Key, service: Service, allow_reharvest: bool = False
+        owner: Owner, key: CountedKey, service: Service, allow_reharvest: bool = False
     ) -> Forgotten:
         """Delete everything stored for the owner (``gleaner forget``): rows deleted by table."""
         name = allowed_owner(service, key, owner_of(owner))
@@ -283,7 +327,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
 
     @app.delete("/v1/owners/{owner}/conversations/{conversation_id}", tags=["owners"])
     def forget_conversation(
-        owner: Owner, conversation_id: ConversationId, key: Key, service: Service
+        owner: Owner, conversation_id: ConversationId, key: CountedKey, service: Service
     ) -> ConversationForgotten:
         """Forget one conversation of the owner (``gleaner forget --conversation``): the
         notes only it supports are deleted, a note it changed gets back the text before it;
@@ -296,31 +340,81 @@ def create_app(gleaner: Gleaner) -> FastAPI:
     return app
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) past ``limit`` bytes before more of it is read."""
+def body_limit(settings: Settings) -> tuple[int, str]:
+    """The most bytes of a request body, and the setting that sets it (the smaller of the
+    HTTP body limit and the file limit)."""
+    if settings.max_file_bytes < settings.http_max_body_bytes:
+        return settings.max_file_bytes, "GLEANER_MAX_FILE_BYTES"
+    return settings.http_max_body_bytes, "GLEANER_HTTP_MAX_BODY_BYTES"
+
+
+async def _body(request: Request, settings: Settings) -> bytes:
+    """The request body, refused (413) past the body limit before more of it is read, and
+    (408) when it has not all arrived within GLEANER_HTTP_BODY_TIMEOUT_SECONDS. A client
+    that goes away meanwhile is one log line (ClientGone)."""
+    limit, setting = body_limit(settings)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise TooLarge(
             f"request body too large: {int(declared):,} bytes, over the limit of {limit:,} "
-            "(GLEANER_MAX_FILE_BYTES)",
+            f"({setting})",
             reason="too_large",
         )
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise TooLarge(
-                f"request body too large: more than {limit:,} bytes, over the limit "
-                "(GLEANER_MAX_FILE_BYTES)",
-                reason="too_large",
-            )
-    return bytes(data)
+    chunks: list[bytes] = []
+    size = 0
+    timeout = settings.http_body_timeout_seconds
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise TooLarge(
+                        f"request body too large: more than {limit:,} bytes, over the limit "
+                        f"({setting})",
+                        reason="too_large",
+                    )
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTimeout(
+            f"the request body did not arrive within {timeout:g} s "
+            f"(GLEANER_HTTP_BODY_TIMEOUT_SECONDS): {size:,} bytes came"
+        ) from None
+    except ClientDisconnect:
+        client = request.client
+        who = f"{client.host}:{client.port}" if client else "a client"
+        log.info("%s went away after sending %s bytes of its request body", who, f"{size:,}")
+        raise ClientGone from None
+    return b"".join(chunks)
+
+
+class BodyTimeout(Exception):
+    """Raised when a request body is not whole within its deadline (408)."""
 
 
 def _handle_errors(app: FastAPI) -> None:
     @app.exception_handler(GleanerError)
     async def gleaner_error(request: Request, exc: GleanerError) -> JSONResponse:
-        return error(status_of(exc), exc.reason, exc.message)
+        response = error(status_of(exc), exc.reason, exc.message)
+        if response.status_code == 413:
+            response.headers["Connection"] = "close"  # the rest of the body is not read
+        return response
+
+    @app.exception_handler(Throttled)
+    async def throttled(request: Request, exc: Throttled) -> JSONResponse:
+        response = error(exc.status, exc.reason, exc.message)
+        response.headers["Retry-After"] = str(exc.retry_after)
+        return response
+
+    @app.exception_handler(BodyTimeout)
+    async def body_timeout(request: Request, exc: BodyTimeout) -> JSONResponse:
+        response = error(408, "body_timeout", str(exc))
+        response.headers["Connection"] = "close"  # the rest of the body is not waited for
+        return response
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> JSONResponse:
+        # Nobody reads it: the exception is handled here so that nothing logs a traceback.
+        return error(400, "client_gone", "the client went away mid-body")
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused) -> JSONResponse:

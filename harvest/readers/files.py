@@ -72,9 +72,14 @@ def _declared_entries(fp: BinaryIO) -> int:
 
 
 def _inflate(
-    archive: zipfile.ZipFile, member: zipfile.ZipInfo, path: Path, limit: int
+    archive: zipfile.ZipFile,
+    member: zipfile.ZipInfo,
+    path: Path,
+    limit: int,
+    setting: str = "GLEANER_MAX_FILE_BYTES",
 ) -> bytearray:
-    """The member's bytes, inflated a piece at a time and refused past ``limit`` bytes."""
+    """The member's bytes, inflated a piece at a time and refused past ``limit`` bytes (the
+    bound ``setting`` sets)."""
     data = bytearray()
     with archive.open(member) as stream:
         while piece := stream.read(_INFLATE_PIECE):
@@ -84,7 +89,7 @@ def _inflate(
                     f"{path}: the archive's {EXPORT_MEMBER}",
                     f"more than {limit:,} bytes inflated",
                     limit,
-                    "GLEANER_MAX_FILE_BYTES",
+                    setting,
                 )
     return data
 
@@ -156,9 +161,9 @@ def _export_member(archive: zipfile.ZipFile, path: Path, limits: Limits) -> byte
             f"{path}: the archive's {EXPORT_MEMBER}",
             f"{member.file_size:,} bytes declared",
             limits.file_bytes,
-            "GLEANER_MAX_FILE_BYTES",
+            limits.file_bytes_setting,
         )
-    return _inflate(archive, member, path, limits.file_bytes)
+    return _inflate(archive, member, path, limits.file_bytes, limits.file_bytes_setting)
 
 
 def _read_file(path: Path, limits: Limits) -> bytes:

@@ -271,7 +271,7 @@ def read_bytes(
     path = Path(name)
     if len(data) > limits.file_bytes:
         raise too_large(
-            f"{path}: file", f"{len(data):,} bytes", limits.file_bytes, "GLEANER_MAX_FILE_BYTES"
+            f"{path}: file", f"{len(data):,} bytes", limits.file_bytes, limits.file_bytes_setting
         )
     zipped = data[:4] == b"PK\x03\x04"
     text = read_zip(path, limits, data) if zipped else decode(data, path)

@@ -15,18 +15,33 @@ from workers.cli.common import EXIT_OK, UsageError
 MCP_OWNER_VARIABLE = "GLEANER_MCP_OWNER"
 
 
+# `gleaner serve` options that set a GLEANER_* setting for the server's processes.
+SERVE_SETTINGS = {
+    "max_connections": "GLEANER_HTTP_MAX_CONNECTIONS",
+    "header_timeout": "GLEANER_HTTP_HEADER_TIMEOUT_SECONDS",
+    "body_timeout": "GLEANER_HTTP_BODY_TIMEOUT_SECONDS",
+    "max_body_bytes": "GLEANER_HTTP_MAX_BODY_BYTES",
+}
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gleaner import load_settings
 
-    load_settings()  # a bad GLEANER_* setting stops start-up here, naming the variable
+    for option, variable in SERVE_SETTINGS.items():
+        if getattr(args, option) is not None:  # in the environment: every worker reads it
+            os.environ[variable] = str(getattr(args, option))
+    settings = load_settings()  # a bad GLEANER_* setting stops start-up here, naming it
     uvicorn.run(
         "service.http:from_environment",
         factory=True,
         host=args.host,
         port=args.port,
         workers=args.workers,
+        # Closes connections that send no request in time (uvicorn alone never does).
+        http="service.connections:HeaderDeadlineProtocol",
+        limit_concurrency=settings.http_max_connections,
         # Off by default: request lines carry owners and search queries.
         access_log=args.access_log,
         log_level=args.log_level,
@@ -102,6 +117,32 @@ def register(sub: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help="open connections per process; a request over it is 503 "
+        "(GLEANER_HTTP_MAX_CONNECTIONS)",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="close a connection sending no whole request line and headers in this time "
+        "(GLEANER_HTTP_HEADER_TIMEOUT_SECONDS)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="408 for a body not whole in this time (GLEANER_HTTP_BODY_TIMEOUT_SECONDS)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        metavar="N",
+        help="413 for a larger request body (GLEANER_HTTP_MAX_BODY_BYTES)",
+    )
     serve.add_argument(
         "--access-log", action="store_true", help="log each request (paths name owners)"
     )
