@@ -351,13 +351,15 @@ class Gleaner:
         with translated():
             return check_principal(owner)
 
-    def create_api_key(self, owner: str | None) -> tuple[ApiKey, str]:
-        """A new API key for ``owner`` (None: every owner) and its token, shown only now."""
+    def create_api_key(self, owner: str | None, *, read_only: bool = False) -> tuple[ApiKey, str]:
+        """A new API key for ``owner`` (None: every owner) and its token, shown only now. A
+        ``read_only`` key searches, reads, gets the index and follows jobs, but cannot
+        submit, pin, delete or forget (the services refuse it, ``read_only_key``)."""
         with translated():
-            return self.store.create_api_key(owner)
+            return self.store.create_api_key(owner, read_only=read_only)
 
     def api_keys(self) -> list[ApiKey]:
-        """Every API key (ids, owners, creation times; never a token)."""
+        """Every API key (ids, owners, whether read-only, creation times; never a token)."""
         with translated():
             return self.store.api_keys()
 

@@ -4,7 +4,8 @@ Every route calls :class:`gleaner.Gleaner` and adds no rule of its own; the key 
 ``Authorization: Bearer`` decides which owners a request may act for. Errors are JSON,
 ``{"error": {"reason": ..., "message": ...}}``, and a refused request changes nothing:
 
-    401 no key, or an unknown or revoked one      403 the key is not allowed that owner
+    401 no key, or an unknown or revoked one      403 the key is not allowed that owner,
+                                                  or is read-only and the route writes
     400 the body is no conversation we can read  413 over a size limit
     422 a bad owner, parameter or note type      404 no such note, job or conversation
     503 the database or the broker is down
@@ -35,7 +36,7 @@ from gleaner import (
     TooLarge,
     Unavailable,
 )
-from service.keys import Key, Refused, Service, allowed_owner
+from service.keys import Key, Refused, Service, WriteKey, allowed_owner
 
 # Refusals of the body itself: it is not one conversation that can be read.
 UNREADABLE = frozenset({"bad_transcript", "too_deep", "not_one_conversation"})
@@ -206,7 +207,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
     )
     async def submit(
         request: Request,
-        key: Key,
+        key: WriteKey,
         service: Service,
         owner: str | None = None,
         reassign_owner: bool = False,
@@ -275,7 +276,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
 
     @app.delete("/v1/owners/{owner}", tags=["owners"])
     def forget(
-        owner: Owner, key: Key, service: Service, allow_reharvest: bool = False
+        owner: Owner, key: WriteKey, service: Service, allow_reharvest: bool = False
     ) -> Forgotten:
         """Delete everything stored for the owner (``gleaner forget``): rows deleted by table."""
         name = allowed_owner(service, key, owner_of(owner))
@@ -283,7 +284,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
 
     @app.delete("/v1/owners/{owner}/conversations/{conversation_id}", tags=["owners"])
     def forget_conversation(
-        owner: Owner, conversation_id: ConversationId, key: Key, service: Service
+        owner: Owner, conversation_id: ConversationId, key: WriteKey, service: Service
     ) -> ConversationForgotten:
         """Forget one conversation of the owner (``gleaner forget --conversation``): the
         notes only it supports are deleted, a note it changed gets back the text before it;
