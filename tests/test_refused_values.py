@@ -20,6 +20,9 @@ from gleaner import Gleaner, InvalidRequest
 from service.http import create_app
 from service.mcp import build_server
 from store import Store
+from tests.cli_harness import Cli, cli
+
+__all__ = ["cli"]  # the fixture, used by name
 
 OWNER = "alice"
 BAD = {"NUL": "a\x00b", "lone surrogate": "a\udcffb"}
@@ -132,3 +135,21 @@ def test_mcp_read_refuses_them_as_a_tool_error(gleaner: Gleaner) -> None:
             anyio.run(server.call_tool, "mem_read", {"slug": value})
         with pytest.raises(ToolError, match="bad_query: query"):
             anyio.run(server.call_tool, "mem_search", {"query": value})
+
+
+def test_the_cli_refuses_them_as_usage_errors(store: Store, gleaner: Gleaner, cli: Cli) -> None:
+    # A command line cannot hold NUL; bytes that are no UTF-8 arrive as lone surrogates.
+    cli.env(GLEANER_DATABASE_URL=store.database_url)
+    before = stored(store)
+    commands = [
+        (["show", "a\udcffb", "--owner", OWNER], "argument slug: slug is not valid UTF-8"),
+        (["notes", "pin", "a\udcffb", "--owner", OWNER], "argument SLUG: slug is not valid"),
+        (["notes", "delete", "s" * 121, "--owner", OWNER], "slug is 121 characters, over"),
+        (["retry", "\udcff"], "argument JOB_ID: job id is not valid UTF-8"),
+        (["forget", "--owner", OWNER, "--conversation", "c\udcff", "--yes"], "conversation_id"),
+    ]
+    for argv, said in commands:
+        ran = cli(*argv)
+        assert (ran.code, said in ran.err) == (2, True), (argv, ran.err)
+    assert stored(store) == before
+    assert cli("show", "tea", "--owner", OWNER).code == 0
