@@ -15,6 +15,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from gleaner import params
 from gleaner.conversation import Conversation, ConversationInput, read_conversation
 from gleaner.errors import InvalidRequest, NotFound, Unavailable, translated
 from store import Note, NoteVersion
@@ -207,9 +208,11 @@ class Gleaner:
 
     def job(self, job_id: str, *, owner: str | None = None) -> JobStatus:
         """A job's state, outcome and cost (model calls and tokens over every run). With
-        ``owner``, a job of another owner is NotFound, like one that does not exist."""
+        ``owner``, a job of another owner is NotFound, like one that does not exist; an id
+        no job can have (NUL, ...) is InvalidRequest (``bad_job_id``)."""
+        job_id = params.job_id(job_id)
         with translated():
-            found = self.store.job(job_id) if isinstance(job_id, str) else None
+            found = self.store.job(job_id)
             name = None if owner is None else self.owner_name(owner)
         if found is None or (name is not None and found.owner != name):
             raise NotFound(f"no job with id {quoted(job_id)}", reason="not_found")
@@ -234,6 +237,7 @@ class Gleaner:
 
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
             raise InvalidRequest(f"limit must be 1..100, got {quoted(limit)}", reason="bad_limit")
+        query = params.query(query)
         with translated():
             vector, model = self._query_vector(query)
             return self.store.search(
@@ -261,6 +265,7 @@ class Gleaner:
         transaction; NotFound when the owner has no such note."""
         from store import Scope, history, links
 
+        slug = params.slug(slug)
         with translated():
             scope = Scope.owner(owner)
             with self.store.transaction() as session:
@@ -280,6 +285,8 @@ class Gleaner:
         to it, then other titles, within the token budget."""
         from store import Scope
 
+        if query is not None:
+            query = params.query(query)
         with translated():
             vector, model = self._query_vector(query)
             return self.store.index_text(
@@ -301,7 +308,9 @@ class Gleaner:
         submitted again they write nothing; a harvest of it still running writes nothing.
         Counts by what was done (``notes_deleted``, ``notes_restored``, ``versions``, ...).
         NotFound when nothing of the owner names the conversation (another owner's
-        conversation with the same id is never touched)."""
+        conversation with the same id is never touched). A conversation id no conversation
+        can have (NUL, ...) is InvalidRequest (``bad_conversation_id``)."""
+        conversation_id = params.conversation_id(conversation_id)
         with translated():
             return self.store.forget_conversation(self.owner_name(owner), conversation_id)
 
@@ -361,18 +370,21 @@ class Gleaner:
         with translated():
             return check_principal(owner)
 
-    def create_api_key(self, owner: str | None) -> tuple[ApiKey, str]:
-        """A new API key for ``owner`` (None: every owner) and its token, shown only now."""
+    def create_api_key(self, owner: str | None, *, read_only: bool = False) -> tuple[ApiKey, str]:
+        """A new API key for ``owner`` (None: every owner) and its token, shown only now. A
+        ``read_only`` key searches, reads, gets the index and follows jobs, but cannot
+        submit, pin, delete or forget (the services refuse it, ``read_only_key``)."""
         with translated():
-            return self.store.create_api_key(owner)
+            return self.store.create_api_key(owner, read_only=read_only)
 
     def api_keys(self) -> list[ApiKey]:
-        """Every API key (ids, owners, creation times; never a token)."""
+        """Every API key (ids, owners, whether read-only, creation times; never a token)."""
         with translated():
             return self.store.api_keys()
 
     def revoke_api_key(self, key_id: str) -> ApiKey:
         """Delete an API key; NotFound when there is none with that id."""
+        params.checked(key_id, "key id", reason="bad_key_id", max_chars=32)
         try:
             with translated():
                 return self.store.revoke_api_key(key_id)

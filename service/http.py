@@ -4,7 +4,8 @@ Every route calls :class:`gleaner.Gleaner` and adds no rule of its own; the key 
 ``Authorization: Bearer`` decides which owners a request may act for. Errors are JSON,
 ``{"error": {"reason": ..., "message": ...}}``, and a refused request changes nothing:
 
-    401 no key, or an unknown or revoked one      403 the key is not allowed that owner
+    401 no key, or an unknown or revoked one      403 the key is not allowed that owner,
+                                                  or is read-only and the route writes
     400 the body is no conversation we can read  413 over a size limit
     422 a bad owner, parameter or note type      404 no such note, job or conversation
     408 the body did not arrive in time           429 over the key's rate or submits
@@ -43,7 +44,7 @@ from gleaner import (
     Unavailable,
 )
 from service.harvest_pool import HarvestPool
-from service.keys import Key, Refused, Service, allowed_owner
+from service.keys import Key, Refused, Service, allowed_owner, may_write
 from service.limits import KeyLimits, Throttled
 
 # Refusals of the body itself: it is not one conversation that can be read.
@@ -201,6 +202,15 @@ async def counted_key(request: Request, key: Key) -> ApiKey:
 CountedKey = Annotated[ApiKey, Depends(counted_key)]
 
 
+async def counted_write_key(key: CountedKey) -> ApiKey:
+    """The key of a route that changes what is stored: a read-only key is refused (403)
+    before the request's body is read."""
+    return may_write(key)
+
+
+CountedWriteKey = Annotated[ApiKey, Depends(counted_write_key)]
+
+
 def create_app(gleaner: Gleaner) -> FastAPI:
     """The service for one ``Gleaner`` (its database, its broker or none)."""
     app = FastAPI(
@@ -243,7 +253,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
     )
     async def submit(
         request: Request,
-        key: CountedKey,
+        key: CountedWriteKey,
         service: Service,
         owner: str | None = None,
         reassign_owner: bool = False,
@@ -319,7 +329,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
 
     @app.delete("/v1/owners/{owner}", tags=["owners"])
     def forget(
-        owner: Owner, key: CountedKey, service: Service, allow_reharvest: bool = False
+        owner: Owner, key: CountedWriteKey, service: Service, allow_reharvest: bool = False
     ) -> Forgotten:
         """Delete everything stored for the owner (``gleaner forget``): rows deleted by table."""
         name = allowed_owner(service, key, owner_of(owner))
@@ -327,7 +337,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
 
     @app.delete("/v1/owners/{owner}/conversations/{conversation_id}", tags=["owners"])
     def forget_conversation(
-        owner: Owner, conversation_id: ConversationId, key: CountedKey, service: Service
+        owner: Owner, conversation_id: ConversationId, key: CountedWriteKey, service: Service
     ) -> ConversationForgotten:
         """Forget one conversation of the owner (``gleaner forget --conversation``): the
         notes only it supports are deleted, a note it changed gets back the text before it;

@@ -19,7 +19,7 @@ bearer = HTTPBearer(
 
 class Refused(Exception):
     """Raised when a request may not go on: ``status`` 401 (no such key) or 403 (not its
-    owner); rendered as the service's JSON error."""
+    owner, or a read-only key asked to write); rendered as the service's JSON error."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(message)
@@ -63,5 +63,25 @@ def allowed_owner(gleaner: Gleaner, key: ApiKey, owner: str) -> str:
     return name
 
 
+def may_write(key: ApiKey) -> ApiKey:
+    """``key``, when it may change what is stored; Refused(403, ``read_only_key``) when it
+    is a read-only key. The MCP server's write tools check it too."""
+    if key.read_only:
+        raise Refused(
+            403,
+            "read_only_key",
+            f"API key {key.id} is read-only: it can search, read and follow jobs, but not "
+            "submit, pin, delete or forget",
+        )
+    return key
+
+
+def write_key(key: Annotated[ApiKey, Depends(api_key)]) -> ApiKey:
+    """The live key of a request that changes what is stored (submit, forget)."""
+    return may_write(key)
+
+
 Key = Annotated[ApiKey, Depends(api_key)]
+# For routes that write: a read-only key is refused (403) before the request's body is read.
+WriteKey = Annotated[ApiKey, Depends(write_key)]
 Service = Annotated[Gleaner, Depends(gleaner_of)]

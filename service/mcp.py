@@ -10,8 +10,10 @@ reason (``bad_type: ...``), for the model to read; arguments that fail a tool's 
 
 Over streamable HTTP (``serve_http``) every request carries an API key of ``gleaner keys
 create`` that allows the server's owner, checked as the HTTP service checks it (a missing or
-unknown key is 401, another owner's key 403). Only on a loopback address may the server run
-without keys (the default there, for an agent on the same machine), unless told to check.
+unknown key is 401, another owner's key 403); a read-only key may call every tool but
+``mem_save`` and ``mem_session_summary``, which refuse it (``read_only_key``). Only on a
+loopback address may the server run without keys (the default there, for an agent on the
+same machine), unless told to check.
 """
 
 from __future__ import annotations
@@ -22,16 +24,18 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from pydantic import BaseModel, ValidationError
 
-from gleaner import Gleaner, GleanerError, NoteDetail, SaveResult
+from gleaner import ApiKey, Gleaner, GleanerError, NoteDetail, SaveResult
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
 T = TypeVar("T")
+# Where ``keyed`` leaves the request's checked API key for the tools (the ASGI scope's state).
+API_KEY_STATE = "gleaner_api_key"
 
 
 class Hit(BaseModel):
@@ -84,6 +88,24 @@ class _Server(MCPServer):
             raise ToolError(f"Error executing tool {name}: bad_arguments: {problems}") from cause
 
 
+def _writable(ctx: Context) -> None:
+    """Refuse (a tool error, ``read_only_key``) a write by a request whose API key is
+    read-only. A request with no checked key (stdio, a keyless loopback server) may write."""
+    from service.keys import Refused, may_write
+
+    try:
+        request = ctx.request_context.request
+    except ValueError:  # called outside a request (the server object driven directly)
+        return
+    key = getattr(getattr(request, "state", None), API_KEY_STATE, None)
+    if key is None:
+        return
+    try:
+        may_write(key)
+    except Refused as exc:
+        raise ToolError(f"{exc.reason}: {exc.message}") from None
+
+
 def build_server(gleaner: Gleaner, owner: str) -> MCPServer:
     """The MCP server whose tools act for ``owner`` (already checked by the owner rule)."""
     server: MCPServer = _Server(
@@ -105,18 +127,24 @@ def build_server(gleaner: Gleaner, owner: str) -> MCPServer:
             return call()
 
     @server.tool()
-    def mem_save(content: str, type: str, title: str, topic_key: str | None = None) -> SaveResult:
+    def mem_save(
+        ctx: Context, content: str, type: str, title: str, topic_key: str | None = None
+    ) -> SaveResult:
         """Save an observation: type one of profile, preference, decision, discovery, pattern;
         a short searchable title (verb + object); Markdown content. <private>...</private>
         spans are stored as [REDACTED]. The same topic_key (e.g. "architecture/db") updates
         that observation in place; identical content in a session is deduped."""
+        _writable(ctx)
         return run(
             lambda: gleaner.mem_save(owner, content, type=type, title=title, topic_key=topic_key)
         )
 
     @server.tool()
-    def mem_session_summary(content: str, title: str = "Session summary") -> SaveResult:
+    def mem_session_summary(
+        ctx: Context, content: str, title: str = "Session summary"
+    ) -> SaveResult:
         """Save what this session did and decided, and end the session."""
+        _writable(ctx)
         return run(lambda: gleaner.mem_session_summary(owner, content, title=title))
 
     @server.tool()
@@ -198,10 +226,11 @@ def keyed(app: ASGIApp, gleaner: Gleaner, owner: str) -> ASGIApp:
 
     from service.keys import Refused, allowed_owner, live_key
 
-    def check(authorization: str) -> None:
+    def check(authorization: str) -> ApiKey:
         scheme, _, token = authorization.partition(" ")
         key = live_key(gleaner, token.strip() if scheme.lower() == "bearer" else None)
         allowed_owner(gleaner, key, owner)
+        return key
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # the lifespan that starts the session manager
@@ -210,7 +239,7 @@ def keyed(app: ASGIApp, gleaner: Gleaner, owner: str) -> ASGIApp:
         headers = dict(scope["headers"])
         try:
             # A database read: off the event loop, as the HTTP service's sync routes run.
-            await anyio.to_thread.run_sync(
+            key = await anyio.to_thread.run_sync(
                 check, headers.get(b"authorization", b"").decode("latin-1")
             )
         except Refused as exc:
@@ -221,6 +250,8 @@ def keyed(app: ASGIApp, gleaner: Gleaner, owner: str) -> ASGIApp:
             )
             await response(scope, receive, send)
             return
-        await app(scope, receive, send)
+        # The tools see the key (``_writable``): the state of the request they serve.
+        state = {**scope.get("state", {}), API_KEY_STATE: key}
+        await app({**scope, "state": state}, receive, send)
 
     return guarded

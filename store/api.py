@@ -395,12 +395,15 @@ class Store:
 
         return self._run(job_status.job_status, job_id)
 
-    def create_api_key(self, owner: str | None) -> tuple[keys.ApiKey, str]:
+    def create_api_key(
+        self, owner: str | None, *, read_only: bool = False
+    ) -> tuple[keys.ApiKey, str]:
         """A new API key allowed ``owner`` (None: every owner) and its token, which is shown
-        only now: the store keeps its sha256."""
+        only now: the store keeps its sha256. A ``read_only`` key cannot submit, pin,
+        delete or forget."""
         from store import keys
 
-        return self._run(keys.create_key, owner)
+        return self._run(keys.create_key, owner, read_only=read_only)
 
     def api_keys(self) -> list[keys.ApiKey]:
         """Every API key (never a token), oldest first."""

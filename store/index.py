@@ -3,6 +3,7 @@ again. Core reads of the memories table (no ORM): `gleaner index` imports this m
 
 from __future__ import annotations
 
+import hashlib
 import html
 import re
 from collections.abc import Iterator, Sequence
@@ -27,6 +28,8 @@ INDEX_CLOSE = "</gleaner-memory-index>"
 _INDEX_OPEN_TAG = re.compile(r"<gleaner-memory-index\b", re.IGNORECASE)
 _INDEX_CLOSE_TAG = re.compile(r"</gleaner-memory-index>", re.IGNORECASE)
 BYTES_PER_TOKEN = 4
+# Hex digits of the header's version token (64 bits of sha256).
+TOKEN_CHARS = 16
 # With a query: how many of the notes search ranks best are offered, and how much of each
 # one's body is shown.
 RELEVANT_NOTES = 10
@@ -89,10 +92,10 @@ def index_text(
     live note. The text is wrapped in a ``<gleaner-memory-index>`` block.
     """
     scope = Scope.of(scope)
-    count, seq = fingerprint(conn, scope)
+    count, _seq = fingerprint(conn, scope)
     if count == 0:
         return ""
-    head = f'{INDEX_OPEN} scope="{html.escape(str(scope))}" notes="{count}" seq="{seq}">\n'
+    head = _head(scope, count, "0" * TOKEN_CHARS)  # as long as the real one
     budget = _Budget(token_budget - estimate_tokens(head) - estimate_tokens(INDEX_CLOSE))
     m = MEMORIES.c
     said = func.coalesce(m.occurred_at, m.updated_at)
@@ -109,7 +112,7 @@ def index_text(
             f"## {title} [{slug}{_said(_aware(when))}]\n{_cut_bytes(body, pinned_body_bytes)}\n"
         )
         if not budget.take(entry):
-            return head + "".join(budget.lines) + INDEX_CLOSE
+            return _block(scope, count, budget.lines)
         shown.add(slug)
     if query is not None and settings is not None:
         from store.search import search
@@ -124,14 +127,27 @@ def index_text(
             body = _cut_bytes(" ".join(note.body.split()), RELEVANT_BODY_BYTES)
             entry = _defused(f"- {note.title} [{note.slug}{_said(note.said_at)}]: {body}\n")
             if not budget.take(entry):
-                return head + "".join(budget.lines) + INDEX_CLOSE
+                return _block(scope, count, budget.lines)
             shown.add(note.slug)
     for pinned, slug, title, _body, when in rows:
         if pinned or slug in shown:
             continue
         if not budget.take(_defused(f"- {title} [{slug}{_said(_aware(when))}]\n")):
             break
-    return head + "".join(budget.lines) + INDEX_CLOSE
+    return _block(scope, count, budget.lines)
+
+
+def _head(scope: Scope, count: int, token: str) -> str:
+    return f'{INDEX_OPEN} scope="{html.escape(str(scope))}" notes="{count}" version="{token}">\n'
+
+
+def _block(scope: Scope, count: int, lines: list[str]) -> str:
+    """The index block. Its ``version`` is a hash of the scope, the count and the text
+    itself: equal exactly when the text is, and made of nothing but what the block shows. Not
+    the store-wide ``updated_seq`` of ``fingerprint``, which counts every owner's writes."""
+    body = "".join(lines)
+    digest = hashlib.sha256(f"{scope}\n{count}\n{body}".encode())
+    return _head(scope, count, digest.hexdigest()[:TOKEN_CHARS]) + body + INDEX_CLOSE
 
 
 class _Budget:

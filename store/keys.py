@@ -2,18 +2,20 @@
 
 A key is a random token shown once (``glk_`` and 43 URL-safe characters, 256 bits); the
 table keeps its sha256, so a leaked table holds no usable key. Each key is allowed one owner,
-or every owner (``owner`` NULL). Revoking a key deletes its row: no owner's name stays
+or every owner (``owner`` NULL), and may be read-only (search, read, index, jobs; never
+submit, pin, delete or forget). Revoking a key deletes its row: no owner's name stays
 behind once the owner's keys are revoked.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from pydantic import field_validator
+from pydantic import computed_field, field_validator
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
 
@@ -28,16 +30,24 @@ if TYPE_CHECKING:
     from store.sql import Executor
 
 TOKEN_PREFIX = "glk_"  # noqa: S105 (a marker that says what the string is, not a secret)
+_KEY_ID = re.compile(r"[0-9a-f]{1,32}")
 # A token far longer than any real one is refused before it is hashed.
 MAX_TOKEN_CHARS = 200
 
 
 class ApiKey(Frozen):
-    """A key as listed (never its token): ``owner`` None means every owner."""
+    """A key as listed (never its token): ``owner`` None means every owner, which
+    ``all_owners`` says apart from any owner's name (an owner may be named "(all owners)")."""
 
     id: str
     owner: str | None
     created_at: datetime
+    read_only: bool = False
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def all_owners(self) -> bool:
+        return self.owner is None
 
     @field_validator("created_at")
     @classmethod
@@ -51,19 +61,28 @@ class ApiKey(Frozen):
 
     @classmethod
     def from_row(cls, row: ApiKeyRow) -> ApiKey:
-        return cls(id=row.id, owner=row.owner, created_at=row.created_at)
+        return cls(id=row.id, owner=row.owner, created_at=row.created_at, read_only=row.read_only)
 
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def create_key(session: Session, owner: str | None) -> tuple[ApiKey, str]:
-    """A new key for ``owner`` (None: all owners) and its token, which is not kept."""
+def create_key(
+    session: Session, owner: str | None, *, read_only: bool = False
+) -> tuple[ApiKey, str]:
+    """A new key for ``owner`` (None: all owners) and its token, which is not kept;
+    ``read_only`` keys cannot submit, pin, delete or forget."""
     name = None if owner is None else check_principal(owner)
+    if not isinstance(read_only, bool):
+        raise InvalidInput(f"read_only must be true or false, got {quoted(read_only)}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     row = ApiKeyRow(
-        id=secrets.token_hex(6), token_hash=token_hash(token), owner=name, created_at=utcnow()
+        id=secrets.token_hex(6),
+        token_hash=token_hash(token),
+        owner=name,
+        created_at=utcnow(),
+        read_only=read_only,
     )
     session.add(row)
     session.flush()
@@ -78,7 +97,10 @@ def list_keys(session: Session) -> list[ApiKey]:
 
 def revoke_key(session: Session, key_id: str) -> ApiKey:
     """Delete the key; InvalidInput (``unknown_key``) when there is none with that id."""
-    row = session.get(ApiKeyRow, key_id) if isinstance(key_id, str) else None
+    # Ids are hex (``create_key``): anything else (a NUL, which PostgreSQL cannot even
+    # compare) names no key and never reaches the database.
+    well_formed = isinstance(key_id, str) and _KEY_ID.fullmatch(key_id) is not None
+    row = session.get(ApiKeyRow, key_id) if well_formed else None
     if row is None:
         raise InvalidInput(f"no API key with id {quoted(key_id)}", reason="unknown_key")
     key = ApiKey.from_row(row)
@@ -94,9 +116,10 @@ def verify_key(session: Executor, token: str) -> ApiKey | None:
     found = prepared.execute(session, _BY_HASH, {"hash": token_hash(token)})
     if not found:
         return None
-    return ApiKey(id=found[0].id, owner=found[0].owner, created_at=found[0].created_at)
+    row = found[0]
+    return ApiKey(id=row.id, owner=row.owner, created_at=row.created_at, read_only=row.read_only)
 
 
-_BY_HASH = select(ApiKeyRow.id, ApiKeyRow.owner, ApiKeyRow.created_at).where(
+_BY_HASH = select(ApiKeyRow.id, ApiKeyRow.owner, ApiKeyRow.created_at, ApiKeyRow.read_only).where(
     ApiKeyRow.token_hash == bindparam("hash")
 )

@@ -197,7 +197,11 @@ def _save(session: Session, settings: Settings, obs: Observation) -> SaveResult:
     if written.outcome == "deduped":
         _bring_back(session, written.id)
     return SaveResult(
-        id=written.id, outcome=written.outcome, session_id=session_id, topic_key=obs.topic_key
+        id=written.id,
+        slug=written.slug,
+        outcome=written.outcome,
+        session_id=session_id,
+        topic_key=obs.topic_key,
     )
 
 

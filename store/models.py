@@ -28,6 +28,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -373,8 +374,9 @@ class ForgottenConversation(Base):
 
 
 class ApiKey(Base):
-    """An API key of the HTTP service (see ``store.keys``): the sha256 of its token, and the
-    one owner it is allowed (NULL: every owner). Revoking deletes the row."""
+    """An API key of the HTTP service (see ``store.keys``): the sha256 of its token, the
+    one owner it is allowed (NULL: every owner) and whether it may only read. Revoking
+    deletes the row."""
 
     __tablename__ = "api_keys"
 
@@ -382,6 +384,8 @@ class ApiKey(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     owner: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # A read-only key searches and reads; it cannot submit, pin, delete or forget.
+    read_only: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 # What other modules import from here (the statuses, job states, utcnow and BigId live in

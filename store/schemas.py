@@ -10,10 +10,12 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Field,
     ValidationError,
     ValidationInfo,
     field_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from store.errors import InvalidInput
 from store.text import check_principal, quoted
@@ -121,9 +123,12 @@ class Evidence(Frozen):
 
 
 class Note(Frozen):
-    """One note as stored."""
+    """One note as stored. ``id`` and ``updated_seq`` count every owner's writes: they are
+    for the store's own use and never serialized (no HTTP, MCP, CLI or JSON output shows
+    them, which would tell an owner how much the others write), nor in the JSON schemas the
+    services publish (OpenAPI, MCP output schemas); ``slug`` names a note."""
 
-    id: int
+    id: SkipJsonSchema[int] = Field(exclude=True)
     scope: Scope
     slug: str
     title: str
@@ -146,7 +151,7 @@ class Note(Frozen):
     occurred_at: datetime | None
     created_at: datetime
     updated_at: datetime
-    updated_seq: int
+    updated_seq: SkipJsonSchema[int] = Field(exclude=True)
     weight: float
     # When the fact was said: the conversation's time, else when the text was last written.
     said_at: datetime | None = None
@@ -253,9 +258,12 @@ class NoteChange(Frozen):
 
 
 class SaveResult(Frozen):
-    """What mem_save did: ``created``, ``updated`` (topic key) or ``deduped`` (same content)."""
+    """What mem_save did: ``created``, ``updated`` (topic key) or ``deduped`` (same content).
+    ``id`` (seed 003's observation id) counts every owner's writes, so it is never serialized:
+    the note's ``slug`` (what ``mem_read`` takes) names it in every output."""
 
-    id: int
+    id: SkipJsonSchema[int] = Field(exclude=True)
+    slug: str
     outcome: Literal["created", "updated", "deduped"]
     session_id: str
     topic_key: str | None

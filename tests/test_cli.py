@@ -201,11 +201,12 @@ def test_keys_create_list_and_revoke(cli: Cli, fresh_url: str) -> None:
         wide = gleaner.verify_api_key(everyone["token"])
         assert wide is not None and wide.owner is None and wide.allows("bob")
         listed = cli("keys", "list")
-        assert alice["id"] in listed.out and "(all owners)" in listed.out
+        assert f"{alice['id']}  read-write" in listed.out and 'owner "alice"' in listed.out
+        assert f"{everyone['id']}  read-write" in listed.out and "  all owners" in listed.out
         assert alice["token"] not in listed.out and everyone["token"] not in listed.out
         assert all("token" not in k for k in cli("keys", "list", "--json").json())
         revoked = cli("keys", "revoke", alice["id"])
-        assert revoked.code == 0 and f"revoked key {alice['id']} (alice)" in revoked.out
+        assert revoked.code == 0 and f'revoked key {alice["id"]} (owner "alice")' in revoked.out
         assert gleaner.verify_api_key(alice["token"]) is None
         assert [k["id"] for k in cli("keys", "list", "--json").json()] == [everyone["id"]]
     finally:

@@ -99,7 +99,7 @@ def test_refusals_never_quote_a_private_span_the_agent_sent(make_store: Any) -> 
 @pytest.mark.slow
 def test_seed_003_tools_over_stdio_for_one_owner(store: Store) -> None:
     gleaner = Gleaner(store=store)
-    bob = gleaner.mem_save("bob", "Bob drinks oolong daily.", type="preference", title="Tea")
+    gleaner.mem_save("bob", "Bob drinks oolong daily.", type="preference", title="Tea")
     secret = "hunter2-0f9e"
 
     async def session_test(session: ClientSession) -> None:
@@ -122,7 +122,8 @@ def test_seed_003_tools_over_stdio_for_one_owner(store: Store) -> None:
             title="DB choice",
             topic_key="architecture/db",
         )
-        assert again["outcome"] == "updated" and again["id"] == saved["id"]
+        assert again["outcome"] == "updated" and again["slug"] == saved["slug"]
+        assert "id" not in saved  # the row id counts every owner's notes: never shown
         hits = (await call(session, "mem_search", query="postgresql"))["hits"]
         assert [h["slug"] for h in hits] == ["architecture-db"]
         note = await call(session, "mem_read", slug="architecture-db")
@@ -147,7 +148,8 @@ def test_seed_003_tools_over_stdio_for_one_owner(store: Store) -> None:
             "mem_save",
             {"content": "Bob hates tea.", "type": "preference", "title": "Tea", "user_id": "bob"},
         )
-        assert sneaky.is_error or sneaky.structured_content["id"] != bob.id
+        # Refused, or saved as alice's: bob's note is untouched (checked below).
+        assert sneaky.is_error or sneaky.structured_content["outcome"] == "created"
 
     stdio(store.database_url, session_test, "--owner", "alice")
     assert gleaner.note("bob", "tea").memory.body == "Bob drinks oolong daily."

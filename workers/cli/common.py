@@ -211,3 +211,30 @@ def owner_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.reassign_owner and not args.owner:
         raise UsageError("--reassign-owner needs --owner NAME: the owner to reassign to")
     return {"owner": args.owner, "reassign_owner": args.reassign_owner}
+
+
+def stored_text(field: str, max_chars: int) -> Any:
+    """An argparse type for an argument that names a stored value (a slug, a job id): an
+    argument no stored value can be (undecodable bytes, which arrive as lone surrogates, or
+    longer than the column) is a usage error naming ``field``, before any database sees it."""
+
+    def check(value: str) -> str:
+        from store.errors import InvalidInput
+        from store.text import check_text
+
+        try:
+            check_text(value, field)
+        except InvalidInput as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+        if len(value) > max_chars:
+            raise argparse.ArgumentTypeError(
+                f"{field} is {len(value):,} characters, over the {max_chars} it can be"
+            )
+        return value
+
+    check.__name__ = field  # argparse names the type in some of its own messages
+    return check
+
+
+SLUG = stored_text("slug", 120)
+JOB_ID = stored_text("job id", 32)

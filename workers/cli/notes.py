@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from workers.cli.common import EXIT_OK, add_scope_flags, note_json, open_store, scope_of
+from workers.cli.common import EXIT_OK, SLUG, add_scope_flags, note_json, open_store, scope_of
 
 STATUS_CHOICES = ("live", "archived", "superseded", "all")
 
@@ -79,7 +79,7 @@ def register(sub: Any) -> None:
     }
     for action, text in helps.items():
         parser = actions.add_parser(action, help=text, description=text)
-        parser.add_argument("slug", metavar="SLUG")
+        parser.add_argument("slug", metavar="SLUG", type=SLUG)
         add_scope_flags(parser)
         parser.add_argument("--json", action="store_true", help="print the note as JSON")
         parser.set_defaults(func=lambda args, action=action: _change(args, action))

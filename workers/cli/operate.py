@@ -11,6 +11,7 @@ from store.text import quoted
 from workers.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    JOB_ID,
     CommandFailed,
     UsageError,
     broker_down,
@@ -453,7 +454,7 @@ def register(sub: Any) -> None:
         "(GLEANER_JOB_LEASE_SECONDS), or pending for longer than "
         "GLEANER_REQUEUE_AFTER_SECONDS.",
     )
-    retry.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    retry.add_argument("job_id", nargs="?", metavar="JOB_ID", type=JOB_ID)
     retry.add_argument(
         "--all", action="store_true", help="every failed job (and, with no broker, stranded one)"
     )

@@ -12,6 +12,7 @@ from typing import Any
 from workers.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
+    SLUG,
     add_scope_flags,
     note_json,
     open_store,
@@ -267,7 +268,7 @@ def register(sub: Any) -> None:
     index.set_defaults(func=cmd_index)
 
     show = sub.add_parser("show", help="show one note with its links")
-    show.add_argument("slug")
+    show.add_argument("slug", type=SLUG)
     add_scope_flags(show)
     show.add_argument("--json", action="store_true", help="print the note as JSON")
     show.add_argument(

@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workers.cli.common import EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from gleaner import ApiKey
 
 MCP_OWNER_VARIABLE = "GLEANER_MCP_OWNER"
 
@@ -75,13 +78,25 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 
     if not args.owner and not args.all_owners:
         raise UsageError("say which owner the key is for: --owner NAME or --all-owners")
-    key, token = Gleaner().create_api_key(None if args.all_owners else args.owner)
+    key, token = Gleaner().create_api_key(
+        None if args.all_owners else args.owner, read_only=args.read_only
+    )
     if args.json:
         print(json.dumps({**key.model_dump(mode="json"), "token": token}, indent=2))
     else:
-        print(f"key {key.id} for {key.owner or 'all owners'}; its token (shown only now):")
+        print(f"key {key.id} for {whose(key)}, {access(key)}; its token (shown only now):")
         print(token)
     return EXIT_OK
+
+
+def whose(key: ApiKey) -> str:
+    """The owners a key is allowed, as listed: an owner's name is always quoted (JSON
+    style), so an owner named "(all owners)" never reads like a key for every owner."""
+    return "all owners" if key.all_owners else f"owner {json.dumps(key.owner, ensure_ascii=False)}"
+
+
+def access(key: ApiKey) -> str:
+    return "read-only" if key.read_only else "read-write"
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
@@ -92,7 +107,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
         print(json.dumps([key.model_dump(mode="json") for key in keys], indent=2))
         return EXIT_OK
     for key in keys:
-        print(f"{key.id}  {key.owner or '(all owners)'}  created {key.created_at:%Y-%m-%d %H:%M}")
+        print(f"{key.id}  {access(key):10}  {key.created_at:%Y-%m-%d %H:%M}  {whose(key)}")
     if not keys:
         print("no API keys")
     return EXIT_OK
@@ -102,7 +117,7 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     from gleaner import Gleaner
 
     key = Gleaner().revoke_api_key(args.key_id)
-    print(f"revoked key {key.id} ({key.owner or 'all owners'})")
+    print(f"revoked key {key.id} ({whose(key)})")
     return EXIT_OK
 
 
@@ -178,12 +193,22 @@ def register(sub: Any) -> None:
     )
     actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="a new key; its token is printed once")
-    whose = create.add_mutually_exclusive_group()
-    whose.add_argument("--owner", metavar="NAME", help="the one owner the key may act for")
-    whose.add_argument("--all-owners", action="store_true", help="a key for every owner")
+    owners = create.add_mutually_exclusive_group()
+    owners.add_argument("--owner", metavar="NAME", help="the one owner the key may act for")
+    owners.add_argument("--all-owners", action="store_true", help="a key for every owner")
+    create.add_argument(
+        "--read-only",
+        action="store_true",
+        help="the key may search, read, get the index and follow jobs, but not submit, pin, "
+        "delete or forget",
+    )
     create.add_argument("--json", action="store_true")
     create.set_defaults(func=cmd_keys_create)
-    listed = actions.add_parser("list", help="every key: id, owner, created (never a token)")
+    listed = actions.add_parser(
+        "list",
+        help="every key: id, read-only or read-write, created, then its owner quoted or "
+        "'all owners' (never a token)",
+    )
     listed.add_argument("--json", action="store_true")
     listed.set_defaults(func=cmd_keys_list)
     revoke = actions.add_parser("revoke", help="delete a key: it stops working at once")
