@@ -70,6 +70,8 @@ def test_keys_create_on_a_new_sqlite_file_migrates_it(run: Cli, tmp_path: Path) 
         ("notes", "list", "--owner", "ann"),
         ("export", "--owner", "ann", "out.jsonl"),
         ("forget", "ann", "--yes"),
+        ("keys", "list"),
+        ("keys", "revoke", "abc123"),
     ],
 )
 def test_a_read_command_on_a_missing_sqlite_file_creates_none(

@@ -10,7 +10,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from workers.cli.common import EXIT_OK, UsageError
+from workers.cli.common import EXIT_OK, UsageError, require_database
 
 if TYPE_CHECKING:
     from gleaner import ApiKey
@@ -102,6 +102,7 @@ def access(key: ApiKey) -> str:
 def cmd_keys_list(args: argparse.Namespace) -> int:
     from gleaner import Gleaner
 
+    require_database()  # a listing creates no database
     keys = Gleaner().api_keys()
     if args.json:
         print(json.dumps([key.model_dump(mode="json") for key in keys], indent=2))
@@ -116,6 +117,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     from gleaner import Gleaner
 
+    require_database()
     key = Gleaner().revoke_api_key(args.key_id)
     print(f"revoked key {key.id} ({whose(key)})")
     return EXIT_OK
