@@ -237,8 +237,10 @@ class Gleaner:
 
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
             raise InvalidRequest(f"limit must be 1..100, got {quoted(limit)}", reason="bad_limit")
+        from gleaner.metrics import SEARCH_SECONDS
+
         query = params.query(query)
-        with translated():
+        with translated(), SEARCH_SECONDS.time():
             vector, model = self._query_vector(query)
             return self.store.search(
                 Scope.owner(owner),
@@ -286,8 +288,10 @@ class Gleaner:
         from store import Scope
 
         if query is not None:
-            query = params.query(query)
-        with translated():
+            from gleaner.metrics import SEARCH_SECONDS
+
+        query = params.query(query)
+        with translated(), SEARCH_SECONDS.time():
             vector, model = self._query_vector(query)
             return self.store.index_text(
                 Scope.owner(owner), query, vector=vector, vector_model=model

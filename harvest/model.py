@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +133,22 @@ class Usage:
         self.counts = self.counts + cost
 
 
+def _measure(model: str, tokens: Counts) -> None:
+    """One call in the Prometheus counters (``harvest.metrics``); its price only where
+    litellm is loaded already (its cost map; the lean client never loads it for this)."""
+    from harvest import metrics
+
+    metrics.MODEL_CALLS.labels(model).inc()
+    metrics.MODEL_TOKENS.labels(model, "prompt").inc(tokens.prompt_tokens)
+    metrics.MODEL_TOKENS.labels(model, "completion").inc(tokens.completion_tokens)
+    if "litellm" in sys.modules:
+        from harvest.budget import price
+
+        dollars = price(model, tokens.prompt_tokens, tokens.completion_tokens)
+        if dollars:
+            metrics.MODEL_COST.labels(model).inc(dollars)
+
+
 class CallGuard(Protocol):
     """What may stop a model call before it is made (``harvest.budget.Budget``)."""
 
@@ -172,6 +189,7 @@ class _Meter:
         finally:
             if self.guard is not None:
                 self.guard.after_call(_ONE_CALL + tokens)
+            _measure(options.model, tokens)
         self._count(tokens)
         self.model = answer.model or self.model
         for counter in self.counters:

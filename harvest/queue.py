@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from harvest import metrics
 from harvest.errors import HarvestError
 from harvest.job import Plan, failed_after, plan_harvest, resolve_owner, run_harvest
 from harvest.model import Usage
@@ -101,11 +103,16 @@ def run_job(
     job is ``done`` exactly when its notes are committed.
     """
     run = _JobRun(store, job_id, token=token, redelivered=redelivered)
+    started = time.monotonic()
     try:
         outcome = run_harvest(store, run)
     finally:
         run.close()
-    return None if outcome is None else outcome.as_dict()
+    if outcome is None:
+        return None
+    metrics.JOBS_FINISHED.labels(outcome.status).inc()
+    metrics.JOB_SECONDS.observe(time.monotonic() - started)
+    return outcome.as_dict()
 
 
 def run_job_here(store: Store, job_id: str) -> dict[str, Any] | None:

@@ -24,7 +24,7 @@ from urllib.parse import quote, unquote, unquote_to_bytes
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -43,6 +43,7 @@ from gleaner import (
     TooLarge,
     Unavailable,
 )
+from gleaner.metrics import Scrape
 from service.harvest_pool import HarvestPool
 from service.keys import Key, Refused, Service, allowed_owner, may_write
 from service.limits import KeyLimits, Throttled
@@ -220,6 +221,7 @@ def create_app(gleaner: Gleaner) -> FastAPI:
         responses=ERRORS,
     )
     app.state.gleaner = gleaner
+    app.state.metrics = None
     settings = gleaner.settings
     app.state.key_limits = KeyLimits(
         settings.http_requests_per_minute, settings.http_submits_per_key
@@ -233,6 +235,23 @@ def create_app(gleaner: Gleaner) -> FastAPI:
         """Answers while the process serves (no key, no database; async: it never waits for
         a thread, however busy the request threads and the harvest pool are)."""
         return {"ok": True}
+
+    @app.get("/metrics", tags=["service"], response_class=Response)
+    def metrics(request: Request, key: CountedKey) -> Response:
+        """Prometheus metrics (text format): jobs by state, queue depths, model calls,
+        tokens and cost by model, job durations, search latency. The figures are every
+        owner's: only a key allowed all owners may read them (403 otherwise)."""
+        if key.owner is not None:
+            raise Refused(
+                403,
+                "forbidden_metrics",
+                "metrics count every owner's work: read them with a key for all owners",
+            )
+        scrape = request.app.state.metrics
+        if scrape is None:  # made at the first scrape: it loads the workers' modules
+            scrape = request.app.state.metrics = Scrape(request.app.state.gleaner)
+        body, content_type = scrape.text()
+        return Response(body, media_type=content_type)
 
     @app.post(
         "/v1/conversations",

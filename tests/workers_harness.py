@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -90,6 +90,7 @@ class Cluster:
         *,
         pool: str = "prefork",
         wait: bool = True,
+        extra: Sequence[str] = (),
         **env: str,
     ) -> Worker:
         """Start `gleaner worker` (``concurrency`` None: its default); with ``wait`` (the
@@ -109,6 +110,7 @@ class Cluster:
                 pool,
                 "--loglevel",
                 "INFO",
+                *extra,
             ],
             env={**self.env, **env},
             stdout=log.open("wb"),

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
-from workers.cli.common import EXIT_FAILED, EXIT_OK, UsageError, require_broker
+from workers.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    ensure_schema,
+    open_store,
+    require_broker,
+)
 
 # Celery's own spellings of the node-name option: when given, the default name stays out.
 NODE_NAME_OPTIONS = ("-n", "--hostname")
@@ -58,6 +66,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # Poll in the fixed priority order whatever order was typed.
     ordered = [q for q in QUEUES if q in queues]
     passthrough = celery_options(args)
+    store = open_store(create=True)
+    ensure_schema(store)  # a worker on an unmigrated PostgreSQL would fail every job: refuse
+    if args.metrics_port is not None:
+        _serve_metrics(store, settings.broker_url, args.metrics_port, args.metrics_host)
     app = make_celery(settings)
     argv = [
         "worker",
@@ -78,6 +90,26 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from workers import watchdog
 
     return watchdog.exit_code or EXIT_OK
+
+
+def _serve_metrics(store: Any, broker_url: str, port: int, host: str) -> None:
+    """Metrics of every pool process: each counts into files of a folder of this run's
+    (prometheus_client's multiprocess mode, set before any counter exists), summed here."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        folder = tempfile.mkdtemp(prefix="gleaner-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    from workers import metrics
+
+    try:
+        metrics.serve(store, broker_url, port, host)
+    except OSError as exc:
+        raise UsageError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
+    print(f"gleaner: metrics at http://{host}:{port}/metrics", file=sys.stderr)
 
 
 def cmd_beat(args: argparse.Namespace) -> int:
@@ -144,6 +176,20 @@ def register(sub: Any) -> None:
         help="prefork (default) for CPU-bound offline harvests; threads for slow remote models",
     )
     worker.add_argument("--loglevel", default="INFO")
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (jobs by state, queue "
+        "depths, model calls, tokens and cost, job durations, lease recoveries, watchdog "
+        "exits), summed over the pool's processes",
+    )
+    worker.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the metrics listen on (default 127.0.0.1: they are every owner's)",
+    )
     worker.set_defaults(func=cmd_worker, celery_passthrough=True)
 
     beat = sub.add_parser("beat", help="run Celery beat: decay, dedupe, lost-job sweep")
