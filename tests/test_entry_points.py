@@ -230,3 +230,25 @@ def test_import_no_wait_without_a_broker_says_it_runs_in_process(run: Cli, tmp_p
     assert ran.code == 0, ran.err
     assert "no broker" in ran.err and "in process" in ran.err
     assert "notes written" in ran.out  # done here, before the command returned
+
+
+def test_a_worker_on_an_unmigrated_database_refuses_to_start(
+    tmp_path: Path, worker_id: str
+) -> None:
+    import subprocess
+    import sys
+
+    url = recreate_pg_database(f"gleaner_worker_unmigrated_{worker_id}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLEANER_")}
+    env |= {"GLEANER_DATABASE_URL": url, "GLEANER_BROKER_URL": redis_url_for(worker_id)}
+    ran = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "worker", "--queues", "harvest"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 1, ran.stderr[-2000:]
+    assert "not_migrated" in ran.stderr and "gleaner db upgrade" in ran.stderr
+    assert "ready" not in ran.stderr
