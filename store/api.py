@@ -562,6 +562,11 @@ def _storage_failure(exc: SQLAlchemyError) -> StorageFailure:
         )
     if isinstance(exc, DataError):
         return DataRefused(f"the database refused a value: {detail}")
+    if "connection failed" in detail or "could not connect" in detail:
+        return StorageFailure(
+            f"database error: {detail}: is PostgreSQL running and reachable there? Start it, "
+            "or fix the host and port in GLEANER_DATABASE_URL"
+        )
     return StorageFailure(f"database error: {detail}")
 
 

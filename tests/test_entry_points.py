@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,14 @@ def test_a_worker_on_an_unmigrated_database_refuses_to_start(
     assert ran.returncode == 1, ran.stderr[-2000:]
     assert "not_migrated" in ran.stderr and "gleaner db upgrade" in ran.stderr
     assert "ready" not in ran.stderr
+
+
+def test_a_refused_postgresql_connection_says_what_to_do(run: Cli) -> None:
+    with socket.socket() as probe:  # a port where nothing listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run.env(GLEANER_DATABASE_URL=f"postgresql+psycopg://postgres@127.0.0.1:{port}/gleaner")
+    ran = run("status")
+    assert ran.code == 1
+    assert "Connection refused" in ran.err and "GLEANER_DATABASE_URL" in ran.err
+    assert len(ran.err.strip().splitlines()) == 1
