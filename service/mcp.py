@@ -11,19 +11,22 @@ reason (``bad_type: ...``), for the model to read; arguments that fail a tool's 
 Over streamable HTTP (``serve_http``) every request carries an API key of ``gleaner keys
 create`` that allows the server's owner, checked as the HTTP service checks it (a missing or
 unknown key is 401, another owner's key 403). Only on a loopback address may the server run
-without keys (the default there, for an agent on the same machine), unless told to check.
+without keys, and only when told to (``--no-key``): any local process could otherwise read and
+write the owner's memory. Whatever the address, the SDK's DNS-rebinding protection admits only
+requests that name the bound address (or a loopback name) in ``Host`` and ``Origin``.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel, ValidationError
 
 from gleaner import Gleaner, GleanerError, NoteDetail, SaveResult
@@ -166,28 +169,136 @@ def build_server(gleaner: Gleaner, owner: str) -> MCPServer:
     return server
 
 
-def needs_key(host: str, require_key: bool) -> bool:
-    """Whether streamable HTTP on ``host`` checks API keys: when asked to, and always on an
-    address other machines can reach (anything but loopback)."""
-    if require_key:
+class NoKeyRefused(ValueError):
+    """Raised when ``--no-key`` is asked for on an address other machines can reach."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address however spelled (``127.0.0.2``, ``::1``,
+    ``0:0:0:0:0:0:0:1``, ``[::1]``) or the name ``localhost``; any other name is not (it
+    may resolve anywhere)."""
+    if host.lower() == "localhost":
         return True
     try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name: only localhost is taken for the loopback
-        return host != "localhost"
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def needs_key(host: str, no_key: bool) -> bool:
+    """Whether streamable HTTP on ``host`` checks API keys: always, unless ``no_key`` is
+    asked for on a loopback address (any other address with ``no_key`` is refused)."""
+    if not no_key:
+        return True
+    if not is_loopback(host):
+        raise NoKeyRefused(
+            f"--no-key is allowed only on a loopback address (127.0.0.1, ::1, localhost), "
+            f"not on {host!r}: other machines could read and write the owner's memory; "
+            "create a key with `gleaner keys create --owner NAME` instead"
+        )
+    return False
+
+
+def allowed_hosts(host: str, port: int, extra: Sequence[str] = ()) -> list[str]:
+    """The ``Host`` header values a server bound to ``host:port`` answers (DNS-rebinding
+    protection): the address as given and as its canonical spelling, the usual loopback
+    names when it is a loopback or wildcard address, and ``extra`` names (a proxy's, a DNS
+    name). A page on ``evil.example`` that resolves to this address sends its own name, and
+    is refused."""
+    names = {host.lower()}
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        address = None
+    if address is not None:
+        names.add(str(address))
+        if address.version == 6:
+            names.add(address.exploded)
+    if host.lower() == "localhost" or (
+        address is not None and (address.is_loopback or address.is_unspecified)
+    ):
+        names.update(("127.0.0.1", "localhost", "::1"))
+    names.update(name.lower() for name in extra)
+    hosts = []
+    for name in sorted(names):
+        shown = f"[{name.strip('[]')}]" if ":" in name else name
+        hosts.append(f"{shown}:{port}")
+        if port == 80:  # a client leaves the default port out of Host
+            hosts.append(shown)
+    return hosts
+
+
+def transport_security(
+    host: str, port: int, extra_hosts: Sequence[str] = ()
+) -> TransportSecuritySettings:
+    """The SDK's DNS-rebinding protection for a server bound to ``host:port``: requests must
+    name an allowed host, and a browser's ``Origin`` must be one of them (http or https)."""
+    hosts = allowed_hosts(host, port, extra_hosts)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=hosts,
+        allowed_origins=[f"{scheme}://{name}" for name in hosts for scheme in ("http", "https")],
+    )
+
+
+def url_of(host: str, port: int) -> str:
+    """The address clients use: an IPv6 literal in brackets."""
+    shown = f"[{host.strip('[]')}]" if ":" in host else host
+    return f"http://{shown}:{port}/mcp"
 
 
 def serve_http(
-    server: MCPServer, gleaner: Gleaner, owner: str, *, host: str, port: int, require_key: bool
+    server: MCPServer,
+    gleaner: Gleaner,
+    owner: str,
+    *,
+    host: str,
+    port: int,
+    no_key: bool = False,
+    extra_hosts: Sequence[str] = (),
+    say: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve ``server`` over streamable HTTP at ``/mcp`` until stopped, behind API keys when
-    ``needs_key`` says so."""
+    """Serve ``server`` over streamable HTTP at ``/mcp`` until stopped: behind API keys unless
+    ``no_key`` (loopback only, else ``NoKeyRefused`` before anything listens), and behind the
+    SDK's DNS-rebinding protection for the bound address whatever its spelling. Says its URL
+    once listening and a line when stopped."""
     import uvicorn
 
-    app: ASGIApp = server.streamable_http_app(host=host)
-    if needs_key(host, require_key):
+    keys = needs_key(host, no_key)
+    say = say or _say
+    app: ASGIApp = server.streamable_http_app(
+        host=host, transport_security=transport_security(host, port, extra_hosts)
+    )
+    if keys:
         app = keyed(app, gleaner, owner)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    what = "API key required" if keys else "no key: loopback only"
+    config = uvicorn.Config(app, host=host.strip("[]"), port=port, log_level="warning")
+    line = f"gleaner mcp: {owner}'s memory at {url_of(host, port)} ({what})"
+    _announced(config, line, say).run()
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # to a log file too, as it happens
+
+
+def _announced(config: Any, line: str, say: Callable[[str], None]) -> Any:
+    """A uvicorn server that says ``line`` once it listens (at the warning level uvicorn says
+    nothing, and a URL is worth printing only once it answers) and a line once it has shut
+    down (here, not after ``run``: uvicorn raises the signal that stopped it again, which
+    ends the process)."""
+    import uvicorn
+
+    class Announced(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                say(line)
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets)
+            say("gleaner mcp: stopped")
+
+    return Announced(config)
 
 
 def keyed(app: ASGIApp, gleaner: Gleaner, owner: str) -> ASGIApp:
