@@ -36,13 +36,16 @@ INSTRUCTION: Final = "instruction"
 FLAGS: Final = (INSTRUCTION,)
 
 # An imperative: a sending verb's base form at the start of a clause (a sentence, or after
-# ",", ":", ";" or "then/and"), after any softeners ("please always", "remember to", "you
-# must"). Third-person facts ("Dan shares ...", "wants to share ...") do not match.
+# ",", ":", ";", "then/and", "always/never"), after any softeners ("please always", "remember
+# to", "you must", "wants you to"). Third-person facts ("Dan shares ...", "wants to share
+# ...") do not match.
 _SOFTENER = (
     r"(?:please|always|never|just|also|now|immediately|silently|quietly|secretly|"
     r"from now on,?|in every (?:reply|answer|response|chat),?|"
     r"(?:remember|make sure|be sure|don'?t forget|do not forget)(?: to| that you)?|"
     r"you (?:must|should|shall|will|need to|have to|are to)|"
+    r"(?:wants?|wanted|asks?|asked|tells?|told|expects?) (?:you|the assistant|the ai) to|"
+    r"to (?:always|never)|"
     r"(?:the )?(?:assistant|ai|model|agent|bot) (?:must|should|shall|will|needs to))"
 )
 _SEND_VERB = (
@@ -50,7 +53,12 @@ _SEND_VERB = (
     r"reveal|disclose|print|output|include|copy|dump|read out|tell|give|expose|report)"
 )
 _IMPERATIVE_SEND = re.compile(
-    r"(?:^|[,:;(\"']|\b(?:then|and|but|so)\b)\s*(?:" + _SOFTENER + r"\s+)*" + _SEND_VERB + r"\b",
+    r"(?:^|[,:;(\"']|\b(?:then|and|but|so)\b|\b(?:always|never)\b)\s*(?:"
+    + _SOFTENER
+    # At most four softeners: linear on "always always ..." (each start scans a bounded run).
+    + r"\s+){0,4}"
+    + _SEND_VERB
+    + r"\b",
     re.IGNORECASE,
 )
 _SECRET = re.compile(
@@ -61,18 +69,38 @@ _SECRET = re.compile(
     r"one-time codes?|2fa codes?|otp|access keys?|connection strings?)(?![\w-])",
     re.IGNORECASE,
 )
-_DESTINATION = re.compile(
-    r"https?://\S+|[\w.+-]+@[\w-]+(?:\.[\w-]+)+|"
-    r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:example|com|net|org|io|ru|cn|xyz|top|info|biz|co|me|"
-    r"app|dev|site|online|tk|sh|ly|cc)\b",
+# A destination is one whitespace-separated word: a URL, an e-mail address or a domain. Words are
+# matched whole (anchored, at most a domain's 253 characters): no pattern scans on from every
+# position of a long run, which made an unanchored one quadratic.
+_URL_START = ("http://", "https://")
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+_DOMAIN = re.compile(
+    r"[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:example|com|net|org|io|ru|cn|xyz|top|info|biz|co|me|"
+    r"app|dev|site|online|tk|sh|ly|cc)",
     re.IGNORECASE,
 )
+_WORD_EDGES = "<>()[]{}\"'`,;:!?."
+MAX_DESTINATION_CHARS = 253
+
+
+def _has_destination(sentence: str) -> bool:
+    for raw in sentence.split():
+        word = raw.strip(_WORD_EDGES)
+        if word.lower().startswith(_URL_START):
+            return True
+        if len(word) <= MAX_DESTINATION_CHARS and (
+            _EMAIL.fullmatch(word) is not None or _DOMAIN.fullmatch(word) is not None
+        ):
+            return True
+    return False
+
+
 # Sentences end at ".", "!" or "?" before a space, or at a line break ("evil.example" is one).
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n")
 
 _OVERRIDE = re.compile(
     r"\b(?:ignore|disregard|forget|override|bypass|skip)\s+(?:all\s+|any\s+|the\s+|your\s+|"
-    r"every\s+|of\s+)*(?:previous|prior|earlier|above|preceding|former|original|system|"
+    r"every\s+|of\s+){0,4}(?:previous|prior|earlier|above|preceding|former|original|system|"
     r"safety|other|existing)?\s*(?:instructions?|rules|prompts?|directions|guidelines|"
     r"guardrails|policies|restrictions|constraints)\b"
     r"|\byou are now\b|\bnew (?:system )?instructions?\s*:|\bsystem\s*(?:prompt\s*)?:"
@@ -99,7 +127,7 @@ _CUES = (_OVERRIDE, _ADDRESSED)
 def _exfiltration(sentence: str) -> bool:
     """An imperative sending verb in a sentence that names a secret or a destination."""
     return _IMPERATIVE_SEND.search(sentence) is not None and (
-        _SECRET.search(sentence) is not None or _DESTINATION.search(sentence) is not None
+        _SECRET.search(sentence) is not None or _has_destination(sentence)
     )
 
 
