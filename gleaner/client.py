@@ -288,10 +288,8 @@ class Gleaner:
         from store import Scope
 
         if query is not None:
-            from gleaner.metrics import SEARCH_SECONDS
-
-        query = params.query(query)
-        with translated(), SEARCH_SECONDS.time():
+            query = params.query(query)
+        with translated():
             vector, model = self._query_vector(query)
             return self.store.index_text(
                 Scope.owner(owner), query, vector=vector, vector_model=model

@@ -29,6 +29,9 @@ class Counts(BaseModel):
     # Of the items dropped: notes whose evidence is not in the transcript (or, for a profile
     # or preference, not in the user's own words).
     items_ungrounded: int = 0
+    # Notes that read as instructions to the assistant (store.instructions): stored flagged,
+    # or under GLEANER_INSTRUCTION_NOTES=drop dropped (and in items_dropped too).
+    items_instructions: int = 0
     model_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -11,6 +11,7 @@ from harvest.candidate import NoteCandidate
 from harvest.outcome import Counts
 from harvest.transcript import Transcript
 from store import Scope, Settings, judge, keyed, normalize_topics, notes, similar, strip_private
+from store.instructions import instruction_flag
 from store.keyed import ShownNote
 from store.similar import Twin
 from store.terms import FactText, jaccard, similarity_terms
@@ -197,6 +198,7 @@ class _SegmentWriter:
         self.twins: dict[int, tuple[Twin, FactText] | None] = {}  # by position in ``kept``
         self.stale = True  # a segment was written since ``twins`` was looked up
         self.created = self.updated = self.skipped = self.dropped = self.ungrounded = 0
+        self.instructions = 0  # candidates that read as instructions (store.instructions)
         self.slugs: list[str] = []
 
     def keep(self, candidates: list[NoteCandidate]) -> list[tuple[NoteCandidate, FactText]]:
@@ -205,7 +207,9 @@ class _SegmentWriter:
         ``(candidate, its text)``. A topic or topic key that held a private span is dropped,
         not redacted: ``[REDACTED]`` is no topic, and two secrets' redacted keys would be one
         key; so is a search keyword that held one. A candidate whose evidence is not in the
-        transcript is dropped too, and counted as ungrounded (``harvest.grounding``)."""
+        transcript is dropped too, and counted as ungrounded (``harvest.grounding``). One that
+        reads as an instruction to the assistant is counted (``items_instructions``) and, under
+        ``GLEANER_INSTRUCTION_NOTES=drop``, dropped."""
         kept = []
         said = grounding.Transcript.of(self.transcript.messages)
         for candidate in candidates[: self.settings.harvest_max_facts]:
@@ -231,6 +235,12 @@ class _SegmentWriter:
                 strip_private(found.body),
                 normalize_topics(topics),
             )
+            if instruction_flag(text.title, text.body) is not None:
+                # Stored marked (the writer sets the flag), or not at all under drop.
+                self.instructions += 1
+                if self.settings.instruction_notes == "drop":
+                    self.dropped += 1
+                    continue
             kept.append(
                 (
                     found.model_copy(
@@ -359,5 +369,6 @@ class _SegmentWriter:
             notes_skipped=self.skipped,
             items_dropped=self.dropped,
             items_ungrounded=self.ungrounded,
+            items_instructions=self.instructions,
         )
         return Written(counts, tuple(self.slugs))

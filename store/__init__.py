@@ -12,7 +12,8 @@ connection, a session's being ``session.connection()``, and ``job_reports`` eith
 the notes a harvest shows its model), ``judge`` (the same fact), ``search_terms`` (the
 search tokenizer), ``vectors`` (note vectors: pending, save, nearest, usage),
 ``ledger``, ``forget``, ``jobs``, ``job_leases``, ``job_reports``, ``job_status``, ``keys``,
-``links``, ``history``, ``index``, ``search``, ``decay``, ``export`` and ``restore`` (an
+``links``, ``history``, ``index``, ``instructions`` (notes that read as instructions to the
+assistant), ``search``, ``decay``, ``export`` and ``restore`` (an
 owner's JSON Lines export and loading it back), ``terms``, ``text``, ``schemas``,
 ``errors``, ``settings`` and ``db`` (migrations and revisions).
 

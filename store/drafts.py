@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from store.errors import InvalidInput
+from store.instructions import instruction_flag
 from store.settings import Settings
 from store.text import (
     MAX_BODY_BYTES_SETTING,
@@ -237,6 +238,19 @@ def validate_attrs(attrs: Mapping[str, object], settings: Settings) -> Draft:
     )
 
 
+def check_instruction(title: str, body: str, settings: Settings) -> None:
+    """Under ``GLEANER_INSTRUCTION_NOTES=drop`` a note that reads as an instruction to the
+    assistant is not stored (``store.instructions``); under ``flag`` it is, marked."""
+    if settings.instruction_notes == "drop" and instruction_flag(title, body) is not None:
+        raise InvalidInput(
+            "the note reads as an instruction to the assistant (an override phrase, a "
+            "directive to the assistant, or sending a secret somewhere) and "
+            "GLEANER_INSTRUCTION_NOTES=drop keeps such notes out; state it as a fact "
+            "about the user",
+            reason="instruction_note",
+        )
+
+
 def resolve_provenance(provenance: str | None, source: Mapping[str, str] | None) -> str:
     """Provenance comes from code, never from attrs: ``web`` with a source URL, else ``agent``."""
     if provenance is None:
@@ -285,6 +299,8 @@ def draft_columns(draft: Draft, provenance: str, now: datetime, term_count: int)
         "evidence": None if draft.evidence is None else list(draft.evidence),
         "pinned": draft.pinned,
         "confidence": draft.confidence,
+        # Every write, whoever writes: a note that reads as an instruction is marked so.
+        "flag": instruction_flag(draft.title, draft.body),
         "source": draft.source,
         "provenance": provenance,
         "content_hash": content_hash(draft.body),

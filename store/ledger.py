@@ -39,6 +39,7 @@ class LedgerEntry:
     prompt_tokens: int
     completion_tokens: int
     items_ungrounded: int = 0
+    items_instructions: int = 0
 
 
 _LEDGER = cast(Table, HarvestLedger.__table__)

@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, Val
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from store.drafts import MAX_TITLE_BYTES, Draft, text_field
+from store.drafts import MAX_TITLE_BYTES, Draft, check_instruction, text_field
 from store.errors import InvalidInput
 from store.models import ARCHIVED, LIVE, Memory, MemSession, utcnow
 from store.notes import save_draft
@@ -180,6 +180,7 @@ def _save(session: Session, settings: Settings, obs: Observation) -> SaveResult:
     # Stripped before hashing and before anything is written.
     body, title = strip_private(obs.content), strip_private(obs.title)
     check_text(body, "content", max_bytes=settings.max_body_bytes, setting=MAX_BODY_BYTES_SETTING)
+    check_instruction(title, body, settings)
     session_id = touch_session(session, obs.user_id)
     draft = Draft(
         title=title, body=body, slug=None, topics="", pinned=False, confidence=None, source=None

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from store.drafts import Draft, check_pin, resolve_provenance, validate_attrs
+from store.drafts import (
+    Draft,
+    check_instruction,
+    check_pin,
+    resolve_provenance,
+    validate_attrs,
+)
 from store.errors import InvalidInput
 from store.models import Memory
 from store.schemas import Note, Scope, WriteResult
@@ -56,6 +62,7 @@ def write(
     """
     scope = Scope.of(scope)
     draft = validate_attrs(attrs, settings)
+    check_instruction(draft.title, draft.body, settings)
     resolved = resolve_provenance(provenance, draft.source)
     check_pin(draft, resolved, allow_pin_untrusted=allow_pin_untrusted)
     if conversation_id is not None:
@@ -176,6 +183,7 @@ def write_batch(
     for n, item in enumerate(items):
         try:
             draft = validate_attrs(item.attrs, settings)
+            check_instruction(draft.title, draft.body, settings)
             resolved = resolve_provenance(provenance, draft.source)
             check_pin(draft, resolved, allow_pin_untrusted=allow_pin_untrusted)
             if item.topic_key is not None:

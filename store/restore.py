@@ -41,6 +41,7 @@ from sqlalchemy import Connection, Table, bindparam, func, insert, select, text,
 from store import export, history
 from store.drafts import Draft, validate_attrs
 from store.errors import BadExport, InvalidInput
+from store.instructions import instruction_flag
 from store.models import Link, MemoryVersion
 from store.schemas import RELS, Scope
 from store.search_index import Postings, insert_postings, postings_of
@@ -276,6 +277,7 @@ def _note_row(data: Mapping[str, Any], settings: Settings, number: int) -> dict[
         "source": draft.source,
         "evidence": None if draft.evidence is None else list(draft.evidence),
         "confidence": draft.confidence,
+        "flag": instruction_flag(draft.title, draft.body),
         "pinned": draft.pinned,
         "status": fields.status,
         "conversation_id": fields.conversation_id,

@@ -142,6 +142,9 @@ class Note(Frozen):
     provenance: str
     source: dict[str, Any] | None
     confidence: float | None
+    # "instruction": the note reads as an instruction to the assistant (store.instructions);
+    # it is data all the same, never to be followed.
+    flag: str | None = None
     # What the note rests on (harvested notes): quotes of its conversation with their speaker.
     evidence: list[Evidence] = []
     pinned: bool
@@ -177,6 +180,7 @@ class Note(Frozen):
             provenance=row.provenance,
             source=row.source,
             confidence=row.confidence,
+            flag=getattr(row, "flag", None),
             evidence=getattr(row, "evidence", None) or [],
             pinned=row.pinned,
             status=row.status,

@@ -73,6 +73,12 @@ class Settings(BaseSettings):
         description="Search backend: bm25 (any-word BM25 over the store's own index, both "
         "databases) or like (substring match); fts, its former name, means bm25.",
     )
+    instruction_notes: Literal["flag", "drop"] = Field(
+        default="flag",
+        description="A note that reads as an instruction to the assistant (store.instructions): "
+        "flag stores it marked flag=instruction; drop does not store it (a harvest counts it in "
+        "items_dropped and items_instructions, a write or mem_save is refused).",
+    )
     harvest_model: str | None = Field(
         default=None,
         max_length=200,  # the ledger keys each harvest by it (``harvester_version``)

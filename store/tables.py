@@ -71,6 +71,9 @@ MEMORIES = Table(
     # speaker ([{"speaker": "user", "quote": "..."}]); None for a note written without.
     Column("evidence", JSON),
     Column("confidence", Float),
+    # "instruction" when the note reads as an instruction to the assistant
+    # (store.instructions), else NULL: shown with the note wherever it is recalled.
+    Column("flag", String(32)),
     Column("pinned", Boolean, nullable=False, default=False, server_default=text("false")),
     Column("status", String(16), nullable=False, default=LIVE, server_default=LIVE),
     Column("superseded_by_id", BigId, ForeignKey("memories.id", ondelete="SET NULL")),
@@ -157,6 +160,7 @@ HARVEST_LEDGER = Table(
     Column("notes_skipped", Integer, nullable=False, default=0),
     Column("items_dropped", Integer, nullable=False, default=0),
     Column("items_ungrounded", Integer, nullable=False, default=0, server_default=text("0")),
+    Column("items_instructions", Integer, nullable=False, default=0, server_default=text("0")),
     Column("model", String(MODEL_MAX_CHARS), nullable=False),
     Column("model_calls", Integer, nullable=False, default=0),
     Column("prompt_tokens", Integer, nullable=False, default=0),

@@ -19,7 +19,6 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from gleaner import Gleaner
-from service.mcp import needs_key
 from store import Store
 from tests.conftest import test_settings
 from tests.service_harness import free_port, service_env, start
@@ -189,7 +188,16 @@ def test_streamable_http(make_store: Any, tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = start(
-        ["mcp", "--owner", "dan", "--transport", "streamable-http", "--port", str(port)],
+        [
+            "mcp",
+            "--owner",
+            "dan",
+            "--transport",
+            "streamable-http",
+            "--port",
+            str(port),
+            "--no-key",
+        ],
         service_env(store.database_url),
         tmp_path / "mcp.log",
         url,
@@ -211,13 +219,6 @@ def test_streamable_http(make_store: Any, tmp_path: Path) -> None:
         anyio.run(main)
     finally:
         server.stop()
-
-
-def test_keys_are_checked_off_the_loopback_address_or_when_asked() -> None:
-    loopback = ("127.0.0.1", "127.0.0.2", "::1", "localhost")
-    assert not any(needs_key(host, False) for host in loopback)
-    assert all(needs_key(host, False) for host in ("0.0.0.0", "::", "192.168.1.5", "mcp.example"))
-    assert needs_key("127.0.0.1", True)
 
 
 @pytest.mark.slow

@@ -61,7 +61,7 @@ def test_the_index_text_follows_a_query(make_store, backend: str) -> None:
     assert "Always answer in British English" in lines[1]  # pinned first, always
     said = (NOW - timedelta(days=400)).strftime("%Y-%m-%d")
     assert lines[3] == (
-        f"- Melanie's animals [melanie-s-animals, {said}]: "
+        f"- Melanie's animals [melanie-s-animals, {said}, agent]: "
         "Melanie has a dog named Luna and a cat named Oliver."
     )
     assert "Ordinary note number 29" in focused  # then other titles, in what is left

@@ -112,8 +112,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     for hit in hits:
         note = hit.memory
         pin = " [pinned]" if note.pinned else ""
+        flag = f" [flag: {note.flag}]" if note.flag else ""  # reads as an instruction
         said = f"  (said {note.said_at:%Y-%m-%d})" if note.said_at else ""
-        print(f"{hit.score:6.3f}  {note.slug}{pin}  {note.title}{said}")
+        print(f"{hit.score:6.3f}  {note.slug}{pin}{flag}  {note.title}{said}")
         if args.explain and hit.parts is not None:
             parts = hit.parts
             print(

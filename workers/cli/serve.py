@@ -65,11 +65,20 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if args.transport == "stdio":
         server.run("stdio")
     else:
-        from service.mcp import serve_http
+        from service.mcp import NoKeyRefused, serve_http
 
-        serve_http(
-            server, gleaner, name, host=args.host, port=args.port, require_key=args.require_key
-        )
+        try:
+            serve_http(
+                server,
+                gleaner,
+                name,
+                host=args.host,
+                port=args.port,
+                no_key=args.no_key,
+                extra_hosts=args.allowed_host,
+            )
+        except NoKeyRefused as exc:
+            raise UsageError(str(exc)) from None
     return EXIT_OK
 
 
@@ -173,8 +182,9 @@ def register(sub: Any) -> None:
         help="serve the MCP tools to an agent, scoped to one owner",
         description="An MCP server (stdio, or streamable HTTP at /mcp) with the tools mem_save, "
         "mem_session_summary, mem_search, mem_read and mem_index, all acting for one owner. "
-        "Over HTTP off the loopback address (or with --require-key) every request needs an API "
-        "key that allows that owner.",
+        "Over HTTP every request needs an API key that allows that owner (unless --no-key, "
+        "on a loopback address only), and must name the bound address in Host and Origin "
+        "(DNS-rebinding protection).",
     )
     mcp.add_argument(
         "--owner", metavar="NAME", help=f"whose memory the agent uses (or {MCP_OWNER_VARIABLE})"
@@ -182,11 +192,23 @@ def register(sub: Any) -> None:
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="streamable HTTP: address")
     mcp.add_argument("--port", type=int, default=8001, help="streamable HTTP: port")
-    mcp.add_argument(
-        "--require-key",
+    keyless = mcp.add_mutually_exclusive_group()
+    keyless.add_argument(
+        "--no-key",
         action="store_true",
-        help="streamable HTTP: check API keys (`gleaner keys create --owner NAME`) on the "
-        "loopback address too; on any other address they are always checked",
+        help="streamable HTTP: no API key (any local process can then use the memory); "
+        "refused on any address but loopback",
+    )
+    keyless.add_argument(
+        "--require-key", action="store_true", help="streamable HTTP: the default; kept for scripts"
+    )
+    mcp.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="streamable HTTP: another name clients reach the server by (a proxy's, a DNS "
+        "name), let through the DNS-rebinding check; repeatable",
     )
     mcp.set_defaults(func=cmd_mcp)
 

@@ -1,7 +1,7 @@
 """Daily budgets: what harvest model calls spent per owner and per import and UTC day.
 
 Revision ID: 0021
-Revises: 0018
+Revises: 0019
 Create Date: 2026-12-05
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0021"
-down_revision = "0018"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 
