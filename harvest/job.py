@@ -22,7 +22,7 @@ from harvest.llm import HarvestLLM
 from harvest.model import Usage
 from harvest.outcome import Counts, HarvestOutcome, Status
 from harvest.redact import redact_transcript, transcript_hash
-from harvest.transcript import Limits, Transcript, check_size
+from harvest.transcript import Limits, Transcript, check_size, check_storable
 from harvest.write import write_candidates
 from store import Scope, Settings, StorageFailure, Store, forget, keyed, ledger, search_terms
 from store.errors import AlreadyRecorded, InvalidInput, NoteChanged, SlugTaken, format_error
@@ -104,8 +104,8 @@ def plan_harvest(
     provenance: str,
     reassign_owner: bool = False,
 ) -> Plan:
-    """Check the provenance, resolve the owner (``resolve_owner``) and redact (HarvestError
-    when one is bad)."""
+    """Check the provenance, the size and the values (``check_storable``), resolve the owner
+    (``resolve_owner``) and redact (HarvestError when one is bad)."""
     if provenance not in PROVENANCES:
         raise HarvestError(
             f"provenance must be compaction or import, got {quoted(provenance)}",
@@ -115,6 +115,7 @@ def plan_harvest(
     # extractor, meets the limits here); then redacted, so the owner error and the outcome
     # (logged, stored as the job's result) see only the redacted conversation id.
     check_size(transcript.messages, Limits.from_settings(settings))
+    check_storable(transcript)  # before any model call: the record would refuse it after
     redacted = redact_transcript(transcript)
     name = resolve_owner(redacted, owner, reassign_owner=reassign_owner)
     return Plan(

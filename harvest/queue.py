@@ -18,7 +18,7 @@ from harvest.job import Plan, failed_after, plan_harvest, resolve_owner, run_har
 from harvest.model import Usage
 from harvest.outcome import Counts, HarvestOutcome
 from harvest.redact import redact_transcript, transcript_hash
-from harvest.transcript import Transcript
+from harvest.transcript import Transcript, check_storable
 from store import StorageFailure, Store, format_error, job_leases
 from store import jobs as job_records
 
@@ -35,13 +35,16 @@ def new_jobs(
     provenance: str,
     reassign_owner: bool = False,
 ) -> list[job_records.NewJob]:
-    """Job records for transcripts: owner resolved (HarvestError when none), text redacted.
+    """Job records for transcripts: owner resolved (HarvestError when none), values
+    storable (``check_storable``), text redacted. Batch callers judge each transcript first
+    (``harvest.batch.judge_owners``), so that one bad transcript is refused alone.
 
     Only the redacted transcript is used, so the record's conversation id and an owner
     error's message are redacted too.
     """
     out = []
     for transcript in transcripts:
+        check_storable(transcript)  # a value the database refuses would fail the whole batch
         redacted = redact_transcript(transcript)
         out.append(
             job_records.NewJob(
