@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from harvest.errors import HarvestError
 from harvest.job import Plan, failed_after, plan_harvest, resolve_owner, run_harvest
+from harvest.kept import KeptAnswer
 from harvest.model import Usage
 from harvest.outcome import Counts, HarvestOutcome
 from harvest.redact import redact_transcript, transcript_hash
@@ -83,7 +84,12 @@ def record_jobs(
 
 
 def run_job(
-    store: Store, job_id: str, *, token: str | None = None, redelivered: bool = False
+    store: Store,
+    job_id: str,
+    *,
+    token: str | None = None,
+    redelivered: bool = False,
+    kept: KeptAnswer | None = None,
 ) -> dict[str, Any] | None:
     """Harvest the transcript of one job and record the outcome; returns the outcome as
     stored on the job (``HarvestOutcome.as_dict``), or None when there is nothing to do (the
@@ -96,7 +102,9 @@ def run_job(
     worker was lost GLEANER_JOB_MAX_CRASHES times is failed (``worker_lost``), not run again.
 
     A harvest failure (model error, bad transcript) marks the job failed with its reason; a
-    database failure propagates so the queue can redeliver the message.
+    database failure propagates so the queue can redeliver the message. One that came after
+    the model answered is an ``UnrecordedHarvest`` carrying the answer: given back as
+    ``kept`` (``harvest.kept.KeptAnswer``), the next run writes it with no model call.
 
     The steps are ``harvest.job.run_harvest``'s: the claim goes into the first, with the
     ledger check (a transcript already harvested finishes right there, with no model call);
@@ -105,7 +113,7 @@ def run_job(
     """
     run = _JobRun(store, job_id, token=token, redelivered=redelivered)
     try:
-        outcome = run_harvest(store, run)
+        outcome = run_harvest(store, run, kept=kept)
     finally:
         run.close()
     return None if outcome is None else outcome.as_dict()
@@ -218,7 +226,7 @@ class _JobRun:
             job_records.fail(session, self.job_id, format_error(error), self.token, result)
         return outcome
 
-    def unrecorded(self, plan: Plan, paid: Counts) -> None:
+    def unrecorded(self, plan: Plan, paid: Counts) -> bool:
         try:
             with self.store.transaction() as session:
                 job_records.add_cost(session, self.job_id, paid.counts(), self.token)
@@ -231,6 +239,8 @@ class _JobRun:
                 paid.prompt_tokens,
                 paid.completion_tokens,
             )
+            return False
+        return True
 
     def close(self) -> None:
         if self.held:
