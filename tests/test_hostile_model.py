@@ -121,11 +121,14 @@ def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
 
 @pytest.mark.postgres
 @pytest.mark.slow
-@pytest.mark.parametrize("client", ["auto", "litellm"])
-def test_a_threads_pool_worker_cuts_a_trickled_answer_off(
-    cluster: Cluster, tmp_path: Path, client: str
+@pytest.mark.parametrize(
+    ("pool", "client"), [("threads", "auto"), ("threads", "litellm"), ("prefork", "auto")]
+)
+def test_a_worker_cuts_a_trickled_answer_off(
+    cluster: Cluster, tmp_path: Path, pool: str, client: str
 ) -> None:
-    # Celery's threads pool enforces no time limit: the deadline alone ends the call.
+    # Celery's threads pool enforces no time limit: the deadline alone ends the call (and in
+    # a prefork child, long before the soft time limit).
     with llm_server(trickling(0.2)) as server:
         cluster.env.update(
             {
@@ -137,7 +140,7 @@ def test_a_threads_pool_worker_cuts_a_trickled_answer_off(
                 "GLEANER_HARVEST_MAX_ATTEMPTS": "1",
             }
         )
-        cluster.start_worker(concurrency=2, pool="threads")
+        cluster.start_worker(concurrency=2, pool=pool)
         files = write_natives(tmp_path / "in", 1)
         started = time.monotonic()
         assert cluster.gleaner("enqueue", str(files[0])).returncode == 0
