@@ -484,16 +484,10 @@ def _raise_unrecorded(
     counted = steps.unrecorded(plan, paid) if paid.model_calls else False
     if answer is not None and counted:
         answer = replace(answer, counted=True)
-    kept = answer.as_json() if answer is not None and uses_calls(answer) else None
+    kept = answer.as_json() if answer is not None and answer.keepable() else None
     if kept is None and not paid.model_calls:
         raise failure
     raise UnrecordedHarvest(failure, paid, kept) from failure
-
-
-def uses_calls(answer: KeptAnswer) -> bool:
-    """Whether an answer is worth keeping: it cost model calls (the offline extractor's is
-    found again for nothing)."""
-    return answer.found.model != "offline"
 
 
 def _record_retrying(

@@ -11,6 +11,7 @@ of model calls whatever the database does.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from tenacity import (
 from harvest.candidate import NoteCandidate
 from harvest.extraction import Extraction
 from harvest.outcome import Counts
-from store import StorageFailure, keyed
+from store import StorageFailure, keyed, strip_private
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,15 @@ class KeptAnswer:
             return self.found
         cost = self.found.cost.model_copy(update=dict.fromkeys(USAGE, 0))
         return dataclasses.replace(self.found, cost=cost)
+
+    def keepable(self) -> bool:
+        """Whether the answer may travel in a queue message: it cost model calls (the
+        offline extractor's is found again for nothing) and holds no ``<private>`` tag (no
+        queue message ever holds one; the write would strip it, a retry asks again)."""
+        if self.found.model == "offline":
+            return False
+        texts = json.dumps(self.as_json(), ensure_ascii=False)
+        return strip_private(texts) == texts
 
     def as_json(self) -> dict[str, Any]:
         """The answer as a queue message's JSON carries it (``from_json`` reads it back)."""

@@ -10,6 +10,7 @@ raises for those writes, as the driver raises when the disk is full.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -21,6 +22,13 @@ import pytest
 from sqlalchemy import event, func, select, text
 
 from harvest.batch import harvest_paths
+from harvest.candidate import NoteCandidate
+from harvest.errors import UnrecordedHarvest
+from harvest.extraction import Extraction
+from harvest.kept import WRITE_ATTEMPTS, KeptAnswer
+from harvest.outcome import Counts
+from harvest.queue import record_jobs, run_job
+from harvest.transcript import Message, Transcript
 from store import Store
 from store.models import Job, Memory
 from tests.llm_server import LLMServer, ModelModes, llm_server
@@ -32,6 +40,11 @@ TRANSCRIPTS = 20
 # would allow more; an answer kept until written costs exactly one call.
 CALLS_PER_TRANSCRIPT = 1
 
+PG_HEALED = """
+DROP TRIGGER IF EXISTS gleaner_test_disk_full ON memories;
+DROP FUNCTION IF EXISTS gleaner_test_disk_full();
+DROP SEQUENCE IF EXISTS gleaner_test_writes;
+"""
 PG_DISK_FULL = """
 CREATE SEQUENCE gleaner_test_writes;
 CREATE FUNCTION gleaner_test_disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -91,33 +104,45 @@ class SqliteDiskFull:
         return 0
 
 
-def fail_writes(
-    store: Store, backend: str, pg_failing: str, failing: Callable[[int], bool]
-) -> Callable[[], int]:
-    """Make ``store``'s database fail the writes of notes that ``failing`` picks by their
-    number ``n`` from 1 (on PostgreSQL, the SQL condition ``pg_failing`` on ``n``); returns
-    how many writes were tried so far."""
-    if backend == "postgresql":
-        with store.transaction() as session:
-            session.execute(text(PG_DISK_FULL.format(failing=pg_failing)))
+FailWrites = Callable[[Store, str, str, Callable[[int], bool]], Callable[[], int]]
 
-        def tried() -> int:
+
+@pytest.fixture
+def fail_writes() -> Iterator[FailWrites]:
+    """``fail_writes(store, backend, pg_failing, failing)`` makes ``store``'s database fail
+    the writes of notes that ``failing`` picks by their number ``n`` from 1 (on PostgreSQL,
+    the SQL condition ``pg_failing`` on ``n``) and returns how many writes were tried so
+    far; the PostgreSQL database (shared by the session's tests) is healed at the end."""
+    healed: list[Store] = []
+
+    def fail(
+        store: Store, backend: str, pg_failing: str, failing: Callable[[int], bool]
+    ) -> Callable[[], int]:
+        if backend == "postgresql":
+            healed.append(store)
             with store.transaction() as session:
-                last = session.execute(
-                    text("SELECT last_value, is_called FROM gleaner_test_writes")
-                )
-                value, called = last.one()
-                return int(value) if called else 0
+                session.execute(text(PG_HEALED + PG_DISK_FULL.format(failing=pg_failing)))
 
-        return tried
-    disk = SqliteDiskFull(store, failing)
-    with store.transaction() as session:
-        session.execute(text(SQLITE_DISK_FULL))
-    return lambda: disk.writes
+            def tried() -> int:
+                with store.transaction() as session:
+                    sequence = text("SELECT last_value, is_called FROM gleaner_test_writes")
+                    value, called = session.execute(sequence).one()
+                    return int(value) if called else 0
+
+            return tried
+        disk = SqliteDiskFull(store, failing)
+        with store.transaction() as session:
+            session.execute(text(SQLITE_DISK_FULL))
+        return lambda: disk.writes
+
+    yield fail
+    for store in healed:
+        with store.transaction() as session:
+            session.execute(text(PG_HEALED))
 
 
 def test_a_failing_write_in_process_is_retried_with_the_answer_kept(
-    make_store: Callable[..., Store], backend: str, tmp_path: Path
+    make_store: Callable[..., Store], backend: str, tmp_path: Path, fail_writes: FailWrites
 ) -> None:
     # Every transcript's first write fails (odd-numbered writes, while the first 2 x 20):
     # each one is written at its second attempt, with the answer the model gave once.
@@ -156,6 +181,64 @@ def test_a_value_refused_is_not_retried(
     assert not retried_failure(DataRefused("the database refused a value: too long"))
     assert not retried_failure(StorageFailure("lost 3 races", reason="write_races"))
     assert not retried_failure(StorageFailure("run gleaner db upgrade", reason="not_migrated"))
+
+
+def test_a_kept_answer_is_written_by_the_next_run_with_no_model_call(
+    make_store: Callable[..., Store], backend: str, fail_writes: FailWrites
+) -> None:
+    # The first run's every write attempt fails: the answer leaves on the error, as JSON a
+    # queue message carries, and the next run of the same delivery writes it.
+    chat = Transcript(
+        conversation_id="c1",
+        owner="alice",
+        messages=[Message(role="user", content="I use tabs. My marker is M001.")],
+    )
+    with llm_server(ModelModes()) as server:
+        store = make_store(
+            backend,
+            harvest_model="openai/test-model",
+            harvest_api_base=server.api_base,
+            harvest_response_format="json_object",
+        )
+        tried = fail_writes(store, backend, f"n <= {WRITE_ATTEMPTS}", lambda n: n <= WRITE_ATTEMPTS)
+        [job_id] = record_jobs(store, [chat], owner=None, provenance="compaction", queue="q")
+        with pytest.raises(UnrecordedHarvest) as raised:
+            run_job(store, job_id, token="delivery-1")
+        assert tried() == WRITE_ATTEMPTS and server.calls == 1
+        assert raised.value.answer is not None
+        kept = KeptAnswer.from_json(json.loads(json.dumps(raised.value.answer)))
+        assert kept.counted  # the job counts its call already: the write adds none
+        result = run_job(store, job_id, token="delivery-1", kept=kept)
+        assert result is not None and result["status"] == "harvested"
+        assert (result["notes_written"], result["model_calls"]) == (1, 0)
+        assert server.calls == 1
+    with store.transaction() as session:
+        job = session.execute(select(Job)).scalar_one()
+    assert (job.state, job.model_calls) == ("done", 1)
+    assert memories(store) == 1
+
+
+def test_an_answer_is_kept_only_when_it_cost_calls_and_holds_no_private_tag() -> None:
+    found = Extraction(
+        notes=[NoteCandidate(type="profile", title="Uses tabs", body="The user uses tabs.")],
+        model="test-model",
+        cost=Counts(model_calls=2, prompt_tokens=40, completion_tokens=9, items_dropped=1),
+    )
+    kept = KeptAnswer("digest", "1:m", found, ())
+    again = KeptAnswer.from_json(json.loads(json.dumps(kept.as_json())))
+    assert again == kept and again.keepable() and again.fits("digest", "1:m")
+    assert not again.fits("digest", "2:m")
+    counted = dataclasses.replace(kept, counted=True).extraction().cost
+    assert (counted.model_calls, counted.prompt_tokens, counted.items_dropped) == (0, 0, 1)
+    assert not dataclasses.replace(
+        kept, found=dataclasses.replace(found, model="offline")
+    ).keepable()
+    private = NoteCandidate(type="profile", title="Key", body="It is <private>x</private>.")
+    assert not dataclasses.replace(
+        kept, found=dataclasses.replace(found, notes=[private])
+    ).keepable()
+    with pytest.raises(ValueError, match="not a kept answer"):
+        KeptAnswer.from_json({"digest": "d"})
 
 
 @pytest.fixture
