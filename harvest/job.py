@@ -431,7 +431,7 @@ def _harvest(
     # What the model calls cost so far, filled in as they are made: a run that fails or is
     # interrupted after them still has them counted (``steps.unrecorded``).
     usage = Usage()
-    # The answer in hand, kept until written; whether the job counts its calls already.
+    # The answer in hand, kept until its notes are written (harvest.kept).
     answer: KeptAnswer | None = None
     try:
         if kept is not None and kept.fits(plan.digest, plan.version):
