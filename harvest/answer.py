@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import re
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from harvest.candidate import NoteCandidate
 from harvest.errors import UnparseableAnswer
 from harvest.prompt import is_placeholder
+
+log = logging.getLogger(__name__)
 
 
 class ParsedNotes(BaseModel):
@@ -80,14 +83,25 @@ def parse_answer(text: str, types: Sequence[str]) -> ParsedNotes:
 
 def _validate_item(item: object, allowed: set[str]) -> NoteCandidate | None:
     if not isinstance(item, dict):
-        return None
+        return _dropped("not a JSON object")
     try:
         note = NoteCandidate.model_validate(item)
-    except ValidationError:
-        return None
-    if note.type not in allowed or is_placeholder(note.title) or is_placeholder(note.body):
-        return None
+    except ValidationError as exc:
+        # Where and why, never the value: the model's text may quote the transcript.
+        return _dropped(
+            "; ".join(f"{'.'.join(map(str, e['loc']))} {e['msg']}" for e in exc.errors())
+        )
+    if note.type not in allowed:
+        return _dropped("type is not one of the observation types")
+    if is_placeholder(note.title) or is_placeholder(note.body):
+        return _dropped("title or body is the prompt's example text")
     return note
+
+
+def _dropped(reason: str) -> NoteCandidate | None:
+    """None, for an item dropped for ``reason`` (logged)."""
+    log.info("a note of the model's answer was dropped: %s", reason)
+    return None
 
 
 def _problem(text: str) -> str:

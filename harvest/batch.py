@@ -15,8 +15,9 @@ from harvest.llm import HarvestLLM
 from harvest.outcome import Counts, HarvestOutcome
 from harvest.readers import iter_paths, read_path
 from harvest.redact import redact_text
-from harvest.transcript import Limits, Transcript
+from harvest.transcript import Limits, Transcript, check_storable
 from store import Scope, Store, StoreError, format_error, load_settings
+from store.text import quoted, unstorable
 
 
 class Summary(Counts):
@@ -101,7 +102,8 @@ def judge_owners(
     *,
     reassign_owner: bool = False,
 ) -> list[Transcript]:
-    """The conversations whose owner passes the owner rule, oldest first (by when each
+    """The conversations whose values can be stored (``check_storable``) and whose owner
+    passes the owner rule, oldest first (by when each
     happened; one of unknown time last, the file order kept among equals), so each owner's
     facts are harvested in the order they were said; each other one goes to the summary's
     failures on its own (the rest of the batch goes on). No owner at all, with no ``owner``
@@ -111,12 +113,19 @@ def judge_owners(
     kept = []
     for transcript in listed:
         try:
+            check_storable(transcript)
             resolve_owner(transcript, owner, reassign_owner=reassign_owner)
         except HarvestError as exc:
-            summary.fail(transcript.conversation_id, f"{exc.reason}: {exc}")
+            summary.fail(_label(transcript.conversation_id), f"{exc.reason}: {exc}")
             continue
         kept.append(transcript)
     return sorted(kept, key=_said_order)
+
+
+def _label(conversation_id: str) -> str:
+    # A conversation id as a failure names it: as given, unless it holds what no stored
+    # text may (then quoted, its NUL shown as an escape).
+    return conversation_id if unstorable(conversation_id) is None else quoted(conversation_id)
 
 
 def _said_order(transcript: Transcript) -> tuple[bool, float]:

@@ -20,6 +20,30 @@ def has_word(text: str) -> bool:
     return _WORD.search(text) is not None
 
 
+# Template text a model sends instead of a value: a whole value in template brackets
+# (``<title>``, ``{body}``, ``{{topic_key}}``, ``[insert title]``), or one of the words that
+# stand for "no value" or name a JSON-schema type (what a model copies from a schema).
+_TEMPLATE = re.compile(r"<[^<>]*>|\{\{?[^{}]*\}?\}|\[[^\[\]]*\]")
+_NOTHING_WORDS = frozenset(
+    {"none", "null", "nil", "n/a", "na", "undefined", "todo", "tbd", "tba"}
+    | {"string", "number", "integer", "boolean", "object", "array"}
+)
+
+
+def placeholder(text: str) -> str | None:
+    """Why ``text`` is template or placeholder text, not a value (None when it is a value):
+    empty or wordless after stripping, a whole value in template brackets, or a null-ish
+    word or JSON-schema type name (case, spaces and surrounding punctuation aside)."""
+    stripped = text.strip()
+    if not has_word(stripped):
+        return "holds no word (no letter or digit)"
+    if _TEMPLATE.fullmatch(stripped):
+        return "is template text in brackets"
+    if stripped.strip(" .:;,!?'\"`*_-").casefold() in _NOTHING_WORDS:
+        return "is placeholder text (a null-ish word or a JSON type name)"
+    return None
+
+
 MAX_QUOTES = 2
 MAX_QUOTE_CHARS = 300
 
@@ -39,11 +63,12 @@ Mark = Literal["new", "same", "update"]
 class NoteCandidate(BaseModel):
     """One proposed note; the JSON shape the model is asked for, item by item.
 
-    A title or body with no word ("...", "—", "?!") is invalid: such a note says nothing, and
-    with no words to compare it could never be found a duplicate. Topics with no word are
-    left out. A title, body or topic key holding what no stored text may hold (a NUL, which
-    a JSON answer can carry as ``\\u0000``, or a lone surrogate) is invalid: the note is
-    dropped, as the store would refuse it, before its key is looked up.
+    A title or body with no word ("...", "—", "?!") or that is template text ("<title>",
+    "string", "N/A": :func:`placeholder`) is invalid: such a note says nothing, and with no
+    words to compare it could never be found a duplicate; such a topic key is no key. Topics
+    with no word are left out. A title, body or topic key holding what no stored text may
+    hold (a NUL, which a JSON answer can carry as ``\\u0000``, or a lone surrogate) is
+    invalid: the note is dropped, as the store would refuse it, before its key is looked up.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -66,18 +91,20 @@ class NoteCandidate(BaseModel):
 
     @field_validator("title", "body")
     @classmethod
-    def _needs_a_word(cls, value: str) -> str:
-        if not has_word(value):
-            raise ValueError("holds no word (no letter or digit)")
+    def _needs_a_value(cls, value: str) -> str:
+        problem = placeholder(value)
+        if problem is not None:
+            raise ValueError(problem)
         return _storable(value)
 
     @field_validator("topic_key")
     @classmethod
-    def _blank_key_is_none(cls, value: str | None) -> str | None:
-        # Small models send "" (or spaces) for no key: one blank key for every such note
-        # would make them all one note.
+    def _placeholder_key_is_none(cls, value: str | None) -> str | None:
+        # Small models send "" (or spaces, "null", "<topic_key>", "string") for no key: one
+        # such key for every such note would make them all one note, each answer overwriting
+        # the last. The note stays, keyless.
         value = value.strip() if value is not None else None
-        return _storable(value) if value else None
+        return _storable(value) if value and placeholder(value) is None else None
 
     @field_validator("topics")
     @classmethod

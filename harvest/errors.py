@@ -14,7 +14,7 @@ HarvestError
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from store.errors import ReasonedError, StorageFailure
 from store.text import storable
@@ -129,8 +129,13 @@ class EmbeddingRejected(ModelError):
 class UnrecordedHarvest(StorageFailure):
     """Raised instead of a StorageFailure that came after the model had answered: nothing was
     written and the caller may retry, but the calls were paid for. ``spent`` is what they
-    cost (no outcome carries it); the reason and message are the database failure's."""
+    cost (no outcome carries it); ``answer``, when the model's answer was in hand, is it as
+    JSON (``harvest.kept.KeptAnswer``), for the retry to write instead of calling the model
+    again. The reason and message are the database failure's."""
 
-    def __init__(self, failure: StorageFailure, spent: Counts) -> None:
+    def __init__(
+        self, failure: StorageFailure, spent: Counts, answer: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(failure.message, reason=failure.reason)
         self.spent = spent
+        self.answer = answer

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
 from sqlalchemy import Connection
@@ -19,11 +19,12 @@ from sqlalchemy import Connection
 from harvest.budget import budget_for
 from harvest.errors import HarvestError, UnrecordedHarvest
 from harvest.extraction import Extraction, run_extraction, uses_model
+from harvest.kept import KeptAnswer, write_retries
 from harvest.llm import HarvestLLM
 from harvest.model import Usage
 from harvest.outcome import Counts, HarvestOutcome, Status
 from harvest.redact import redact_transcript, transcript_hash
-from harvest.transcript import Limits, Transcript, check_size
+from harvest.transcript import Limits, Transcript, check_size, check_storable
 from harvest.write import write_candidates
 from store import Scope, Settings, StorageFailure, Store, forget, keyed, ledger, search_terms
 from store.errors import AlreadyRecorded, InvalidInput, NoteChanged, SlugTaken, format_error
@@ -107,8 +108,8 @@ def plan_harvest(
     reassign_owner: bool = False,
     import_id: str | None = None,
 ) -> Plan:
-    """Check the provenance, resolve the owner (``resolve_owner``) and redact (HarvestError
-    when one is bad)."""
+    """Check the provenance, the size and the values (``check_storable``), resolve the owner
+    (``resolve_owner``) and redact (HarvestError when one is bad)."""
     if provenance not in PROVENANCES:
         raise HarvestError(
             f"provenance must be compaction or import, got {quoted(provenance)}",
@@ -118,6 +119,7 @@ def plan_harvest(
     # extractor, meets the limits here); then redacted, so the owner error and the outcome
     # (logged, stored as the job's result) see only the redacted conversation id.
     check_size(transcript.messages, Limits.from_settings(settings))
+    check_storable(transcript)  # before any model call: the record would refuse it after
     redacted = redact_transcript(transcript)
     name = resolve_owner(redacted, owner, reassign_owner=reassign_owner)
     return Plan(
@@ -351,14 +353,18 @@ class HarvestSteps(Protocol[Nothing_co]):
         """Extraction or the record raised: the outcome to return instead, or raise;
         ``paid`` is what the model calls made so far cost (they are paid for)."""
 
-    def unrecorded(self, plan: Plan, paid: Counts) -> None:
+    def unrecorded(self, plan: Plan, paid: Counts) -> bool:
         """The run paid for model calls and then failed before its outcome was recorded (the
         database, an interrupt): keep what they cost where it can still be kept (on a
-        database failure ``UnrecordedHarvest`` also carries it to the caller)."""
+        database failure ``UnrecordedHarvest`` also carries it to the caller); True when
+        the job counts them now (a retry writing the kept answer then adds none)."""
 
 
 def run_harvest(
-    store: Store, steps: HarvestSteps[Nothing_co], llm: HarvestLLM | None = None
+    store: Store,
+    steps: HarvestSteps[Nothing_co],
+    llm: HarvestLLM | None = None,
+    kept: KeptAnswer | None = None,
 ) -> HarvestOutcome | Nothing_co:
     """Harvest one transcript at most once: plan, lock, ledger check, extract, record.
 
@@ -373,10 +379,16 @@ def run_harvest(
     transaction of its own, and then usually find that worker's ledger row instead of
     calling the model again. A ``StorageFailure`` always propagates, so a queue can
     redeliver.
+
+    The model's answer is kept until its notes are written (``harvest.kept``): a write the
+    database fails is retried with it (``write_retries``), and a failure that outlasts those
+    carries it on the ``UnrecordedHarvest`` raised. ``kept`` is such an answer from an
+    earlier run: written, once the ledger check passes, instead of calling the model (when
+    it is this transcript's under this harvester).
     """
     locks: list[TranscriptLock] = []
     try:
-        outcome = _harvest(store, steps, llm, locks)
+        outcome = _harvest(store, steps, llm, locks, kept)
     except BaseException:
         for lock in locks:  # an error is on its way out: a failing unlock must not replace it
             try:
@@ -394,6 +406,7 @@ def _harvest(
     steps: HarvestSteps[Nothing_co],
     llm: HarvestLLM | None,
     locks: list[TranscriptLock],
+    kept: KeptAnswer | None = None,
 ) -> HarvestOutcome | Nothing_co:
     """``run_harvest``'s steps; the transcript lock it takes goes into ``locks``, for the
     caller to release."""
@@ -422,19 +435,28 @@ def _harvest(
     # What the model calls cost so far, filled in as they are made: a run that fails or is
     # interrupted after them still has them counted (``steps.unrecorded``).
     usage = Usage(guard=budget_for(store, plan.scope.id, plan.import_id))
+    # The answer in hand, kept until its notes are written (harvest.kept).
+    answer: KeptAnswer | None = None
     try:
-        found = extract_notes(plan, checked, settings, llm, usage)
+        if kept is not None and kept.fits(plan.digest, plan.version):
+            answer = kept
+            found: Extraction | HarvestOutcome = kept.extraction()
+            checked = replace(checked, shown=kept.shown)  # the notes its marks' refs name
+        else:
+            found = extract_notes(plan, checked, settings, llm, usage)
         if isinstance(found, HarvestOutcome):
             with store.transaction() as session:
                 return _settle(steps, session, found)
+        if answer is None:
+            answer = KeptAnswer(plan.digest, plan.version, found, checked.shown)
         try:
-            recorded = _record_racing(store, steps, plan, checked, found)
+            recorded = _record_retrying(store, steps, plan, checked, found)
         except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
             with store.transaction() as session:
                 skipped = plan.outcome("skipped", found.cost, model=found.model)
                 return _settle(steps, session, skipped)
     except StorageFailure as exc:
-        _raise_unrecorded(steps, plan, usage.counts, exc)
+        _raise_unrecorded(steps, plan, usage.counts, exc, answer)
     except (HarvestError, ValueError) as exc:
         try:
             return steps.broke(plan, exc, usage)
@@ -451,15 +473,36 @@ def _harvest(
 
 
 def _raise_unrecorded(
-    steps: HarvestSteps[object], plan: Plan, paid: Counts, failure: StorageFailure
+    steps: HarvestSteps[object],
+    plan: Plan,
+    paid: Counts,
+    failure: StorageFailure,
+    answer: KeptAnswer | None = None,
 ) -> NoReturn:
     """Raise on a database failure before the outcome was recorded: the failure itself when
-    no model call was made, else ``UnrecordedHarvest`` carrying what the calls cost, once
-    ``steps.unrecorded`` kept it where it still could."""
-    if not paid.model_calls:
+    no model call was made and no answer is in hand, else ``UnrecordedHarvest`` carrying
+    what the calls cost, once ``steps.unrecorded`` kept it where it still could, and the
+    answer, to be written by a retry instead of calling the model again."""
+    if not paid.model_calls and answer is None:
         raise failure
-    steps.unrecorded(plan, paid)
-    raise UnrecordedHarvest(failure, paid) from failure
+    counted = steps.unrecorded(plan, paid) if paid.model_calls else False
+    if answer is not None and counted:
+        answer = replace(answer, counted=True)
+    kept = answer.as_json() if answer is not None and answer.keepable() else None
+    if kept is None and not paid.model_calls:
+        raise failure
+    raise UnrecordedHarvest(failure, paid, kept) from failure
+
+
+def _record_retrying(
+    store: Store, steps: HarvestSteps[object], plan: Plan, ready: Ready, found: Extraction
+) -> HarvestOutcome:
+    """``_record_racing``, retried while the database fails (``harvest.kept.write_retries``):
+    the model's answer is written, not asked for again."""
+    for attempt in write_retries():
+        with attempt:
+            return _record_racing(store, steps, plan, ready, found)
+    raise AssertionError("unreachable: write_retries re-raises the last failure")
 
 
 # How often in a row one harvest's write may lose a race with another writer (a slug taken
@@ -543,8 +586,8 @@ class _InProcess:
     def broke(self, plan: Plan, error: HarvestError | ValueError, paid: Usage) -> HarvestOutcome:
         return failed_after(plan, error, paid, self.settings)
 
-    def unrecorded(self, plan: Plan, paid: Counts) -> None:
-        pass  # the caller gets the cost on the UnrecordedHarvest raised
+    def unrecorded(self, plan: Plan, paid: Counts) -> bool:
+        return False  # the caller gets the cost on the UnrecordedHarvest raised
 
 
 def failed_after(

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from harvest.deadline import DeadlinePassed, call_within, timeout_message
 from harvest.errors import (
     ContextWindowExceeded,
     ModelError,
@@ -66,7 +67,8 @@ def price_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float |
 
 
 def litellm_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
-    """One chat completion through litellm, with a timeout and without litellm's retries.
+    """One chat completion through litellm, without litellm's retries, within one deadline
+    (``options.timeout_seconds``, over the whole call: ``harvest.deadline.call_within``).
 
     Asks for the response format of ``options.response_format``; ``auto`` starts where
     :func:`auto_format` says. Maps litellm's exceptions onto harvest's; a refusal of the
@@ -98,7 +100,10 @@ def litellm_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
     if response_format is not None:
         kwargs["response_format"] = response_format
     try:
-        response = litellm.completion(**kwargs)
+        # litellm's timeout bounds each read; this, the whole call (a trickled answer too).
+        response = call_within(lambda: litellm.completion(**kwargs), options.timeout_seconds)
+    except DeadlinePassed:
+        raise TransientModelError(timeout_message(options.timeout_seconds)) from None
     except Exception as exc:  # everything litellm raises is classified, nothing escapes raw
         stop = stop_signal(exc)
         if stop is not None:

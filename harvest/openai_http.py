@@ -15,7 +15,8 @@ local server; here a call is the request, the response and the same error classe
 
 The transport is the standard library's ``http.client``: one kept-alive connection per
 thread and server, made on first use (so a forked worker child never shares its parent's
-sockets); the timeout bounds each wait on the socket. A connection the server closed while
+sockets); the timeout bounds the whole call, however slowly the server sends its answer
+(``harvest.deadline``). A connection the server closed while
 idle is opened again once, at no attempt's cost. A stop signal raised inside the call (a
 soft time limit) goes through untouched. Proxies from the environment are not used: a model
 server is reached directly.
@@ -27,10 +28,12 @@ import http.client
 import json
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from harvest.deadline import DeadlinePassed, SocketDeadline, timeout_message
 from harvest.errors import (
     ContextWindowExceeded,
     ModelError,
@@ -86,29 +89,43 @@ def post(
     url: str, body: bytes, headers: dict[str, str], timeout: float
 ) -> tuple[int, dict[str, str], bytes]:
     """POST ``body`` on this thread's kept-alive connection to the server of ``url`` (the
-    embeddings client's transport too): ``(status, headers lowercased, body)``. Raises
-    TimeoutError, OSError or http.client.HTTPException as the socket does."""
+    embeddings client's transport too): ``(status, headers lowercased, body)``.
+
+    ``timeout`` bounds the whole call, connecting, waiting and reading the whole answer
+    (``harvest.deadline``): a server trickling its answer is cut off at it, with
+    ``DeadlinePassed`` (a TimeoutError). Raises TimeoutError, OSError or
+    http.client.HTTPException as the socket does."""
     parts = urlsplit(url)
     scheme = parts.scheme or "http"
     host = parts.hostname or "localhost"
     port = parts.port or (443 if scheme == "https" else 80)
     path = parts.path + (f"?{parts.query}" if parts.query else "")
+    ends = time.monotonic() + timeout
     while True:
-        conn = _connection(scheme, host, port, timeout)
+        left = ends - time.monotonic()
+        if left <= 0:
+            raise DeadlinePassed(timeout)
+        conn = _connection(scheme, host, port, left)
         reused = conn.sock is not None  # kept alive from an earlier call
+        deadline = SocketDeadline(conn, left)
         try:
-            conn.request("POST", path, body, headers)
-            response = conn.getresponse()
-            data = response.read()
+            with deadline:
+                conn.request("POST", path, body, headers)
+                response = conn.getresponse()
+                data = response.read()
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
             _drop(scheme, host, port)
+            if deadline.fired:
+                raise DeadlinePassed(timeout) from None
             if not reused:
                 raise
             continue  # the server closed the idle kept-alive connection: once more, fresh
         except BaseException:
             _drop(scheme, host, port)  # half-used: never reuse it
+            if deadline.fired:
+                raise DeadlinePassed(timeout) from None
             raise
-        if response.will_close:
+        if response.will_close or deadline.fired:  # fired: its socket is shut down
             _drop(scheme, host, port)
         return response.status, {k.lower(): v for k, v in response.getheaders()}, data
 
@@ -145,9 +162,7 @@ def openai_call(messages: Messages, *, options: ModelOptions) -> LLMAnswer:
             url, json.dumps(body).encode(), headers, options.timeout_seconds
         )
     except TimeoutError:
-        raise TransientModelError(
-            f"Timeout: the model server did not answer within {options.timeout_seconds:g} s"
-        ) from None
+        raise TransientModelError(timeout_message(options.timeout_seconds)) from None
     except (OSError, http.client.HTTPException) as exc:
         raise TransientModelError(f"connection error: {type(exc).__name__}: {exc}") from None
     if status >= 400:

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 from harvest import metrics
 from harvest.errors import HarvestError
 from harvest.job import Plan, failed_after, plan_harvest, resolve_owner, run_harvest
+from harvest.kept import KeptAnswer
 from harvest.model import Usage
 from harvest.outcome import Counts, HarvestOutcome
 from harvest.redact import redact_transcript, transcript_hash
-from harvest.transcript import Transcript
+from harvest.transcript import Transcript, check_storable
 from store import StorageFailure, Store, format_error, job_leases
 from store import jobs as job_records
 
@@ -37,13 +38,16 @@ def new_jobs(
     provenance: str,
     reassign_owner: bool = False,
 ) -> list[job_records.NewJob]:
-    """Job records for transcripts: owner resolved (HarvestError when none), text redacted.
+    """Job records for transcripts: owner resolved (HarvestError when none), values
+    storable (``check_storable``), text redacted. Batch callers judge each transcript first
+    (``harvest.batch.judge_owners``), so that one bad transcript is refused alone.
 
     Only the redacted transcript is used, so the record's conversation id and an owner
     error's message are redacted too.
     """
     out = []
     for transcript in transcripts:
+        check_storable(transcript)  # a value the database refuses would fail the whole batch
         redacted = redact_transcript(transcript)
         out.append(
             job_records.NewJob(
@@ -82,7 +86,12 @@ def record_jobs(
 
 
 def run_job(
-    store: Store, job_id: str, *, token: str | None = None, redelivered: bool = False
+    store: Store,
+    job_id: str,
+    *,
+    token: str | None = None,
+    redelivered: bool = False,
+    kept: KeptAnswer | None = None,
 ) -> dict[str, Any] | None:
     """Harvest the transcript of one job and record the outcome; returns the outcome as
     stored on the job (``HarvestOutcome.as_dict``), or None when there is nothing to do (the
@@ -95,7 +104,9 @@ def run_job(
     worker was lost GLEANER_JOB_MAX_CRASHES times is failed (``worker_lost``), not run again.
 
     A harvest failure (model error, bad transcript) marks the job failed with its reason; a
-    database failure propagates so the queue can redeliver the message.
+    database failure propagates so the queue can redeliver the message. One that came after
+    the model answered is an ``UnrecordedHarvest`` carrying the answer: given back as
+    ``kept`` (``harvest.kept.KeptAnswer``), the next run writes it with no model call.
 
     The steps are ``harvest.job.run_harvest``'s: the claim goes into the first, with the
     ledger check (a transcript already harvested finishes right there, with no model call);
@@ -105,7 +116,7 @@ def run_job(
     run = _JobRun(store, job_id, token=token, redelivered=redelivered)
     started = time.monotonic()
     try:
-        outcome = run_harvest(store, run)
+        outcome = run_harvest(store, run, kept=kept)
     finally:
         run.close()
     if outcome is None:
@@ -223,7 +234,7 @@ class _JobRun:
             job_records.fail(session, self.job_id, format_error(error), self.token, result)
         return outcome
 
-    def unrecorded(self, plan: Plan, paid: Counts) -> None:
+    def unrecorded(self, plan: Plan, paid: Counts) -> bool:
         try:
             with self.store.transaction() as session:
                 job_records.add_cost(session, self.job_id, paid.counts(), self.token)
@@ -236,6 +247,8 @@ class _JobRun:
                 paid.prompt_tokens,
                 paid.completion_tokens,
             )
+            return False
+        return True
 
     def close(self) -> None:
         if self.held:

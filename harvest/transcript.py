@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harvest.errors import TranscriptFormatError
 from store.settings import setting_field
+from store.text import quoted, unstorable
 
 if TYPE_CHECKING:
     from store.settings import Settings
@@ -136,3 +137,35 @@ def check_size(messages: Sequence[Message], limits: Limits) -> None:
             limits.transcript_bytes,
             "GLEANER_MAX_TRANSCRIPT_BYTES",
         )
+
+
+def check_storable(transcript: Transcript) -> None:
+    """Refuse (``refused_value``) a conversation that holds what no stored text may hold (a
+    NUL, a lone surrogate) in its id, title, source path or a message's text, naming the
+    field (the owner has a rule of its own: ``store.text.check_principal``).
+
+    Checked at intake, before the conversation is recorded, queued or shown to a model, so
+    one such conversation in a batch is refused alone (PostgreSQL would refuse the whole
+    batch's insert, and a model call for it would be paid for nothing).
+    """
+    named = (
+        ("conversation id", transcript.conversation_id),
+        ("title", transcript.title),
+        ("source path", transcript.source_path),
+    )
+    for field, value in named:
+        problem = unstorable(value) if value else None
+        if problem is not None:
+            raise refused_value(f"{field} {quoted(value)}", problem)
+    for number, message in enumerate(transcript.messages, start=1):
+        problem = unstorable(message.content)
+        if problem is not None:
+            raise refused_value(f"the text of message {number} ({message.role})", problem)
+
+
+def refused_value(what: str, problem: str) -> TranscriptFormatError:
+    """The ``refused_value`` error: which field holds what (never a message's text)."""
+    return TranscriptFormatError(
+        f"conversation refused: {what} holds {problem}, which no stored text may hold",
+        reason="refused_value",
+    )

@@ -113,7 +113,8 @@ class Settings(BaseSettings):
     harvest_timeout_seconds: float = Field(
         default=300.0,
         gt=0,
-        description="Timeout of one model call, in seconds (CPU inference of a full answer "
+        description="Deadline of one model call, in seconds, over connecting, waiting and "
+        "reading the whole answer however slowly it is sent (CPU inference of a full answer "
         "takes minutes; a hosted API can use 60).",
     )
     harvest_max_attempts: int = Field(

@@ -46,6 +46,7 @@ class Behaviour:
     any other status sends ``error`` as an OpenAI error body. ``raw_body`` overrides both.
     ``hang`` > 0 sends nothing at all: the request is held that long (at most ``MAX_HANG``)
     and the connection then closed without an answer, as a model that never answers.
+    ``trickle`` > 0 sends the answer a byte at a time, as a server that never quite stops.
     """
 
     status: int = 200
@@ -58,6 +59,9 @@ class Behaviour:
     completion_tokens: int = 20
     finish_reason: str = "stop"
     hang: float = 0.0
+    # > 0: the headers at once, then the body one byte every ``trickle`` seconds (for at
+    # most MAX_HANG seconds, then the connection is dropped), as a hostile or stuck server.
+    trickle: float = 0.0
 
 
 # A responder decides from the request body; used where the answer depends on what is sent.
@@ -340,13 +344,31 @@ class LLMServer:
                 if behaviour.delay:
                     # Event.wait, not sleep: close() must be able to cut a slow reply short.
                     server._closing.wait(min(behaviour.delay, MAX_DELAY))
-                if behaviour.raw_body is not None:
+                if behaviour.trickle:
+                    data = behaviour.raw_body or json.dumps(_completion(body, behaviour)).encode()
+                    self._trickle(data, behaviour.trickle)
+                elif behaviour.raw_body is not None:
                     self._send_bytes(behaviour.status, behaviour.raw_body, behaviour.headers)
                 elif behaviour.status == 200:
                     self._send(200, _completion(body, behaviour), behaviour.headers)
                 else:
                     error = behaviour.error or _error("error", "server_error")
                     self._send(behaviour.status, error, behaviour.headers)
+
+            def _trickle(self, data: bytes, seconds: float) -> None:
+                self.close_connection = True
+                ends = time.monotonic() + MAX_HANG
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    for index in range(len(data)):
+                        self.wfile.write(data[index : index + 1])
+                        if server._closing.wait(seconds) or time.monotonic() > ends:
+                            return
+                except OSError:
+                    return  # the client gave up on it
 
             def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
                 self._send_bytes(status, json.dumps(payload).encode(), headers)
@@ -717,5 +739,17 @@ def slowly(seconds: float, then: Behaviour | Responder | None = None) -> Respond
 
     def respond(body: dict[str, Any]) -> Behaviour:
         return replace(_reply(then or answer(), body), delay=seconds)
+
+    return respond
+
+
+def trickling(
+    seconds_per_byte: float = 1.0, then: Behaviour | Responder | None = None
+) -> Responder:
+    """A server that sends ``then``'s answer a byte every ``seconds_per_byte``: every single
+    read of it is quick, the whole answer takes minutes."""
+
+    def respond(body: dict[str, Any]) -> Behaviour:
+        return replace(_reply(then or answer(), body), trickle=seconds_per_byte)
 
     return respond

@@ -22,6 +22,11 @@ DB_RETRIES = 5
 DB_RETRY_FIRST, DB_RETRY_MAX = 5.0, 120.0
 
 
+# How a retry carrying a kept answer shows its arguments (Celery logs and the message's
+# headers): never the notes' text.
+KEPT_REPR = "{'answer': '<the model answer kept until written>'}"
+
+
 def db_retry_delay(retries: int, lease_seconds: float) -> float:
     """Seconds before the ``retries``-th retry of a harvest whose database failed."""
     ceiling = min(DB_RETRY_FIRST * 2**retries, DB_RETRY_MAX, lease_seconds / 2)
@@ -29,22 +34,26 @@ def db_retry_delay(retries: int, lease_seconds: float) -> float:
 
 
 @shared_task(bind=True, name="gleaner.harvest", max_retries=DB_RETRIES)
-def harvest(self: Task, job_id: str) -> str | None:
+def harvest(self: Task, job_id: str, answer: dict[str, Any] | None = None) -> str | None:
     """Harvest the recorded job ``job_id`` (model retries happen inside, not here).
 
     The task id names the lease: a retry, or the message redelivered because its worker was
     lost, takes its own claim back at once; any other message for a running job is a no-op.
+    ``answer`` is the model's answer an earlier try of this task could not write (the
+    database failed after the model answered: ``harvest.kept``): written with no model call.
     """
     from celery.exceptions import SoftTimeLimitExceeded
 
+    from harvest.kept import KeptAnswer
     from harvest.queue import fail_run, run_job
     from store import jobs
 
     request = self.request
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
     store = runtime.store()
+    kept = KeptAnswer.from_json(answer) if answer else None
     try:
-        result = run_job(store, job_id, token=request.id, redelivered=redelivered)
+        result = run_job(store, job_id, token=request.id, redelivered=redelivered, kept=kept)
     except StorageFailure as exc:
         if exc.reason == DataRefused.reason:
             # The database is up and refused a value this run sent: a retry would send it
@@ -54,7 +63,11 @@ def harvest(self: Task, job_id: str) -> str | None:
             log.warning("job %s failed: the database refused a value it sent", job_id)
             return f"failed error={exc.reason}"
         delay = db_retry_delay(request.retries, store.settings.job_lease_seconds)
-        raise self.retry(exc=exc, countdown=delay) from exc
+        # The answer the model gave, kept for the retry to write (the earlier one, when this
+        # try failed before it had one): the model is not asked again.
+        answer = getattr(exc, "answer", None) or answer
+        kept_answer = {"kwargs": {"answer": answer}, "kwargsrepr": KEPT_REPR} if answer else {}
+        raise self.retry(exc=exc, countdown=delay, **kept_answer) from exc
     except SoftTimeLimitExceeded:
         # Over the time limit: running it again would end the same way.
         limit = store.settings.task_soft_time_limit
