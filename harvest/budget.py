@@ -54,8 +54,6 @@ class Budget:
         day = spend.today()
         with self.store.connection() as conn:
             for limit in self.limits:
-                if limit.tokens is None and limit.usd is None:
-                    continue
                 spent = spend.spent(conn, limit.kind, limit.key, day)
                 if limit.tokens is not None and spent.tokens >= limit.tokens:
                     self._refuse(limit, f"{spent.tokens:,} of its {limit.tokens:,} tokens", day)
@@ -94,8 +92,9 @@ class Budget:
 
 
 def budget_for(store: Store, owner: str, import_id: str | None) -> Budget | None:
-    """The budget a harvest of ``owner``'s (from ``import_id``, when queued by an import)
-    counts against; None when a model makes no calls (the offline harvester)."""
+    """The budgets a harvest of ``owner``'s (from ``import_id``, when queued by an import)
+    counts against; None when none is set, or when no model makes calls (the offline
+    harvester): then nothing is checked or counted, at no cost to a job."""
     settings = store.settings
     if not settings.harvest_model:
         return None
@@ -113,6 +112,9 @@ def budget_for(store: Store, owner: str, import_id: str | None) -> Budget | None
                 settings.budget_import_usd_per_day,
             )
         )
+    limits = [limit for limit in limits if limit.tokens is not None or limit.usd is not None]
+    if not limits:
+        return None
     priced = any(limit.usd is not None for limit in limits)
     return Budget(store, settings.harvest_model, tuple(limits), priced)
 

@@ -72,7 +72,8 @@ def test_an_import_budget_stops_its_jobs_not_other_work(
 def test_status_shows_the_days_spend_against_the_limits(
     make_store: Any, server: LLMServer, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    store: Store = make_store("sqlite", **model_settings(server))
+    budget = {"budget_owner_tokens_per_day": 1000}  # spend is counted while a budget is set
+    store: Store = make_store("sqlite", **model_settings(server, **budget))
     harvest_transcript(store, transcript("I like green tea.", cid="s1"))
     cli = Cli(monkeypatch, capsys)
     cli.env(
@@ -90,8 +91,16 @@ def test_status_shows_the_days_spend_against_the_limits(
     assert f"owner 'alice': {PER_CALL:,} of 1,000 tokens" in text
 
 
-def test_forgetting_an_owner_forgets_its_spend(make_store: Any, server: LLMServer) -> None:
+def test_without_a_budget_nothing_is_counted(make_store: Any, server: LLMServer) -> None:
+    # No budget set: no row, no round trip (tests/test_harvest_round_trips.py counts them).
     store: Store = make_store("sqlite", **model_settings(server))
+    assert harvest_transcript(store, transcript("I like tea.", cid="n1")).status == "harvested"
+    with store.connection() as conn:
+        assert spend.of_day(conn, spend.today()) == []
+
+
+def test_forgetting_an_owner_forgets_its_spend(make_store: Any, server: LLMServer) -> None:
+    store: Store = make_store("sqlite", **model_settings(server, budget_owner_tokens_per_day=1000))
     harvest_transcript(store, transcript("I like green tea.", cid="f1"))
     assert store.forget_owner("alice")["spend"] == 1
     with store.connection() as conn:
