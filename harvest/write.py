@@ -14,6 +14,7 @@ from store import Scope, Settings, judge, keyed, normalize_topics, notes, simila
 from store.keyed import ShownNote
 from store.similar import Twin
 from store.terms import FactText, jaccard, similarity_terms
+from store.text import redact
 
 if TYPE_CHECKING:
     from store import Executor
@@ -197,6 +198,7 @@ class _SegmentWriter:
         self.twins: dict[int, tuple[Twin, FactText] | None] = {}  # by position in ``kept``
         self.stale = True  # a segment was written since ``twins`` was looked up
         self.created = self.updated = self.skipped = self.dropped = self.ungrounded = 0
+        self.secrets = 0
         self.slugs: list[str] = []
 
     def keep(self, candidates: list[NoteCandidate]) -> list[tuple[NoteCandidate, FactText]]:
@@ -226,11 +228,11 @@ class _SegmentWriter:
             key = found.topic_key
             if key is not None and strip_private(key) != key:
                 key = None
-            text = FactText(
-                strip_private(found.title),
-                strip_private(found.body),
-                normalize_topics(topics),
-            )
+            # A model can echo a secret (or invent one): its text is redacted and counted.
+            title, in_title = redact(found.title)
+            body, in_body = redact(found.body)
+            self.secrets += in_title + in_body
+            text = FactText(title, body, normalize_topics(topics))
             kept.append(
                 (
                     found.model_copy(
@@ -359,5 +361,6 @@ class _SegmentWriter:
             notes_skipped=self.skipped,
             items_dropped=self.dropped,
             items_ungrounded=self.ungrounded,
+            secrets_redacted=self.secrets,
         )
         return Written(counts, tuple(self.slugs))
