@@ -30,6 +30,7 @@ WINDOW_CHARS = 4096
 OVERLAP_CHARS = 512
 # What a secret is replaced with (a ``<private>`` span too; ``store.text`` re-exports it).
 REDACTED = "[REDACTED]"
+REDACTED_WORD = REDACTED.strip("[]")
 # How far from a gate's match a secret (with its keyword) may reach: more than the longest
 # provider token with its prefix (an 88-character Azure key after ``AccountKey=``).
 GATE_REACH = 256
@@ -50,15 +51,26 @@ _WORD_GATE = re.compile(
     r"pass|pwd|secret|key|token|bearer|auth|cred|contrase|\bpin\b", re.IGNORECASE
 )
 # A password, key or token stated in prose or config: "my password is hunter2", "the
-# password for the vpn is 'x'", "API key: sk-...", "PIN = 4711".
+# password for the vpn is 'x'", "changed my password to x", "API key: sk-...", "PIN = 4711".
+# The named group says which kind: a token or key needs a longer value than a password
+# (``_fits``).
 _STATED = re.compile(
-    r"\b(?:pass(?:word|phrase|code)?|passwd|pwd|pin|api[ _-]?key|secret(?:[ _-]?key)?|"
-    r"access[ _-]?(?:key|token)|auth(?:entication)?[ _-]?token|token)s?\b"
+    r"\b(?:(?P<pin>pin)|(?P<password>pass(?:word|phrase|code)?|passwd|pwd)|"
+    r"(?P<token>api[ _-]?key|secret(?:[ _-]?key)?|access[ _-]?(?:key|token)|"
+    r"auth(?:entication)?[ _-]?token|token))s?\b"
     r"(?:\s+(?:for|to|of|on|at)(?:\s+[^\s:=]{1,40}){1,4}?)?"
-    r"\s*(?:\bis\b|\bwas\b|:|=|->)\s*(?:set\s+to\s+|now\s+)?"
-    r"([\"'`]?)([^\s\"'`]{1,200})\1",
+    r"\s*(?:\bis\b|\bwas\b|\bto\b|:|=|->)\s*(?:set\s+to\s+|now\s+)?"
+    r"(?P<quote>[\"'`]?)(?P<value>[^\s\"'`]{1,200})(?P=quote)",
     re.IGNORECASE,
 )
+# Provider keys detect-secrets 1.5 has no plugin for, by their documented prefixes: OpenAI's
+# project and service keys, Anthropic's, Google's, Hugging Face's, GitHub's fine-grained ones.
+_PREFIXED = re.compile(
+    r"\b(?:sk-(?:proj|ant|svcacct|admin)-[A-Za-z0-9_\-]{20,}|AIza[0-9A-Za-z_\-]{35}|"
+    r"hf_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})"
+)
+# The password of a URL's credentials, the user name possibly empty (``redis://:pw@host``).
+_URL_PASSWORD = re.compile(r"://[^\s:/?#@]*:([^\s:/?#@]+)@")
 _BEARER = re.compile(r"\bbearer\s+([A-Za-z0-9\-._~+/]{12,}=*)", re.IGNORECASE)
 # The start of a private key block (the detect-secrets PrivateKeyDetector's markers) and the
 # end of one.
@@ -71,6 +83,8 @@ _PUTTY_END = re.compile(r"Private-MAC: *[0-9a-fA-F]+")
 _EDGES = "\"'`()[]{}<>,.;:!?"
 _PASSWORD_CHAR = re.compile(r"[0-9!@#$%^&*+=?~]")
 _SPACE = re.compile(r"\s")
+# Where a config value's first word ends: a space, or the next field (``Password=x;Server=``).
+_VALUE_END = re.compile(r"[\s;&,]")
 _LINE = re.compile(r"[^\n]+")
 # A provider plugin may match a token's start only (detect-secrets' JWT rule stops before the
 # signature): the value found is grown over the token characters that follow it.
@@ -142,6 +156,8 @@ def _provider_values(piece: str) -> Iterator[str]:
     for plugin in _plugins():
         yield from plugin.analyze_string(piece)
     yield from _high_entropy(piece)
+    yield from _PREFIXED.findall(piece)
+    yield from _URL_PASSWORD.findall(piece)
 
 
 def _high_entropy(piece: str) -> Iterator[str]:
@@ -165,16 +181,30 @@ def _keyword_values(piece: str) -> Iterator[tuple[str, bool]]:
 
     detector = _keyword_detector()
     for value in detector.analyze_string(piece, keyword.QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP):
-        yield value, True
+        if _SPACE.search(value) is None:  # a quoted phrase is a message, not a secret
+            yield value, True
     for value in detector.analyze_string(piece, keyword.CONFIG_DENYLIST_REGEX_TO_GROUP):
         # A config value runs to the end of the line: only its first word is the secret.
-        words = value.split()
-        if words:
-            yield words[0], False
+        first = _VALUE_END.split(value.strip(), maxsplit=1)[0]
+        if first:
+            yield first, False
     for match in _STATED.finditer(piece):
-        yield match.group(2), bool(match.group(1))
+        if _fits(match):
+            yield match["value"], bool(match["quote"])
     for match in _BEARER.finditer(piece):
         yield match.group(1), True
+
+
+def _fits(match: re.Match[str]) -> bool:
+    """Whether a stated value fits its kind: a PIN is 4 to 8 digits; a key or token at least
+    12 characters with a letter and a digit ("tokens: 4096" is a count)."""
+    value = match["value"].strip(_EDGES)
+    if match["pin"]:
+        return value.isdigit() and 4 <= len(value) <= 8
+    if match["token"]:
+        has_letter = any(ch.isalpha() for ch in value)
+        return len(value) >= 12 and has_letter and any(ch.isdigit() for ch in value)
+    return True
 
 
 @cache
@@ -191,7 +221,7 @@ def _is_secret_value(value: str, quoted: bool) -> bool:
     ``secret: True``) is not taken for one."""
     from detect_secrets.filters import heuristic
 
-    if len(value) < MIN_SECRET_CHARS or value in REDACTED or _SPACE.search(value):
+    if len(value) < MIN_SECRET_CHARS or _SPACE.search(value):
         return False
     if (
         heuristic.is_templated_secret(value)
@@ -244,7 +274,10 @@ def _found_in(piece: str) -> set[str]:
             value = raw.strip(_EDGES)
             if _is_secret_value(value, quoted):
                 found.add(value)
-    return {value for value in found if len(value) >= MIN_SECRET_CHARS}
+    # The marker is no secret: text redacted before is left as it is (idempotent).
+    return {
+        value for value in found if len(value) >= MIN_SECRET_CHARS and REDACTED_WORD not in value
+    }
 
 
 def _key_blocks(text: str) -> Iterator[tuple[int, int]]:
