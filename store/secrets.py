@@ -14,6 +14,7 @@ says they may hold a secret, and every pattern looks at most one window ahead.
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -46,10 +47,11 @@ MAX_KNOWN = 32
 # A run of token characters as long as the shortest provider token: every provider plugin's
 # match holds one (AKIA + 16, ghp_ + 36, xoxb-..., sk_live_..., eyJ..., SG. ...), or is a URL.
 _TOKEN_GATE = re.compile(r"[A-Za-z0-9]{16}|://")
-# Words of a credential stated by name, in code, config or prose.
-_WORD_GATE = re.compile(
-    r"pass|pwd|secret|key|token|bearer|auth|cred|contrase|\bpin\b", re.IGNORECASE
-)
+# Words of a credential stated by name, in code, config or prose; matched in the text with
+# its ASCII letters lowered (``_ASCII_LOWER``, which keeps every offset), as a case-blind
+# pattern would be 8x slower on prose.
+_WORD_GATE = re.compile(r"pass|pwd|secret|key|token|bearer|auth|cred|contrase|\bpin\b")
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 # A password, key or token stated in prose or config: "my password is hunter2", "the
 # password for the vpn is 'x'", "changed my password to x", "API key: sk-...", "PIN = 4711".
 # The named group says which kind: a token or key needs a longer value than a password
@@ -246,31 +248,32 @@ def _pieces(text: str) -> Iterator[tuple[int, str]]:
             yield at, text[at : min(at + WINDOW_CHARS, end)]
 
 
-def _near(gate: re.Pattern[str], piece: str, reach: int) -> Iterator[str]:
-    """The parts of ``piece`` within ``reach`` characters of a ``gate`` match, overlapping
-    parts joined: each character is scanned once at most, and most of a line not at all."""
+def _near(gate: re.Pattern[str], searched: str, reach: int) -> Iterator[tuple[int, int]]:
+    """The spans of ``searched`` within ``reach`` characters of a ``gate`` match, overlapping
+    spans joined: each character is scanned once at most, and most of a line not at all."""
     start = end = -1
-    for match in gate.finditer(piece):
+    for match in gate.finditer(searched):
         if start >= 0 and match.start() - reach <= end:
             end = match.end() + reach
             continue
         if start >= 0:
-            yield piece[start:end]
+            yield start, end
         start, end = max(0, match.start() - reach), match.end() + reach
     if start >= 0:
-        yield piece[start:end]
+        yield start, end
 
 
 def _found_in(piece: str) -> set[str]:
     """The secret values one piece holds."""
     found: set[str] = set()
-    for part in _near(_TOKEN_GATE, piece, GATE_REACH):
+    for start, end in _near(_TOKEN_GATE, piece, GATE_REACH):
+        part = piece[start:end]
         for raw in _provider_values(part):
             value = raw.strip(_EDGES + " ")
             whole = re.search(re.escape(value) + _TOKEN_TAIL, part) if value else None
             found.add(whole.group(0).rstrip(_EDGES) if whole else value)
-    for part in _near(_WORD_GATE, piece, GATE_REACH):
-        for raw, quoted in _keyword_values(part):
+    for start, end in _near(_WORD_GATE, piece.translate(_ASCII_LOWER), GATE_REACH):
+        for raw, quoted in _keyword_values(piece[start:end]):
             value = raw.strip(_EDGES)
             if _is_secret_value(value, quoted):
                 found.add(value)
