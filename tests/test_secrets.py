@@ -16,17 +16,21 @@ import logging
 import shutil
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 import redis
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
+from gleaner import Gleaner
 from harvest.job import harvest_transcript
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Message, Transcript
@@ -35,6 +39,7 @@ from store.models import Job
 from store.text import REDACTED, redact, strip_private
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note
+from tests.service_harness import service_env, start_http
 from tests.workers_harness import cluster_on, migrated_pg_database, redis_db_for, wait_for
 
 CORPUS = Path(__file__).parent / "data" / "secrets"
@@ -153,9 +158,9 @@ ECHO = note(
 )
 
 
-def database_dump(store: Store) -> str:
+def database_dump(store: Store | str) -> str:
     """Every row of every table, as the database's own dump tool writes it."""
-    url = make_url(store.engine.url)
+    url = make_url(store if isinstance(store, str) else store.engine.url)
     if url.get_backend_name() == "sqlite":
         with sqlite3.connect(str(url.database)) as conn:
             return "\n".join(conn.iterdump())
@@ -235,6 +240,54 @@ def redis_contents(client: redis.Redis) -> str:
     return "\n".join(out)
 
 
+def native_document() -> dict[str, Any]:
+    """The transcript holding secrets, as a native document (a file, an HTTP body)."""
+    return transcript(*SAID).model_dump(
+        mode="json", include={"conversation_id", "owner", "ended_at", "messages"}
+    )
+
+
+def model_env(server: LLMServer) -> dict[str, str]:
+    return {
+        "GLEANER_HARVEST_MODEL": "openai/test-model",
+        "GLEANER_HARVEST_API_BASE": server.api_base,
+        "GLEANER_HARVEST_API_KEY": "test-key",
+    }
+
+
+@pytest.mark.slow
+def test_secrets_are_nowhere_after_an_http_submit(
+    worker_database: str, tmp_path: Path, server: LLMServer
+) -> None:
+    server.script(answer([ECHO]))
+    service = start_http(worker_database, tmp_path, **model_env(server))
+    gleaner = Gleaner(worker_database, settings=test_settings())
+    try:
+        _, token = gleaner.create_api_key("alice")
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=service.url, timeout=30, headers=headers) as client:
+            accepted = client.post("/v1/conversations", json=native_document())
+            assert accepted.status_code == 202, accepted.text
+            job = client.get(f"/v1/jobs/{accepted.json()['job_id']}").json()
+        assert job["state"] == "done" and job["notes_written"] == 1
+        assert job["secrets_redacted"] == 8
+        seen = "\n".join(
+            (
+                accepted.text,
+                json.dumps(job),
+                database_dump(worker_database),
+                service.text(),
+                json.dumps([request.body for request in server.requests]),
+            )
+        )
+        assert "I prefer vim" in seen
+        for secret in SECRETS:
+            assert secret not in seen, secret
+    finally:
+        service.stop()
+        gleaner.close()
+
+
 @pytest.mark.slow
 def test_secrets_are_nowhere_on_the_queue_the_job_or_the_worker(
     worker_database: str, worker_id: str, tmp_path: Path, server: LLMServer
@@ -242,21 +295,13 @@ def test_secrets_are_nowhere_on_the_queue_the_job_or_the_worker(
     server.script(answer([ECHO]))
     source = tmp_path / "in" / "chat.json"
     source.parent.mkdir()
-    said = transcript(*SAID).model_dump(
-        mode="json", include={"conversation_id", "owner", "ended_at", "messages"}
-    )
-    source.write_text(json.dumps(said), encoding="utf-8")
-    model_env = {
-        "GLEANER_HARVEST_MODEL": "openai/test-model",
-        "GLEANER_HARVEST_API_BASE": server.api_base,
-        "GLEANER_HARVEST_API_KEY": "test-key",
-    }
+    source.write_text(json.dumps(native_document()), encoding="utf-8")
     store = Store(worker_database, settings=test_settings())
     try:
         with contextmanager(cluster_on)(
             worker_database, redis_db_for(worker_id), tmp_path
         ) as cluster:
-            cluster.env.update(model_env)
+            cluster.env.update(model_env(server))
             queued = cluster.gleaner("enqueue", str(source), "--json")
             assert queued.returncode == 0, queued.stderr
             on_the_queue = redis_contents(cluster.redis())
@@ -289,3 +334,44 @@ def test_secrets_are_nowhere_on_the_queue_the_job_or_the_worker(
                 assert secret not in seen, secret
     finally:
         store.dispose()
+
+
+@pytest.mark.slow
+def test_a_secret_saved_over_mcp_is_nowhere(worker_database: str, tmp_path: Path) -> None:
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    log = tmp_path / "mcp-stderr.log"
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "workers.cli", "mcp", "--owner", "alice"],
+        env=service_env(worker_database),
+    )
+    saved: list[Any] = []
+
+    async def main() -> None:
+        with log.open("w") as errors:
+            async with (
+                stdio_client(params, errlog=errors) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                result = await session.call_tool(
+                    "mem_save",
+                    {
+                        "content": f"Deploys with {TOKEN}; my password is {PASSWORD}.",
+                        "type": "discovery",
+                        "title": f"Deploy token {TOKEN}",
+                    },
+                )
+                saved.append(result)
+                found = await session.call_tool("mem_search", {"query": "deploys"})
+                saved.append(found)
+
+    anyio.run(main)
+    assert not saved[0].is_error, saved[0].content
+    assert saved[0].structured_content["outcome"] == "created"
+    shown = json.dumps([result.model_dump(mode="json") for result in saved])
+    assert REDACTED in shown
+    seen = "\n".join((shown, database_dump(worker_database), log.read_text()))
+    for secret in (TOKEN, PASSWORD):
+        assert secret not in seen, secret
