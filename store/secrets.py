@@ -85,6 +85,7 @@ _PUTTY_END = re.compile(r"Private-MAC: *[0-9a-fA-F]+")
 _EDGES = "\"'`()[]{}<>,.;:!?"
 _PASSWORD_CHAR = re.compile(r"[0-9!@#$%^&*+=?~]")
 _SPACE = re.compile(r"\s")
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 # Where a config value's first word ends: a space, or the next field (``Password=x;Server=``).
 _VALUE_END = re.compile(r"[\s;&,]")
 _LINE = re.compile(r"[^\n]+")
@@ -217,10 +218,10 @@ def _keyword_detector() -> KeywordDetector:
 
 
 def _is_secret_value(value: str, quoted: bool) -> bool:
-    """Whether a value assigned to a credential name is one: one word, not a placeholder or a
-    reference (detect-secrets' heuristics); unless quoted, holding a digit or a symbol, so an
-    identifier, a path or a plain word ("the password is required", ``key: SecretStr``,
-    ``secret: True``) is not taken for one."""
+    """Whether a value assigned to a credential name is one: one word, not a placeholder, a
+    reference (detect-secrets' heuristics) or an email address; unless quoted, holding a
+    digit or a symbol, so an identifier, a path or a plain word ("the password is
+    required", ``key: SecretStr``, ``secret: True``) is not taken for one."""
     from detect_secrets.filters import heuristic
 
     if len(value) < MIN_SECRET_CHARS or _SPACE.search(value):
@@ -231,6 +232,7 @@ def _is_secret_value(value: str, quoted: bool) -> bool:
         or heuristic.is_sequential_string(value)
         or not any(ch.isalnum() for ch in value)
         or set(value) <= {"*", "x", "X", "."}
+        or _EMAIL.fullmatch(value) is not None  # "I sent the password to bob@example.com"
     ):
         return False
     return quoted or _PASSWORD_CHAR.search(value) is not None

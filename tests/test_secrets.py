@@ -76,7 +76,7 @@ def scores(name: str) -> tuple[int, int, int, int]:
 
 
 def test_the_dev_corpus_is_redacted_whole_and_its_prose_untouched() -> None:
-    assert scores("dev") == (36, 36, 0, 40)
+    assert scores("dev") == (36, 36, 0, 41)
 
 
 def test_the_held_out_corpus_keeps_its_reported_recall_and_no_false_positive() -> None:
