@@ -137,6 +137,12 @@ def test_a_transcript_is_hashed_counted_and_queued_without_its_secrets() -> None
     # transcript (a repeat costs nothing), and nothing of the secret is in what is hashed.
     other = [line.replace(PASSWORD, "Other" + "Pass99") for line in SAID]
     assert transcript_hash(transcript(*SAID)) == transcript_hash(transcript(*other))
+    # The id and the title are stored and logged too.
+    named = transcript(*SAID, cid=f"deploy-{TOKEN}").model_copy(
+        update={"title": f"password: {PASSWORD}"}
+    )
+    shown = redact_transcript(named)
+    assert shown.conversation_id == f"deploy-{REDACTED}" and shown.title == f"password: {REDACTED}"
 
 
 def model_settings(server: LLMServer) -> dict[str, object]:
