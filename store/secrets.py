@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from detect_secrets.plugins.base import BasePlugin
     from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
-    from detect_secrets.plugins.keyword import KeywordDetector
 
 # A long line is scanned in windows that overlap by more than any one secret is long (the
 # longest provider token, an 88-character Azure key, with its keyword), so none is cut.
@@ -182,15 +181,20 @@ def _keyword_values(piece: str) -> Iterator[tuple[str, bool]]:
     rules for code (quotes required) and for config files, then the prose forms."""
     from detect_secrets.plugins import keyword
 
-    detector = _keyword_detector()
-    for value in detector.analyze_string(piece, keyword.QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP):
-        if _SPACE.search(value) is None:  # a quoted phrase is a message, not a secret
-            yield value, True
-    for value in detector.analyze_string(piece, keyword.CONFIG_DENYLIST_REGEX_TO_GROUP):
-        # A config value runs to the end of the line: only its first word is the secret.
-        first = _VALUE_END.split(value.strip(), maxsplit=1)[0]
-        if first:
-            yield first, False
+    # The rule tables of its KeywordDetector, each rule run over the whole piece: the
+    # detector's own analyze_string stops at a rule's first match, so a second assignment
+    # on the same line (a JSON object's second secret) would be missed.
+    for rule, group in keyword.QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP.items():
+        for match in rule.finditer(piece):
+            value = match.group(group)
+            if _SPACE.search(value) is None:  # a quoted phrase is a message, not a secret
+                yield value, True
+    for rule, group in keyword.CONFIG_DENYLIST_REGEX_TO_GROUP.items():
+        for match in rule.finditer(piece):
+            # A config value runs to the end of the line: only its first word is the secret.
+            first = _VALUE_END.split(match.group(group).strip(), maxsplit=1)[0]
+            if first:
+                yield first, False
     for match in _STATED.finditer(piece):
         if _fits(match):
             yield match["value"], bool(match["quote"])
@@ -208,13 +212,6 @@ def _fits(match: re.Match[str]) -> bool:
         has_letter = any(ch.isalpha() for ch in value)
         return len(value) >= 12 and has_letter and any(ch.isdigit() for ch in value)
     return True
-
-
-@cache
-def _keyword_detector() -> KeywordDetector:
-    from detect_secrets.plugins.keyword import KeywordDetector
-
-    return KeywordDetector()
 
 
 def _is_secret_value(value: str, quoted: bool) -> bool:

@@ -97,6 +97,14 @@ def test_redaction_uses_the_private_marker_counts_and_is_idempotent() -> None:
     assert strip_private(f"<private>x</private> key {TOKEN}") == f"{REDACTED} key {REDACTED}"
 
 
+def test_every_assignment_on_a_line_is_found_not_only_the_first() -> None:
+    line = f'{{"password": "{PASSWORD}", "client_secret": "Zk39sk20slq0wkd", "user": "ann"}}'
+    assert redact(line) == (
+        f'{{"password": "{REDACTED}", "client_secret": "{REDACTED}", "user": "ann"}}',
+        2,
+    )
+
+
 def test_a_private_key_block_never_closed_is_redacted_to_the_end() -> None:
     out, count = redact(f"here:\n-----BEGIN OPENSSH PRIVATE KEY-----\n{KEY_LINE}\nmore")
     assert (out, count) == (f"here:\n{REDACTED}", 1)
