@@ -22,6 +22,10 @@ HOSTILE = {
     "<private> openers with attributes, no `>`": ("<private ", False),
     "unclosed <private> openers": ("<private>", False),
     "stray </private> closers": ("</private ", False),
+    # Secret detection (store.secrets) scans only near a credential word or a long token:
+    # text made of nothing else is its worst case.
+    "credential-word flood (`password: `)": ("password: ", False),
+    "token-shaped words": ("Zq8Lr2Vx9Kp4Ws6Ty1N ", False),
 }
 TARGET_VS_BENIGN = 3.0
 # Four times the text may take at most this times four the time: quadratic would be 4, and

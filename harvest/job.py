@@ -87,10 +87,14 @@ class Plan:
     def outcome(
         self, status: Status, counts: Counts | None = None, **rest: object
     ) -> HarvestOutcome:
-        """This transcript's outcome, with ``counts`` (none: all zero) and the other fields."""
+        """This transcript's outcome, with ``counts`` (none: all zero) and the other fields;
+        the secrets redacted from the transcript when it came in are added to its count."""
+        counted = counts if counts is not None else Counts()
+        redacted = counted.secrets_redacted + self.transcript.secrets_redacted
         return HarvestOutcome.model_validate(
             {
-                **(counts.counts() if counts is not None else {}),
+                **counted.counts(),
+                "secrets_redacted": redacted,
                 "status": status,
                 "conversation_id": self.transcript.conversation_id,
                 "owner": self.scope.id,
@@ -322,7 +326,8 @@ def record_harvest(
         provenance=plan.provenance,
         occurred_at=plan.transcript.happened_at,
         model=found.model,
-        **counts.counts(),
+        # The ledger keeps the cost and the notes; redactions are the outcome's to report.
+        **{k: v for k, v in counts.counts().items() if k != "secrets_redacted"},
     )
     if not ledger.record(session, plan.scope, entry, generation=ready.forget_generation):
         raise RecordedElsewhere(plan.digest)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from harvest.transcript import Message, Transcript
 from store.index import strip_index_text
-from store.text import REDACTED, redact_private, strip_private
+from store.text import REDACTED, redact_private, redact_secrets, strip_private
 
 # Bump when the canonical form changes, so old and new hashes cannot collide by accident.
 _HASH_VERSION = 1
@@ -18,7 +18,8 @@ REDACTED_ID_PREFIX = "redacted-"
 
 
 def redact_text(text: str) -> str:
-    """``text`` without injected memory-index blocks and with ``<private>`` spans redacted.
+    """``text`` without injected memory-index blocks and with ``<private>`` spans and secrets
+    redacted.
 
     The index goes first so a private span inside an injected block leaves no trace (one
     it leaves open stays open: see ``store.index.strip_index_text``).
@@ -27,23 +28,34 @@ def redact_text(text: str) -> str:
 
 
 def redact_messages(messages: Sequence[Message]) -> list[Message]:
-    """The messages redacted as one stream, in order; messages left blank are dropped.
+    """The messages redacted as one stream (``redact_messages_counted``)."""
+    return redact_messages_counted(messages)[0]
+
+
+def redact_messages_counted(messages: Sequence[Message]) -> tuple[list[Message], int]:
+    """The messages redacted as one stream, in order, and how many secrets were redacted;
+    messages left blank are dropped.
 
     A span a message leaves open goes on into the next messages: they are private up to the
     closing tag, and the message that closes it keeps only its text after the close. A span
     still open at the last message redacts to the end (fails closed). Memory-index blocks are
-    removed from each message first.
+    removed from each message first; secrets (``store.secrets``) after the private spans,
+    and a secret found in one message is redacted wherever a later message repeats it.
     """
     kept: list[Message] = []
-    depth = 0
+    depth = secrets = 0
+    known: frozenset[str] = frozenset()
     for message in messages:
         redacted, depth = redact_private(strip_index_text(message.content), depth)
+        redacted, count, found = redact_secrets(redacted, known)
+        secrets += count
+        known |= found
         if not redacted.strip():
             continue
         # Messages are frozen: one without a span is shared, not copied (most turns).
         same = redacted == message.content
         kept.append(message if same else message.model_copy(update={"content": redacted}))
-    return kept
+    return kept, secrets
 
 
 def redact_conversation_id(conversation_id: str, messages: Sequence[Message]) -> str:
@@ -69,9 +81,10 @@ def redact_transcript(t: Transcript) -> Transcript:
     Messages go through redact_messages (one stream, so a span may run across messages);
     the title and the source path each through redact_text on their own, and either becomes
     None when left blank; the conversation id through redact_conversation_id. The owner is a
-    principal, checked where it comes in, and is not changed. Idempotent.
+    principal, checked where it comes in, and is not changed. The secrets redacted are added
+    to ``secrets_redacted`` (a transcript redacted again adds none). Idempotent.
     """
-    messages = redact_messages(t.messages)
+    messages, secrets = redact_messages_counted(t.messages)
     title = redact_text(t.title) if t.title is not None else None
     source = redact_text(t.source_path) if t.source_path is not None else None
     return t.model_copy(
@@ -80,6 +93,7 @@ def redact_transcript(t: Transcript) -> Transcript:
             "messages": messages,
             "title": title if title and title.strip() else None,
             "source_path": source if source and source.strip() else None,
+            "secrets_redacted": t.secrets_redacted + secrets,
         }
     )
 

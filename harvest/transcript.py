@@ -45,6 +45,9 @@ class Transcript(BaseModel):
     messages: list[Message]
     source_format: str = "native"
     source_path: str | None = None
+    # How many secrets redaction replaced in the messages (harvest.redact): carried on a
+    # queued job's transcript to the job's outcome (``secrets_redacted``).
+    secrets_redacted: int = Field(default=0, ge=0)
 
     @property
     def happened_at(self) -> datetime | None:

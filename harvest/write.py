@@ -15,6 +15,7 @@ from store.instructions import instruction_flag
 from store.keyed import ShownNote
 from store.similar import Twin
 from store.terms import FactText, jaccard, similarity_terms
+from store.text import redact
 
 if TYPE_CHECKING:
     from store import Executor
@@ -199,6 +200,7 @@ class _SegmentWriter:
         self.stale = True  # a segment was written since ``twins`` was looked up
         self.created = self.updated = self.skipped = self.dropped = self.ungrounded = 0
         self.instructions = 0  # candidates that read as instructions (store.instructions)
+        self.secrets = 0
         self.slugs: list[str] = []
 
     def keep(self, candidates: list[NoteCandidate]) -> list[tuple[NoteCandidate, FactText]]:
@@ -230,11 +232,11 @@ class _SegmentWriter:
             key = found.topic_key
             if key is not None and strip_private(key) != key:
                 key = None
-            text = FactText(
-                strip_private(found.title),
-                strip_private(found.body),
-                normalize_topics(topics),
-            )
+            # A model can echo a secret (or invent one): its text is redacted and counted.
+            title, in_title = redact(found.title)
+            body, in_body = redact(found.body)
+            self.secrets += in_title + in_body
+            text = FactText(title, body, normalize_topics(topics))
             if instruction_flag(text.title, text.body) is not None:
                 # Stored marked (the writer sets the flag), or not at all under drop.
                 self.instructions += 1
@@ -370,5 +372,6 @@ class _SegmentWriter:
             items_dropped=self.dropped,
             items_ungrounded=self.ungrounded,
             items_instructions=self.instructions,
+            secrets_redacted=self.secrets,
         )
         return Written(counts, tuple(self.slugs))

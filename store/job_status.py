@@ -19,9 +19,10 @@ from store.schemas import Frozen
 class JobStatus(Frozen):
     """A job's state (``pending``, ``running``, ``done``, ``failed``) and outcome.
 
-    ``notes_*`` and ``slugs`` come from the run that ended it (zero before); ``model_calls``
-    and the token counts are summed over every run, failed ones included. ``error`` is the
-    reason a failed job failed.
+    ``notes_*``, ``slugs`` and ``secrets_redacted`` (secrets replaced with ``[REDACTED]`` in
+    the transcript and the model's answer) come from the run that ended it (zero before);
+    ``model_calls`` and the token counts are summed over every run, failed ones included.
+    ``error`` is the reason a failed job failed.
     """
 
     id: str
@@ -37,6 +38,7 @@ class JobStatus(Frozen):
     notes_updated: int
     notes_skipped: int
     slugs: list[str]
+    secrets_redacted: int = 0
     model_calls: int
     prompt_tokens: int
     completion_tokens: int
@@ -71,6 +73,7 @@ def job_status(session: Session, job_id: str) -> JobStatus | None:
         notes_updated=int(result.get("notes_updated", 0)),
         notes_skipped=int(result.get("notes_skipped", 0)),
         slugs=[str(slug) for slug in result.get("slugs", [])],
+        secrets_redacted=int(result.get("secrets_redacted", 0)),
         model_calls=row.model_calls,
         prompt_tokens=row.prompt_tokens,
         completion_tokens=row.completion_tokens,

@@ -11,11 +11,14 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 
 from store.errors import InvalidInput
+from store.secrets import REDACTED as _MARKER
+from store.secrets import find_secrets
 
 SLUG_MAX_CHARS = 64
+# What a ``<private>`` span and a secret become (one marker: ``store.secrets`` holds it).
+REDACTED = _MARKER
 MAX_TOPICS = 8
 MAX_TOPIC_CHARS = 40
-REDACTED = "[REDACTED]"
 MAX_TOPIC_KEY_BYTES = 255
 # The longest model name the ledger keeps (a server names its model; longer ones are cut).
 MODEL_MAX_CHARS = 255
@@ -91,9 +94,34 @@ def topics(normalized: str) -> list[str]:
 
 
 def strip_private(text: str) -> str:
-    """Replace every ``<private>...</private>`` span with ``[REDACTED]`` (the rule of
-    redact_private, on a text that stands alone)."""
-    return redact_private(text)[0]
+    """Replace every ``<private>...</private>`` span, and then every secret, with
+    ``[REDACTED]`` (``redact``, on a text that stands alone)."""
+    return redact(text)[0]
+
+
+def redact(text: str) -> tuple[str, int]:
+    """``text`` with its ``<private>`` spans (redact_private) and then its secrets
+    (redact_secrets) redacted, and how many secrets were."""
+    kept, _ = redact_private(text)
+    redacted, count, _ = redact_secrets(kept)
+    return redacted, count
+
+
+def redact_secrets(text: str, known: Iterable[str] = ()) -> tuple[str, int, frozenset[str]]:
+    """Replace each secret in ``text`` (``store.secrets.find_secrets``: provider keys and
+    tokens, credentials, stated passwords, private key blocks, and every copy of ``known``
+    values found before) with ``[REDACTED]``: the text, how many were, and the values found,
+    for the texts that follow. Linear in ``len(text)``."""
+    found = find_secrets(text, known)
+    if not found.spans:
+        return text, 0, found.values
+    out: list[str] = []
+    last = 0
+    for start, end in found.spans:
+        out.extend((text[last:start], REDACTED))
+        last = end
+    out.append(text[last:])
+    return "".join(out), len(found.spans), found.values
 
 
 # How much of a refused value an error message quotes.
@@ -198,12 +226,13 @@ def snippet(body: str, query_words: Sequence[str], width: int = 160) -> str:
 
 
 def check_no_private(value: str, field: str, reason: str) -> str:
-    """``value`` unchanged, or InvalidInput when it holds a ``<private>`` span or tag: for
-    text that is stored and shown as given (keys, names), which redaction would change."""
+    """``value`` unchanged, or InvalidInput when it holds a ``<private>`` span or tag or a
+    secret: for text that is stored and shown as given (keys, names), which redaction would
+    change."""
     if strip_private(value) != value:
         raise InvalidInput(
-            f"{field} holds a <private> tag: it is stored and shown as given, so it may "
-            "hold no private text",
+            f"{field} holds a <private> tag or a secret: it is stored and shown as given, so "
+            "it may hold no private text",
             reason=reason,
         )
     return value
