@@ -16,8 +16,9 @@ from harvest.queue import run_job
 from store import Store, spend
 from tests.cli_harness import Cli
 from tests.llm_server import LLMServer, answer, llm_server, note
-from tests.samples import write_natives
+from tests.samples import native, write_natives
 from tests.test_harvest_job import model_settings, transcript
+from tests.workers_harness import Cluster, fresh_cluster, wait_for
 
 # Each call the test server answers costs 100 prompt + 20 completion tokens.
 PER_CALL = 120
@@ -105,3 +106,38 @@ def test_forgetting_an_owner_forgets_its_spend(make_store: Any, server: LLMServe
     assert store.forget_owner("alice")["spend"] == 1
     with store.connection() as conn:
         assert spend.spent(conn, "owner", "alice", spend.today()).calls == 0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
+    yield from fresh_cluster("budgets", worker_id, tmp_path)
+
+
+@pytest.mark.slow
+def test_an_owner_budget_stops_a_real_workers_calls_at_its_edge(
+    cluster: Cluster, server: LLMServer
+) -> None:
+    import json
+
+    settings = model_settings(server, budget_owner_tokens_per_day=300)
+    for name, setting in settings.items():
+        cluster.env[f"GLEANER_{name.upper()}"] = str(setting)
+    cluster.start_worker(queues="harvest", concurrency=1)  # one at a time: the edge is exact
+    files = []
+    for i in range(5):
+        path = cluster.tmp / f"c{i}.json"
+        path.write_text(json.dumps(native(i, owner="ann")))
+        files.append(str(path))
+    sent = cluster.gleaner("enqueue", *files)
+    assert sent.returncode == 0, sent.stderr
+    status: dict[str, Any] = {}
+
+    def finished() -> bool:
+        status.update(json.loads(cluster.gleaner("status", "--json").stdout))
+        return status["jobs"]["done"] + status["jobs"]["failed"] == 5
+
+    wait_for(finished, timeout=90)
+    assert (status["jobs"]["done"], status["jobs"]["failed"]) == (3, 2)
+    assert server.calls == 3
+    assert all(f["error"].startswith("budget_exceeded") for f in status["failures"])
+    assert status["budgets"]["spent_today"][0]["tokens"] == 3 * PER_CALL

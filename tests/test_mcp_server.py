@@ -266,3 +266,20 @@ def test_streamable_http_behind_api_keys(make_store: Any, tmp_path: Path) -> Non
         assert refused(dan_token)[:2] == (401, "unknown_api_key")  # revoked: refused at once
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_gleaner_mcp_on_a_new_sqlite_file_migrates_it(tmp_path: Path) -> None:
+    """An agent's first `gleaner mcp` on a machine: no database yet (~2 s)."""
+    database = tmp_path / "first.db"
+
+    async def session_test(session: ClientSession) -> None:
+        saved = await call(
+            session, "mem_save", title="Bike", content="Alice rides a bike.", type="profile"
+        )
+        assert saved["slug"]
+        found = await call(session, "mem_search", query="bike")
+        assert found["hits"]
+
+    stdio(f"sqlite:///{database}", session_test, "--owner", "alice")
+    assert database.exists()
