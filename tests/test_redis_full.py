@@ -1,0 +1,215 @@
+"""A full Redis and an evicting one, on a private redis-server with a small ``maxmemory``:
+workers wait out a full Redis (noeviction) and every job finishes once memory is freed;
+``enqueue`` says the broker refused; an evicted queue is re-sent by the next sweep, not after
+GLEANER_REQUEUE_AFTER_SECONDS; ``gleaner health`` names the policy Gleaner requires.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import func, select
+
+from store import Store
+from store.models import Job
+from tests.conftest import test_settings
+from tests.llm_server import LLMServer, llm_server, note, slow
+from tests.reliability.services import Redis
+from tests.samples import write_natives
+from tests.workers_harness import Cluster, cluster_env, migrated_pg_database, wait_for
+from workers.enqueue import redis_losses
+
+FILLER = b"x" * 64 * 1024
+# Room above what an empty Redis uses: a few hundred messages, many filler values.
+ROOM = 2 * 1024 * 1024
+
+
+@pytest.fixture
+def broker() -> Iterator[Redis]:
+    server = Redis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(
+    request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path, worker_id: str
+) -> str:
+    if request.param == "postgresql":
+        return migrated_pg_database(f"gleaner_redis_full_{worker_id}")
+    path = tmp_path / "store.db"
+    shutil.copy(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def model() -> Iterator[LLMServer]:
+    with llm_server(slow(0.5, [note("Prefers tea", type="preference")])) as server:
+        yield server
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, database: str, broker: Redis, model: LLMServer) -> Iterator[Cluster]:
+    env = cluster_env(
+        database,
+        0,
+        GLEANER_BROKER_URL=broker.url(),
+        GLEANER_HARVEST_MODEL="openai/test-model",
+        GLEANER_HARVEST_API_BASE=model.api_base,
+        GLEANER_HARVEST_API_KEY="k",
+        # The sweep runs every 6 s (a lease's length) and would wait 15 minutes for a lost
+        # message without news of Redis's losses.
+        GLEANER_JOB_LEASE_SECONDS="6",
+        GLEANER_JOB_HEARTBEAT_SECONDS="2",
+        GLEANER_REQUEUE_AFTER_SECONDS="900",
+    )
+    running = Cluster(env, tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def store(database: str) -> Iterator[Store]:
+    opened = Store(database, settings=test_settings())
+    try:
+        yield opened
+    finally:
+        opened.dispose()
+
+
+def used(client: redis.Redis) -> int:
+    return int(client.info("memory")["used_memory"])
+
+
+def limit_memory(client: redis.Redis, policy: str) -> None:
+    client.config_set("maxmemory", used(client) + ROOM)
+    client.config_set("maxmemory-policy", policy)
+
+
+def fill(client: redis.Redis) -> None:
+    """Fill a noeviction Redis past maxmemory, firmly: Redis counts its clients' buffers,
+    which shrink a moment after a refused write, so writing up to the limit would leave it
+    full only for a moment. Filler is written, then maxmemory lowered under it."""
+    for written in range(ROOM // len(FILLER)):
+        try:
+            client.set(f"filler:{written}", FILLER)
+        except redis.exceptions.OutOfMemoryError:
+            break
+    client.config_set("maxmemory", used(client) - ROOM // 4)
+
+
+def free(client: redis.Redis) -> None:
+    keys = list(client.scan_iter("filler:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.config_set("maxmemory", used(client) + ROOM)
+
+
+def evict_queue(client: redis.Redis, queue: str) -> None:
+    """Write filler under an evicting policy until Redis has evicted ``queue``."""
+    for written in range(10_000):
+        if not client.exists(queue):
+            return
+        client.set(f"filler:{written}", FILLER)
+    raise AssertionError(f"Redis never evicted {queue!r}")
+
+
+def job_states(store: Store) -> dict[str, int]:
+    with store.transaction() as session:
+        return dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_workers_wait_out_a_full_redis_and_every_job_finishes(
+    cluster: Cluster, broker: Redis, store: Store
+) -> None:
+    client = cluster.redis()
+    limit_memory(client, "noeviction")
+    files = write_natives(cluster.tmp / "in", 7)
+    assert cluster.gleaner("enqueue", *map(str, files[:6])).returncode == 0
+
+    # Full before the worker starts: it waits for room instead of crashing.
+    fill(client)
+    worker = cluster.start_worker(concurrency=1, wait=False)
+    wait_for(lambda: "waits for room" in worker.text() or worker.proc.poll() is not None, 60)
+    assert worker.proc.poll() is None, worker.text()
+
+    refused = cluster.gleaner("enqueue", str(files[6]))
+    assert refused.returncode != 0
+    assert "refused them" in refused.stderr and "Redis is full" in refused.stderr
+    health = cluster.gleaner("health")
+    assert health.returncode == 1
+    assert "broker memory: FAILED: Redis is full" in health.stdout
+    assert job_states(store) == {"pending": 7}  # recorded, and not reported as sent
+
+    cluster.start_beat()
+    free(client)
+    wait_for(lambda: job_states(store).get("done", 0) >= 1, 60)
+
+    # Full again while it works: it stops taking messages and lets running ones finish.
+    fill(client)
+    wait_for(lambda: "stops taking messages" in worker.text(), 30)
+    wait_for(lambda: job_states(store).get("running", 0) == 0, 60)
+    waiting = job_states(store).get("pending", 0)
+    assert waiting > 0, job_states(store)
+    assert worker.proc.poll() is None, worker.text()
+
+    free(client)
+    wait_for(lambda: job_states(store) == {"done": 7}, 90)
+    assert worker.proc.poll() is None, worker.text()
+    log = worker.text()
+    # One line as each episode starts, one as it ends; no crash, no restart loop.
+    assert log.count("waits for room") == 1 and log.count("stops taking messages") == 1
+    assert log.count("has room again") == 2
+    assert "Unrecoverable error" not in log
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_an_evicted_queue_is_sent_again_by_the_next_sweep(
+    cluster: Cluster, broker: Redis, store: Store
+) -> None:
+    client = cluster.redis()
+    limit_memory(client, "allkeys-lru")
+    health = cluster.gleaner("health")
+    assert health.returncode == 1
+    assert "broker memory: FAILED: Redis maxmemory-policy is allkeys-lru" in health.stdout
+    assert "requires maxmemory-policy noeviction" in health.stdout
+
+    files = write_natives(cluster.tmp / "in", 6)
+    assert cluster.gleaner("enqueue", *map(str, files)).returncode == 0
+    assert client.llen("harvest") == 6
+    losses = redis_losses(broker.url())
+    assert losses is not None
+    losses.record()  # what the last sweep saw: nothing lost since
+    unchanged = redis_losses(broker.url())
+    assert unchanged is not None and not unchanged.changed
+
+    evict_queue(client, "harvest")  # enqueue said yes; Redis threw the queue away
+    evicted = redis_losses(broker.url())
+    assert evicted is not None and evicted.changed
+    assert job_states(store) == {"pending": 6}
+
+    worker = cluster.start_worker(concurrency=2)
+    assert "requires maxmemory-policy noeviction" in worker.text()
+    beat = cluster.start_beat()
+    # GLEANER_REQUEUE_AFTER_SECONDS is 900: only news of the eviction gets them sent now.
+    wait_for(lambda: job_states(store) == {"done": 6}, 60)
+    assert "re-sending 6 pending job(s)" in worker.text() + beat.text()
+
+
+def test_health_passes_a_noeviction_redis_with_room(cluster: Cluster) -> None:
+    limit_memory(cluster.redis(), "noeviction")
+    health = cluster.gleaner("health")
+    assert "broker memory: ok: " in health.stdout, health.stdout
+    assert "maxmemory-policy noeviction" in health.stdout
