@@ -6,10 +6,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harvest.batch import Summary, judge_owners, read_all
+from harvest.batch import Summary, judge_owners, no_owner, read_all, said_order
 from harvest.errors import HarvestError
+from harvest.job import resolve_owner
 from harvest.queue import record_jobs
 from harvest.queues import IMPORT_QUEUE
+from harvest.readers import STDIN, iter_path, iter_paths
 from harvest.redact import redact_text
 from harvest.transcript import Limits, Transcript
 from store import Settings, Store
@@ -45,16 +47,15 @@ def plan_import(
 
     Conversations that cannot be read are counted on the import and listed; a missing owner
     (exports carry none) raises HarvestError(reason="no_owner") before anything is recorded.
+    The export is read twice, a conversation at a time (``harvest.readers.iter_path``):
+    first to judge every conversation, then to record the readable ones RECORD_BATCH at a
+    time, so memory follows the largest conversation and a batch, not the export. The job
+    ids come back oldest said first, the order ``judge_owners`` gives a harvest.
     """
     summary = Summary()
     limits = Limits.from_settings(store.settings)
-    transcripts = judge_owners(
-        read_all([Path(path)], summary, limits=limits),
-        owner,
-        summary,
-        reassign_owner=reassign_owner,
-    )
-    if not transcripts and summary.failures:
+    files = _judged_files(Path(path), owner, summary, limits, reassign_owner=reassign_owner)
+    if not any(readable for _, readable in files) and summary.failures:
         raise HarvestError(summary.failures[0]["error"], reason="bad_transcript")
     with store.transaction() as session:
         import_id = job_records.create_import(
@@ -65,17 +66,91 @@ def plan_import(
             unreadable=len(summary.failures),
         )
     planned = PlannedImport(import_id=import_id, job_ids=[], unreadable=summary.failures)
-    for start in range(0, len(transcripts), RECORD_BATCH):
-        planned.job_ids += record_jobs(
+    ordered: list[tuple[tuple[bool, float], int, str]] = []
+    batch: list[Transcript] = []
+
+    def record(batch: list[Transcript]) -> None:
+        ids = record_jobs(
             store,
-            transcripts[start : start + RECORD_BATCH],
+            batch,
             owner=owner,
             provenance=provenance,
             queue=IMPORT_QUEUE,
             import_id=import_id,
             reassign_owner=reassign_owner,
         )
+        for transcript, job_id in zip(batch, ids, strict=True):
+            ordered.append((said_order(transcript), len(ordered), job_id))
+
+    for file, readable in files:
+        if not readable:
+            continue
+        for transcript in _conversations(file, limits, readable):
+            if _owner_refused(transcript, owner, reassign_owner) is None:
+                batch.append(transcript)
+            if len(batch) == RECORD_BATCH:
+                record(batch)
+                batch = []
+    if batch:
+        record(batch)
+    planned.job_ids = [job_id for _, _, job_id in sorted(ordered)]
     return planned
+
+
+def _judged_files(
+    path: Path, owner: str | None, summary: Summary, limits: Limits, *, reassign_owner: bool
+) -> list[tuple[Path, list[Transcript] | bool]]:
+    """Each file under ``path`` and whether it is read again to record its conversations:
+    True (it is read again), False (the whole file failed) or, for standard input, which
+    cannot be read twice, its conversations. Unreadable conversations and refused owners go
+    to ``summary``; HarvestError(reason="no_owner") when some conversation has no owner and
+    ``owner`` is None."""
+    judged: list[tuple[Path, list[Transcript] | bool]] = []
+    missing, first_missing = 0, None
+    for file in iter_paths([path]):
+        kept: list[Transcript] = []
+        failures: list[tuple[str, str]] = []
+        try:
+            for read in iter_path(file, limits=limits):
+                if read.transcript is None:
+                    failures.append((read.label, read.error))
+                    continue
+                if not owner and not read.transcript.owner:
+                    missing += 1
+                    first_missing = first_missing or read.transcript
+                    continue
+                refused = _owner_refused(read.transcript, owner, reassign_owner)
+                if refused is not None:
+                    failures.append((read.transcript.conversation_id, refused))
+                elif str(file) == STDIN:
+                    kept.append(read.transcript)
+        except HarvestError as exc:  # the whole file failed, as read_all counts it
+            summary.fail(redact_text(str(file)), redact_text(f"{exc.reason}: {exc}"))
+            judged.append((file, False))
+            continue
+        for label, reason in failures:
+            summary.fail(label, reason)
+        judged.append((file, kept if str(file) == STDIN else True))
+    if first_missing is not None:
+        raise no_owner(missing, first_missing)
+    return judged
+
+
+def _conversations(
+    file: Path, limits: Limits, readable: list[Transcript] | bool
+) -> Iterable[Transcript]:
+    if isinstance(readable, list):
+        return readable
+    return (read.transcript for read in iter_path(file, limits=limits) if read.transcript)
+
+
+def _owner_refused(transcript: Transcript, owner: str | None, reassign_owner: bool) -> str | None:
+    """Why the owner rule refuses this conversation (``reason: message``), or None."""
+    try:
+        resolve_owner(transcript, owner, reassign_owner=reassign_owner)
+    except HarvestError as exc:
+        return f"{exc.reason}: {exc}"
+    return None
 
 
 @dataclass

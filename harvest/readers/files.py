@@ -37,7 +37,7 @@ _INFLATE_PIECE = 1 << 20
 # ValueError), a header or extra field cut short (IndexError, struct.error), a zip64 offset
 # past what a seek takes (OverflowError), a damaged stream (zlib.error, lzma.LZMAError,
 # EOFError; bz2 raises OSError, see read_zip).
-_DAMAGED = (
+DAMAGED = (
     zipfile.BadZipFile,
     ValueError,
     IndexError,
@@ -108,7 +108,7 @@ def read_zip(path: Path, limits: Limits, data: bytes | None = None) -> str:
             # unreadable, not damaged. Bytes in memory have no disk.
             if data is None and exc.errno not in (None, errno.EINVAL):
                 raise
-        except _DAMAGED:
+        except DAMAGED:
             pass
     # Not the exception's message: some name members of the archive, which are the file's
     # own text.
@@ -119,14 +119,7 @@ def _read_export(fp: BinaryIO, path: Path, limits: Limits) -> str:
     """The text of the export's conversations.json in the open archive ``fp`` (see
     :func:`read_zip`)."""
     try:
-        entries = _declared_entries(fp)
-        if entries > limits.zip_entries:
-            raise too_large(
-                f"{path}: zip archive",
-                f"{entries:,} entries",
-                limits.zip_entries,
-                "GLEANER_MAX_ZIP_ENTRIES",
-            )
+        check_entries(fp, path, limits)
         with zipfile.ZipFile(fp) as archive:
             return decode(_export_member(archive, path, limits), path)
     except NotImplementedError:  # a compression method zipfile lacks
@@ -140,6 +133,25 @@ def _read_export(fp: BinaryIO, path: Path, limits: Limits) -> str:
 
 def _export_member(archive: zipfile.ZipFile, path: Path, limits: Limits) -> bytearray:
     """The bytes of the archive's conversations.json, inflated within the limit."""
+    return _inflate(archive, export_member_info(archive, path, limits), path, limits.file_bytes)
+
+
+def check_entries(fp: BinaryIO, path: Path, limits: Limits) -> None:
+    """Refuse (``too_large``) an archive that declares more than ``limits.zip_entries``
+    entries, before zipfile parses its central directory."""
+    entries = _declared_entries(fp)
+    if entries > limits.zip_entries:
+        raise too_large(
+            f"{path}: zip archive",
+            f"{entries:,} entries",
+            limits.zip_entries,
+            "GLEANER_MAX_ZIP_ENTRIES",
+        )
+
+
+def export_member_info(archive: zipfile.ZipFile, path: Path, limits: Limits) -> zipfile.ZipInfo:
+    """The archive's conversations.json (the shallowest), refused when it declares more than
+    ``limits.file_bytes`` bytes."""
     members = [
         info
         for info in archive.infolist()
@@ -158,7 +170,7 @@ def _export_member(archive: zipfile.ZipFile, path: Path, limits: Limits) -> byte
             limits.file_bytes,
             "GLEANER_MAX_FILE_BYTES",
         )
-    return _inflate(archive, member, path, limits.file_bytes)
+    return member
 
 
 def _read_file(path: Path, limits: Limits) -> bytes:
@@ -174,14 +186,14 @@ def _read_file(path: Path, limits: Limits) -> bytes:
     return data
 
 
-def _is_zip(path: Path) -> bool:
+def is_zip(path: Path) -> bool:
     with path.open("rb") as fp:
         return fp.read(4) == b"PK\x03\x04"
 
 
 def read_text(path: Path, limits: Limits) -> str:
     try:
-        if path.suffix.lower() == ".zip" or _is_zip(path):
+        if path.suffix.lower() == ".zip" or is_zip(path):
             return read_zip(path, limits)
         return decode(_read_file(path, limits), path)
     except IsADirectoryError:
