@@ -38,17 +38,21 @@ def tiny_conversation(i: int, messages: int) -> dict[str, Any]:
     }
 
 
-def write_tiny_export(path: Path, target_bytes: int, messages: int = 40) -> tuple[int, int]:
+def write_tiny_export(
+    path: Path, target_bytes: int, messages: int = 40, *, lines: bool = False
+) -> tuple[int, int]:
     """Write conversations of ``messages`` tiny turns until the file reaches
-    ``target_bytes``; returns (conversations, the largest one's bytes)."""
+    ``target_bytes``, as a JSON array (an export's conversations.json) or, with ``lines``,
+    as JSON Lines; returns (conversations, the largest one's bytes)."""
     written = count = largest = 0
+    start, between, end = ("", "\n", "\n") if lines else ("[", ",", "]")
     with path.open("w", encoding="utf-8") as out:
-        out.write("[")
+        out.write(start)
         while written < target_bytes:
             text = json.dumps(tiny_conversation(count, messages))
-            out.write(("," if count else "") + text)
+            out.write((between if count else "") + text)
             written += len(text) + 1
             largest = max(largest, len(text))
             count += 1
-        out.write("]")
+        out.write(end)
     return count, largest

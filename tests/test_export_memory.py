@@ -16,7 +16,7 @@ from harvest.errors import TranscriptFormatError
 from harvest.readers import iter_path, read_bytes, read_path
 from harvest.readers.stream import PIECE
 from tests.big_export import tiny_conversation, write_tiny_export
-from tests.samples import chatgpt_conversation
+from tests.samples import chatgpt_conversation, native
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -53,6 +53,27 @@ def test_a_streamed_export_reads_as_the_whole_file_does(tmp_path: Path) -> None:
     assert [t.conversation_id for t in zipped.transcripts] == [
         t.conversation_id for t in streamed.transcripts
     ]
+
+
+def test_json_lines_streamed_read_as_the_whole_file_does(tmp_path: Path) -> None:
+    lines = [json.dumps(native(i), ensure_ascii=False) for i in range(400)]
+    lines[3] = "{not json"
+    lines[9] = ""
+    lines[11] = json.dumps(native(11, extra="a line\u2028separator inside"), ensure_ascii=False)
+    lines[20] = json.dumps({"neither": "a conversation"})
+    lines[30] = json.dumps(tiny_conversation(7, 3_000))  # a line longer than a piece
+    path = tmp_path / "many.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode())
+    assert path.stat().st_size > 4 * PIECE
+
+    streamed = read_path(path, default_owner="dana")
+    whole = read_bytes(path.read_bytes(), str(path), default_owner="dana")
+    assert len(streamed.transcripts) == 397 and len(streamed.errors) == 2
+    assert summary(streamed) == summary(whole)
+
+    path.write_text("\n".join(['{"no": 1}', "[2]"]))
+    with pytest.raises(TranscriptFormatError, match="no line holds a conversation"):
+        read_path(path)
 
 
 def test_an_export_cut_short_yields_what_came_before_then_names_the_file(tmp_path: Path) -> None:
@@ -95,16 +116,18 @@ print(json.dumps({"before": before, "peak": dict(hwm())["VmHWM:"],
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["conversations.json", "export.jsonl"])
 def test_reading_a_250_mb_export_holds_the_largest_conversation_not_the_file(
-    tmp_path: Path,
+    tmp_path: Path, name: str
 ) -> None:
-    path = tmp_path / "conversations.json"
-    count, largest = write_tiny_export(path, 250 * 10**6)
+    path = tmp_path / name
+    lines = name.endswith(".jsonl")
+    count, largest = write_tiny_export(path, 250 * 10**6, lines=lines)
     # One conversation far larger than the rest: the bound follows it.
     with path.open("r+b") as out:
         out.seek(-1, 2)
         big = json.dumps(tiny_conversation(count, 4_000))
-        out.write(("," + big + "]").encode())
+        out.write(("\n" + big + "\n" if lines else "," + big + "]").encode())
     largest = max(largest, len(big))
     done = subprocess.run(
         [sys.executable, "-c", MEASURE, str(path)],

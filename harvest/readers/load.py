@@ -223,28 +223,44 @@ def _read_lines(
 ) -> ReadResult | None:
     """JSON Lines, one conversation a line; None when no line holds a conversation at all."""
     result = ReadResult()
-    recognised = 0
+    recognised = False
+    for conversation, one in _each_line(split_lines(text), path, default_owner, limits):
+        recognised |= conversation
+        result.transcripts += one.transcripts
+        result.errors += one.errors
+    return result if recognised else None
+
+
+def _each_line(
+    lines: Iterable[str], path: Path, default_owner: str | None, limits: Limits
+) -> Iterator[tuple[bool, ReadResult]]:
+    """Each non-blank line of JSON Lines read: whether it is a conversation object, and what
+    was read from it (the transcript, or why it was skipped)."""
     where = redact_text(str(path))  # once, not a line
-    for number, line in enumerate(split_lines(text), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        result = ReadResult()
         label = f"{where}:{number}"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             result.errors.append((label, f"line {number}: not JSON ({exc.msg})"))
+            yield False, result
             continue
         except ValueError as exc:  # valid JSON Python's parser refuses: see json_problem
             result.errors.append((label, f"line {number}: not JSON ({json_problem(exc)})"))
+            yield False, result
             continue
         except RecursionError:
             result.errors.append((label, _refusal(too_deep(""), f"line {number}: ")))
+            yield False, result
             continue
         kind = kind_of(obj)
         if kind is None:
             result.errors.append((label, f"line {number}: not a conversation object"))
+            yield False, result
             continue
-        recognised += 1
         _read_one(
             result,
             _label(label, obj),
@@ -256,7 +272,7 @@ def _read_lines(
             source_format="jsonl",
             where=f"line {number}: ",
         )
-    return result if recognised else None
+        yield True, result
 
 
 def iter_path(
@@ -265,14 +281,26 @@ def iter_path(
     """:func:`read_path` a conversation at a time, for callers that need not hold them all.
 
     A JSON array of conversations (an export's conversations.json, also inside its zip) is
-    parsed an element at a time (``harvest.readers.stream``): reading holds the conversation
-    being read, not the file. Any other document (one conversation, JSON Lines, a session
-    file, standard input) is read whole, as before. A file that stops being JSON part-way
+    parsed an element at a time, and a JSON Lines file (``.jsonl``, ``.ndjson``) a line at a
+    time (``harvest.readers.stream``): reading holds the conversation being read, not the
+    file. Any other document (one conversation, a session file, a zip of JSON Lines,
+    standard input) is read whole, as before. A file that stops being JSON part-way
     raises TranscriptFormatError after the conversations before the fault were yielded.
     """
-    from harvest.readers.stream import array_elements
+    from harvest.readers.stream import array_elements, json_lines
 
-    if str(path) != STDIN and Path(path).suffix.lower() not in _LINES_SUFFIXES:
+    if str(path) != STDIN and Path(path).suffix.lower() in _LINES_SUFFIXES:
+        path = Path(path)
+        with json_lines(path, limits) as lines:
+            if lines is not None:
+                recognised = False
+                for conversation, one in _each_line(lines, path, default_owner, limits):
+                    recognised |= conversation
+                    yield from one.items()
+                if not recognised:
+                    raise not_a_transcript(path, "no line holds a conversation")
+                return
+    elif str(path) != STDIN:
         path = Path(path)
         with array_elements(path, limits) as elements:
             if elements is not None:

@@ -13,6 +13,7 @@ are counted (a file may grow, a zip may lie).
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 import os
 import zipfile
@@ -239,3 +240,65 @@ def _elements(stream: _Counted) -> Iterator[object]:
     text.pos += 1
     if text.next_char():
         raise _NotJSON("extra data after the list")
+
+
+@contextmanager
+def json_lines(path: Path, limits: Limits) -> Iterator[Iterator[str] | None]:
+    """The lines of a JSON Lines file, read one at a time (split at "\\n" only, a trailing
+    "\\r" dropped, as ``split_lines``); None when the file is a coding agent's session (one
+    conversation, read whole), a zip, or cannot be opened this way (then it is read whole,
+    which says what is wrong with it).
+
+    Iterating raises TranscriptFormatError naming the file when a line is not UTF-8 or the
+    bytes grow past ``limits.file_bytes`` (``too_large``).
+    """
+    from harvest.readers.sessions import SNIFF_LINES, session_kind
+
+    with ExitStack() as stack:
+        try:
+            raw, what = stack.enter_context(_document(path, limits))
+        except (TranscriptFormatError, OSError, NotImplementedError, RuntimeError, *DAMAGED):
+            yield None
+            return
+        if what.endswith(EXPORT_MEMBER):
+            yield None
+            return
+        counted = _Counted(raw, limits.file_bytes, what)
+
+        def decoded() -> Iterator[str]:
+            first = True
+            for line in _raw_lines(counted):
+                try:
+                    text = line.decode("utf-8-sig" if first else "utf-8")
+                except UnicodeDecodeError:
+                    raise not_a_transcript(path, "not UTF-8 text") from None
+                first = False
+                yield text.removesuffix("\n").removesuffix("\r")
+
+        lines = decoded()
+        head: list[str] = []
+        for line in lines:
+            head.append(line)
+            if sum(1 for h in head if h.strip()) >= SNIFF_LINES:
+                break
+        if session_kind("\n".join(head)) is not None:
+            yield None
+            return
+        yield itertools.chain(head, lines)
+
+
+def _raw_lines(stream: _Counted) -> Iterator[bytes]:
+    """The stream's lines as bytes, each with its "\\n" (the last may have none). A long
+    line is gathered in pieces and searched once (only each new piece is searched)."""
+    pieces: list[bytes] = []
+    while piece := stream.read(PIECE):
+        start = 0
+        while (end := piece.find(b"\n", start)) >= 0:
+            pieces.append(piece[start : end + 1])
+            yield b"".join(pieces)
+            pieces = []
+            start = end + 1
+        if start < len(piece):
+            pieces.append(piece[start:])
+    if pieces:
+        yield b"".join(pieces)
