@@ -130,8 +130,9 @@ def job_states(store: Store) -> dict[str, int]:
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_workers_wait_out_a_full_redis_and_every_job_finishes(
-    cluster: Cluster, broker: Redis, store: Store
+    cluster: Cluster, broker: Redis, store: Store, pool: str
 ) -> None:
     client = cluster.redis()
     limit_memory(client, "noeviction")
@@ -140,7 +141,7 @@ def test_workers_wait_out_a_full_redis_and_every_job_finishes(
 
     # Full before the worker starts: it waits for room instead of crashing.
     fill(client)
-    worker = cluster.start_worker(concurrency=1, wait=False)
+    worker = cluster.start_worker(concurrency=1, pool=pool, wait=False)
     wait_for(lambda: "waits for room" in worker.text() or worker.proc.poll() is not None, 60)
     assert worker.proc.poll() is None, worker.text()
 

@@ -53,10 +53,15 @@ WORKER_LIMITS: dict[str, None] = {"time_limit": None, "soft_time_limit": None}
 
 def make_celery(settings: Settings | None = None) -> Celery:
     """A configured Celery app; nothing connects until a task is sent or a worker starts."""
+    from workers import redis_transport
+
     settings = settings or load_settings()
     app = Celery("gleaner", set_as_current=True)
+    redis_url = (settings.broker_url or "").startswith(redis_transport.SCHEMES)
     app.conf.update(
         broker_url=settings.broker_url or "memory://",
+        # Kombu's Redis transport with acknowledgements a full Redis still takes.
+        broker_transport=redis_transport.TRANSPORT if redis_url else None,
         broker_connection_retry_on_startup=True,
         # A write Redis refuses (a full Redis under noeviction answers OutOfMemoryError, a
         # channel error) restarts the consumer instead of ending the worker; the memory

@@ -6,7 +6,8 @@ crash (``OutOfMemoryError``) and crash-loop. This worker step, in the worker's m
 
 - at start, before the consumer connects, says (once) when Redis's ``maxmemory-policy`` is
   not the required ``noeviction``, and waits while Redis is full, retrying with backoff;
-- then, on the worker's event loop, checks Redis's memory every CHECK_EVERY seconds and stops
+- then, on the worker's event loop (or its timer, for a pool without one), checks Redis's
+  memory every CHECK_EVERY seconds and stops
   taking messages while Redis is full (running tasks go on: acknowledging frees memory),
   taking them again once it has room. Each episode logs one line as it starts and one as
   it ends.
@@ -93,6 +94,7 @@ class MemoryGate(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is un
         self.broker_url = str(worker.app.conf.broker_url or "")
         self.queues: list[str] = []
         self.entry: Any = None
+        self.switching = False  # a switch waits for the consumer's loop (no event loop)
 
     def include_if(self, worker: Any) -> bool:
         return self.broker_url.startswith(("redis://", "rediss://", "unix://"))
@@ -105,6 +107,10 @@ class MemoryGate(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is un
             log.error("%s", problem)
         # Worker steps start before the consumer (the last step): nothing was taken yet.
         wait_for_room(lambda: _memory(self.broker_url))
+        if getattr(worker, "hub", None) is None:
+            # No event loop (--pool threads, solo): the worker's timer thread checks, and
+            # the consumer's own loop stops or starts taking messages (call_soon).
+            self.entry = worker.timer.call_repeatedly(CHECK_EVERY, self._check, (worker,))
 
     def register_with_event_loop(self, worker: Any, hub: Any) -> None:
         # Called each time the consumer (re)starts its loop: one timer, the newest.
@@ -113,11 +119,22 @@ class MemoryGate(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is un
         self.entry = hub.call_repeatedly(CHECK_EVERY, self._check, worker)
 
     def _check(self, worker: Any) -> None:
-        global _paused  # noqa: PLW0603 - one worker per process
         memory = _memory(self.broker_url)
         consumer = getattr(worker, "consumer", None)
         if memory is None or consumer is None or getattr(consumer, "task_consumer", None) is None:
             return
+        if memory.full == _paused or self.switching:
+            return
+        if getattr(worker, "hub", None) is not None:
+            self._switch(consumer, memory)
+        else:
+            self.switching = True
+            consumer.call_soon(self._switch, consumer, memory)
+
+    def _switch(self, consumer: Any, memory: BrokerMemory) -> None:
+        """Stop taking messages (Redis is full) or take them again (it has room)."""
+        global _paused  # noqa: PLW0603 - one worker per process
+        self.switching = False
         if memory.full and not _paused:
             log.warning(
                 "Redis is full (%s): this worker stops taking messages until it has room; "
