@@ -23,6 +23,7 @@ from tests.samples import write_natives
 from tests.workers_harness import Cluster, cluster_env, migrated_pg_database, wait_for
 from workers.enqueue import redis_losses
 
+MiB = 1 << 20
 FILLER = b"x" * 64 * 1024
 # Room above what an empty Redis uses: a few hundred messages, many filler values.
 ROOM = 2 * 1024 * 1024
@@ -214,3 +215,34 @@ def test_health_passes_a_noeviction_redis_with_room(cluster: Cluster) -> None:
     health = cluster.gleaner("health")
     assert "broker memory: ok: " in health.stdout, health.stdout
     assert "maxmemory-policy noeviction" in health.stdout
+
+
+def test_a_worker_waiting_for_room_backs_off_and_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from workers.broker_memory import HEADROOM_BYTES, BrokerMemory
+    from workers.memory_gate import wait_for_room
+
+    full = BrokerMemory(used=10 * MiB, maxmemory=10 * MiB, policy="noeviction")
+    near = BrokerMemory(
+        used=10 * MiB - HEADROOM_BYTES // 2, maxmemory=10 * MiB, policy="noeviction"
+    )
+    room = BrokerMemory(used=2 * MiB, maxmemory=10 * MiB, policy="noeviction")
+    assert full.full and near.full and not room.full
+    # An evicting policy makes room by itself (that is its danger), and 0 is no limit.
+    assert not BrokerMemory(used=11 * MiB, maxmemory=10 * MiB, policy="allkeys-lru").full
+    assert not BrokerMemory(used=11 * MiB, maxmemory=0, policy="noeviction").full
+    assert room.policy_problem() is None
+    problem = BrokerMemory(used=0, maxmemory=0, policy="volatile-lru").policy_problem()
+    assert problem is not None and "requires maxmemory-policy noeviction" in problem
+
+    answers = iter([full, near, full, full, full, room])
+    slept: list[float] = []
+    with caplog.at_level("WARNING"):
+        assert wait_for_room(lambda: next(answers), sleep=slept.append, first=0.5, longest=2) == 5
+    assert slept == [0.5, 1.0, 2.0, 2.0, 2.0]
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("waits for room" in line for line in said) == 1
+    assert sum("has room again" in line for line in said) == 1
+    # Redis not answering is not a full Redis: the consumer's own reconnect deals with it.
+    assert wait_for_room(lambda: None, sleep=slept.append) == 0
