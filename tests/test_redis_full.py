@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from store import Store
 from store.models import Job
@@ -246,3 +246,47 @@ def test_a_worker_waiting_for_room_backs_off_and_says_so_once(
     assert sum("has room again" in line for line in said) == 1
     # Redis not answering is not a full Redis: the consumer's own reconnect deals with it.
     assert wait_for_room(lambda: None, sleep=slept.append) == 0
+
+
+@pytest.mark.postgres
+def test_after_losses_the_sweep_keeps_the_short_wait_until_every_lost_job_is_sent(
+    database: str, broker: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Redis restart lost more than one sweep may send: the next sweeps go on sending the
+    # rest at once, not GLEANER_REQUEUE_AFTER_SECONDS (15 minutes) later.
+    from datetime import timedelta
+
+    import workers.enqueue
+    from harvest.queue import record_jobs
+    from harvest.queues import LIVE_QUEUE
+    from harvest.transcript import Transcript
+    from store.models import utcnow
+    from tests.samples import native
+    from workers.app import make_celery
+    from workers.enqueue import requeue_stale
+
+    monkeypatch.setattr(workers.enqueue, "SEND_LIMIT", 50)
+    settings = test_settings(broker_url=broker.url(), requeue_after_seconds=900)
+    make_celery(settings)
+    opened = Store(database, settings=settings)
+    try:
+        transcripts = [Transcript.model_validate(native(i, facts=1)) for i in range(120)]
+        ids = record_jobs(
+            opened, transcripts, owner=None, provenance="compaction", queue=LIVE_QUEUE
+        )
+        with opened.transaction() as session:
+            session.execute(
+                update(Job)
+                .where(Job.id.in_(ids))
+                .values(enqueued_at=utcnow() - timedelta(seconds=60))
+            )
+        losses = redis_losses(broker.url())
+        assert losses is not None
+        losses.record()
+        assert requeue_stale(opened) == 0  # sent a minute ago, nothing lost: they wait
+
+        broker.restart()  # nothing persisted: every message is gone, and the run id changed
+        assert [requeue_stale(opened) for _ in range(4)] == [50, 50, 20, 0]
+        assert redis.Redis.from_url(broker.url()).llen(LIVE_QUEUE) == 120
+    finally:
+        opened.dispose()

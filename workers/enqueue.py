@@ -242,6 +242,7 @@ def requeue_stale(
     # already, but it is not lost, so it is not sent twice. Nor is one a worker holds.
     just_sent = frozenset(job_id for job_id, _ in recovered.requeued) | held
     lost: list[tuple[str, str]] = []
+    capped = False
     with store.transaction() as session:
         pending = job_leases.pending_counts(session)
         for queue in queues:
@@ -260,6 +261,7 @@ def requeue_stale(
                     session, queue, older_than, skip=just_sent, most=min(SEND_LIMIT, shortfall)
                 )
             lost.extend((job_id, queue) for job_id in ids)
+            capped = capped or len(ids) >= SEND_LIMIT
     if losses is not None and losses.changed and lost:
         log.warning(
             "Redis lost or refused messages since the last sweep (evicted keys, writes refused "
@@ -267,8 +269,10 @@ def requeue_stale(
             len(lost),
         )
     sent += _send_by_queue(lost)
-    if losses is not None:
-        losses.record()  # only once every lost job was sent: a failed send looks again
+    if losses is not None and not capped:
+        # Only once every lost job was sent: a failed send, or more than SEND_LIMIT lost on
+        # a queue, leaves the next sweep looking with the short wait again.
+        losses.record()
     return sent
 
 
