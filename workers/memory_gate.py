@@ -7,10 +7,9 @@ crash (``OutOfMemoryError``) and crash-loop. This worker step, in the worker's m
 - at start, before the consumer connects, says (once) when Redis's ``maxmemory-policy`` is
   not the required ``noeviction``, and waits while Redis is full, retrying with backoff;
 - then, on the worker's event loop (or its timer, for a pool without one), checks Redis's
-  memory every CHECK_EVERY seconds and stops
-  taking messages while Redis is full (running tasks go on: acknowledging frees memory),
-  taking them again once it has room. Each episode logs one line as it starts and one as
-  it ends.
+  memory every CHECK_EVERY seconds and stops taking messages while Redis is full (running
+  tasks go on, and are acknowledged: ``workers.redis_transport``), taking them again once
+  it has room. Each episode logs one line as it starts and one as it ends.
 
 Should a message slip through between two checks, ``broker_channel_error_retry`` (set in
 ``workers.app``) makes the refusal a consumer restart, not the worker's end; the message's
