@@ -87,12 +87,17 @@ def check_owners(transcripts: Iterable[Transcript], owner: str | None) -> None:
         return
     missing = [t for t in transcripts if not t.owner]
     if missing:
-        # Not yet redacted: the path is shown under the privacy rule (the id already is).
-        where = redact_text(missing[0].source_path or missing[0].conversation_id)
-        raise HarvestError(
-            f"{len(missing)} conversation(s) carry no owner (e.g. {where}): pass --owner NAME",
-            reason="no_owner",
-        )
+        raise no_owner(len(missing), missing[0])
+
+
+def no_owner(count: int, first: Transcript) -> HarvestError:
+    """The usage error for ``count`` conversations that carry no owner, ``first`` among them."""
+    # Not yet redacted: the path is shown under the privacy rule (the id already is).
+    where = redact_text(first.source_path or first.conversation_id)
+    return HarvestError(
+        f"{count} conversation(s) carry no owner (e.g. {where}): pass --owner NAME",
+        reason="no_owner",
+    )
 
 
 def judge_owners(
@@ -116,19 +121,20 @@ def judge_owners(
             check_storable(transcript)
             resolve_owner(transcript, owner, reassign_owner=reassign_owner)
         except HarvestError as exc:
-            summary.fail(_label(transcript.conversation_id), f"{exc.reason}: {exc}")
+            summary.fail(failure_label(transcript.conversation_id), f"{exc.reason}: {exc}")
             continue
         kept.append(transcript)
-    return sorted(kept, key=_said_order)
+    return sorted(kept, key=said_order)
 
 
-def _label(conversation_id: str) -> str:
+def failure_label(conversation_id: str) -> str:
     # A conversation id as a failure names it: as given, unless it holds what no stored
     # text may (then quoted, its NUL shown as an escape).
     return conversation_id if unstorable(conversation_id) is None else quoted(conversation_id)
 
 
-def _said_order(transcript: Transcript) -> tuple[bool, float]:
+def said_order(transcript: Transcript) -> tuple[bool, float]:
+    """The sort key that puts conversations oldest said first, those of unknown time last."""
     when = transcript.happened_at
     return (when is None, when.timestamp() if when is not None else 0.0)
 

@@ -108,7 +108,12 @@ def test_two_workers_on_one_host_are_two_nodes_that_celery_and_health_see(
     healthy = cluster.gleaner("health", "--local-worker")
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
     lines = healthy.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["database", "broker", "worker"]
+    assert [line.split(":")[0] for line in lines] == [
+        "database",
+        "broker",
+        "broker memory",
+        "worker",
+    ]
     assert all(": ok: " in line for line in lines)
     one = cluster.gleaner("health", "--worker", f"gleaner-harvest-{first.pid}@%h")
     assert one.returncode == 0, one.stdout + one.stderr

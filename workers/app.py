@@ -14,6 +14,8 @@ Reliability choices (see README, "Running workers"):
   ``import``, so a bulk import never starves live conversations.
 - Time limits are the worker's: messages are sent with ``WORKER_LIMITS``.
 - JSON only, no pickle: messages carry job ids and small dicts.
+- A full Redis (``noeviction`` at maxmemory) is waited out, not crashed on
+  (``workers.memory_gate``); Redis must not evict (``workers.broker_memory``).
 - Task events (what Flower shows) follow GLEANER_TASK_EVENTS; ``gleaner worker -E`` turns
   them on for one worker.
 
@@ -51,11 +53,20 @@ WORKER_LIMITS: dict[str, None] = {"time_limit": None, "soft_time_limit": None}
 
 def make_celery(settings: Settings | None = None) -> Celery:
     """A configured Celery app; nothing connects until a task is sent or a worker starts."""
+    from workers import redis_transport
+
     settings = settings or load_settings()
     app = Celery("gleaner", set_as_current=True)
+    redis_url = (settings.broker_url or "").startswith(redis_transport.SCHEMES)
     app.conf.update(
         broker_url=settings.broker_url or "memory://",
+        # Kombu's Redis transport with acknowledgements a full Redis still takes.
+        broker_transport=redis_transport.TRANSPORT if redis_url else None,
         broker_connection_retry_on_startup=True,
+        # A write Redis refuses (a full Redis under noeviction answers OutOfMemoryError, a
+        # channel error) restarts the consumer instead of ending the worker; the memory
+        # gate (workers/memory_gate.py) keeps the worker from taking messages meanwhile.
+        broker_channel_error_retry=True,
         broker_transport_options={
             "visibility_timeout": settings.broker_visibility_timeout,
             "queue_order_strategy": "priority",
@@ -90,7 +101,9 @@ def make_celery(settings: Settings | None = None) -> Celery:
     import workers.tasks  # noqa: F401
 
     app.conf.beat_schedule = beat_schedule.schedule(settings)
+    from workers.memory_gate import MemoryGate
     from workers.watchdog import Watchdog
 
     app.steps["worker"].add(Watchdog)  # a worker that stops taking messages exits
+    app.steps["worker"].add(MemoryGate)  # ... unless Redis is full: then it waits
     return app

@@ -12,6 +12,10 @@ The sweep (``requeue_stale``, run by beat every minute on the ``housekeeping`` q
    one are sent; on a longer queue only the shortfall is sent (pending jobs minus waiting
    messages, oldest-sent first, since Redis hands out the oldest messages first). A backlog
    that is merely waiting is never duplicated.
+3. When Redis lost or refused messages since the last sweep (it evicted keys, refused writes
+   at maxmemory, or restarted: ``workers.broker_memory``), the wait in 2 drops to
+   LOSS_GRACE_SECONDS: an evicted queue is sent again by the next sweep, not after
+   GLEANER_REQUEUE_AFTER_SECONDS. Messages workers hold unacknowledged count as waiting.
 """
 
 from __future__ import annotations
@@ -40,10 +44,14 @@ SEND_LIMIT = 1_000
 # Kombu's Redis transport keeps a queue's messages of priority p > 0 under "<queue>\x06\x16p".
 _PRIORITY_SEP, _PRIORITY_STEPS = "\x06\x16", (3, 6, 9)
 _READ_CHUNK = 500
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 # Messages pushed to Redis in one pipeline (one round trip instead of one each).
 SEND_BATCH = 500
+# After Redis lost or refused messages, a pending job sent this long ago whose message is
+# gone is sent again (a producer sends right after its commit; a duplicate is harmless).
+LOSS_GRACE_SECONDS = 5
 
 
 class BrokerUnavailable(Exception):
@@ -52,12 +60,16 @@ class BrokerUnavailable(Exception):
 
     reason = "broker_unavailable"
 
-    def __init__(self, queue: str, sent: int, unsent: int, detail: str) -> None:
+    def __init__(
+        self, queue: str, sent: int, unsent: int, detail: str, *, full: bool = False
+    ) -> None:
         super().__init__(
             f"the broker did not take {unsent} message(s) for queue {queue!r} "
             f"({sent} sent before): {detail}"
         )
         self.queue, self.sent, self.unsent, self.detail = queue, sent, unsent, detail
+        # Redis answered but refused the write at maxmemory (noeviction): it is full, not down.
+        self.full = full
 
 
 def send_jobs(queue: str, job_ids: Iterable[str]) -> int:
@@ -100,9 +112,14 @@ def send_jobs(queue: str, job_ids: Iterable[str]) -> int:
                         )
                 sent += len(chunk)
     except (KombuError, RedisError, OSError) as exc:
+        from workers.broker_memory import is_out_of_memory
+
         cause = exc.__cause__ or exc
         detail = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        raise BrokerUnavailable(queue, sent, len(ids) - sent, detail) from exc
+        full = is_out_of_memory(exc)
+        if full:
+            detail = f"Redis is full (at maxmemory, it refuses writes): {detail}"
+        raise BrokerUnavailable(queue, sent, len(ids) - sent, detail, full=full) from exc
     return sent
 
 
@@ -120,13 +137,9 @@ def waiting_messages(
     """The messages waiting on each Redis queue (not those a worker has taken); None when the
     broker is not Redis. Raises ``redis.RedisError`` when Redis cannot be reached (a connect
     waits at most half of ``timeout``, a reply ``timeout``)."""
-    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
+    if not broker_url.startswith(_REDIS_SCHEMES):
         return None
-    import redis
-
-    client = redis.Redis.from_url(
-        broker_url, socket_timeout=timeout, socket_connect_timeout=timeout / 2
-    )
+    client = _client(broker_url, timeout)
     try:
         out = {}
         for queue in queues:
@@ -205,21 +218,31 @@ def requeue_stale(
         )
     sent = _send_by_queue(recovered.requeued)
 
+    losses = None
     if older_than is None:
         older_than = timedelta(seconds=settings.requeue_after_seconds)
+        losses = redis_losses(settings.broker_url)
+        if losses is not None and losses.changed:
+            older_than = min(older_than, timedelta(seconds=LOSS_GRACE_SECONDS))
     with store.transaction() as session:
         queues = sorted(job_leases.pending_counts(session, older_than))
     if not queues:  # the usual case: nothing waited that long, Redis is not even asked
+        if losses is not None:
+            losses.record()
         return sent
     # Read the queues before the candidates: a message taken meanwhile belongs to a job that
     # is being claimed, so the worst case is one harmless duplicate, never a lost job.
     waiting = None
+    held: frozenset[str] = frozenset()
     if settings.broker_url:
         waiting = waiting_messages(settings.broker_url, queues, scan_limit)
+        if waiting is not None:
+            held = held_job_ids(settings.broker_url)
     # A job recovered above was sent a moment ago: a worker may have taken that message
-    # already, but it is not lost, so it is not sent twice.
-    just_sent = frozenset(job_id for job_id, _ in recovered.requeued)
+    # already, but it is not lost, so it is not sent twice. Nor is one a worker holds.
+    just_sent = frozenset(job_id for job_id, _ in recovered.requeued) | held
     lost: list[tuple[str, str]] = []
+    capped = False
     with store.transaction() as session:
         pending = job_leases.pending_counts(session)
         for queue in queues:
@@ -238,7 +261,73 @@ def requeue_stale(
                     session, queue, older_than, skip=just_sent, most=min(SEND_LIMIT, shortfall)
                 )
             lost.extend((job_id, queue) for job_id in ids)
-    return sent + _send_by_queue(lost)
+            capped = capped or len(ids) >= SEND_LIMIT
+    if losses is not None and losses.changed and lost:
+        log.warning(
+            "Redis lost or refused messages since the last sweep (evicted keys, writes refused "
+            "at maxmemory, or a restart): re-sending %d pending job(s) whose message is gone",
+            len(lost),
+        )
+    sent += _send_by_queue(lost)
+    if losses is not None and not capped:
+        # Only once every lost job was sent: a failed send, or more than SEND_LIMIT lost on
+        # a queue, leaves the next sweep looking with the short wait again.
+        losses.record()
+    return sent
+
+
+@dataclass
+class RedisLosses:
+    """Whether Redis lost or refused messages since the sweep last looked, and how to
+    record this look (see ``workers.broker_memory.changed_since_last_look``)."""
+
+    broker_url: str
+    changed: bool
+    fingerprint: str
+
+    def record(self) -> None:
+        from workers.broker_memory import record_look
+
+        client = _client(self.broker_url, 10.0)
+        try:
+            record_look(client, self.fingerprint)
+        finally:
+            client.close()
+
+
+def redis_losses(broker_url: str | None) -> RedisLosses | None:
+    """What the sweep needs to know of Redis's losses; None when the broker is not Redis.
+    Raises ``redis.RedisError`` when Redis cannot be reached."""
+    if not broker_url or not broker_url.startswith(_REDIS_SCHEMES):
+        return None
+    from workers.broker_memory import changed_since_last_look
+
+    client = _client(broker_url, 10.0)
+    try:
+        changed, fingerprint = changed_since_last_look(client)
+    finally:
+        client.close()
+    return RedisLosses(broker_url, changed, fingerprint)
+
+
+def held_job_ids(broker_url: str) -> frozenset[str]:
+    """The job ids of the harvest messages workers took and have not acknowledged."""
+    from workers.broker_memory import held_messages
+
+    client = _client(broker_url, 10.0)
+    try:
+        found = (_job_id(raw) for raw in held_messages(client))
+        return frozenset(job_id for job_id in found if job_id is not None)
+    finally:
+        client.close()
+
+
+def _client(broker_url: str, timeout: float) -> Redis:
+    import redis
+
+    return redis.Redis.from_url(
+        broker_url, socket_timeout=timeout, socket_connect_timeout=timeout / 2
+    )
 
 
 def _send_by_queue(found: Iterable[tuple[str, str]]) -> int:

@@ -100,6 +100,38 @@ def check_broker(settings: Settings, timeout: float = 3.0) -> Check:
     return Check("broker", True, f"{safe_broker_url(settings.broker_url)} answers")
 
 
+def check_broker_memory(settings: Settings, timeout: float = 3.0) -> Check:
+    """Redis's eviction policy is the required ``noeviction`` and Redis is not full (a full
+    Redis refuses every enqueue and workers wait for room)."""
+    import redis
+
+    from workers.broker_memory import broker_memory
+
+    if not settings.broker_url:
+        return Check("broker memory", True, "no broker configured")
+    try:
+        client = redis.Redis.from_url(
+            settings.broker_url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        try:
+            memory = broker_memory(client)
+        finally:
+            client.close()
+    except (ValueError, redis.RedisError) as exc:
+        return Check("broker memory", False, f"cannot read Redis's INFO memory: {exc}")
+    problem = memory.policy_problem()
+    if problem:
+        return Check("broker memory", False, problem)
+    if memory.full:
+        return Check(
+            "broker memory",
+            False,
+            f"Redis is full ({memory.describe()}): enqueue is refused and workers wait until "
+            "memory is freed (raise maxmemory, or delete what else fills it)",
+        )
+    return Check("broker memory", True, memory.describe())
+
+
 def local_hostname() -> str:
     """The host part Celery gives this machine's node names (``%h``)."""
     return socket.gethostname()

@@ -159,9 +159,18 @@ def dedupe() -> dict[str, Any]:
 @shared_task(name="gleaner.requeue_stale")
 def requeue_stale() -> int:
     """Recover jobs whose worker was lost and re-send pending jobs whose message was lost."""
+    from workers.enqueue import BrokerUnavailable
     from workers.enqueue import requeue_stale as sweep
 
-    sent = sweep(runtime.store())
+    try:
+        sent = sweep(runtime.store())
+    except BrokerUnavailable as exc:
+        if not exc.full:
+            raise
+        # Not a defect: the jobs stay pending and the next sweep, once Redis has room,
+        # sends them (Redis's refusals mark the losses, so without the usual wait).
+        log.warning("lost-job sweep: %s; the next sweep tries again", exc)
+        return exc.sent
     if sent:
         log.warning("re-enqueued %d lost job(s)", sent)
     return sent

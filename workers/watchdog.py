@@ -103,7 +103,11 @@ class Watchdog(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is unty
         from celery.worker import state
 
         from workers.enqueue import waiting_messages
+        from workers.memory_gate import paused
 
+        if paused():  # messages wait on purpose while Redis is full
+            self.stall.unknown()
+            return
         try:
             # Short timeouts: this runs on the event loop, which waits while it does.
             found = waiting_messages(

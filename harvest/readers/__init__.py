@@ -10,7 +10,9 @@ from __future__ import annotations
 from harvest.readers.files import EXPECTED, STDIN
 from harvest.readers.load import (
     SUFFIXES,
+    Read,
     ReadResult,
+    iter_path,
     iter_paths,
     kind_of,
     read_bytes,
@@ -21,7 +23,9 @@ __all__ = [
     "EXPECTED",
     "STDIN",
     "SUFFIXES",
+    "Read",
     "ReadResult",
+    "iter_path",
     "iter_paths",
     "kind_of",
     "read_bytes",

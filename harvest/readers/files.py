@@ -37,7 +37,7 @@ _INFLATE_PIECE = 1 << 20
 # ValueError), a header or extra field cut short (IndexError, struct.error), a zip64 offset
 # past what a seek takes (OverflowError), a damaged stream (zlib.error, lzma.LZMAError,
 # EOFError; bz2 raises OSError, see read_zip).
-_DAMAGED = (
+DAMAGED = (
     zipfile.BadZipFile,
     ValueError,
     IndexError,
@@ -113,7 +113,7 @@ def read_zip(path: Path, limits: Limits, data: bytes | None = None) -> str:
             # unreadable, not damaged. Bytes in memory have no disk.
             if data is None and exc.errno not in (None, errno.EINVAL):
                 raise
-        except _DAMAGED:
+        except DAMAGED:
             pass
     # Not the exception's message: some name members of the archive, which are the file's
     # own text.
@@ -124,14 +124,7 @@ def _read_export(fp: BinaryIO, path: Path, limits: Limits) -> str:
     """The text of the export's conversations.json in the open archive ``fp`` (see
     :func:`read_zip`)."""
     try:
-        entries = _declared_entries(fp)
-        if entries > limits.zip_entries:
-            raise too_large(
-                f"{path}: zip archive",
-                f"{entries:,} entries",
-                limits.zip_entries,
-                "GLEANER_MAX_ZIP_ENTRIES",
-            )
+        check_entries(fp, path, limits)
         with zipfile.ZipFile(fp) as archive:
             return decode(_export_member(archive, path, limits), path)
     except NotImplementedError:  # a compression method zipfile lacks
@@ -145,6 +138,26 @@ def _read_export(fp: BinaryIO, path: Path, limits: Limits) -> str:
 
 def _export_member(archive: zipfile.ZipFile, path: Path, limits: Limits) -> bytearray:
     """The bytes of the archive's conversations.json, inflated within the limit."""
+    member = export_member_info(archive, path, limits)
+    return _inflate(archive, member, path, limits.file_bytes, limits.file_bytes_setting)
+
+
+def check_entries(fp: BinaryIO, path: Path, limits: Limits) -> None:
+    """Refuse (``too_large``) an archive that declares more than ``limits.zip_entries``
+    entries, before zipfile parses its central directory."""
+    entries = _declared_entries(fp)
+    if entries > limits.zip_entries:
+        raise too_large(
+            f"{path}: zip archive",
+            f"{entries:,} entries",
+            limits.zip_entries,
+            "GLEANER_MAX_ZIP_ENTRIES",
+        )
+
+
+def export_member_info(archive: zipfile.ZipFile, path: Path, limits: Limits) -> zipfile.ZipInfo:
+    """The archive's conversations.json (the shallowest), refused when it declares more than
+    ``limits.file_bytes`` bytes."""
     members = [
         info
         for info in archive.infolist()
@@ -163,7 +176,7 @@ def _export_member(archive: zipfile.ZipFile, path: Path, limits: Limits) -> byte
             limits.file_bytes,
             limits.file_bytes_setting,
         )
-    return _inflate(archive, member, path, limits.file_bytes, limits.file_bytes_setting)
+    return member
 
 
 def _read_file(path: Path, limits: Limits) -> bytes:
@@ -179,14 +192,14 @@ def _read_file(path: Path, limits: Limits) -> bytes:
     return data
 
 
-def _is_zip(path: Path) -> bool:
+def is_zip(path: Path) -> bool:
     with path.open("rb") as fp:
         return fp.read(4) == b"PK\x03\x04"
 
 
 def read_text(path: Path, limits: Limits) -> str:
     try:
-        if path.suffix.lower() == ".zip" or _is_zip(path):
+        if path.suffix.lower() == ".zip" or is_zip(path):
             return read_zip(path, limits)
         return decode(_read_file(path, limits), path)
     except IsADirectoryError:

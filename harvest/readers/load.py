@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -75,6 +76,22 @@ class ReadResult:
 
     transcripts: list[Transcript] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
+
+    def items(self) -> Iterator[Read]:
+        for transcript in self.transcripts:
+            yield Read(transcript)
+        for label, reason in self.errors:
+            yield Read(None, label, reason)
+
+
+@dataclass(frozen=True)
+class Read:
+    """One conversation read from a path (:func:`iter_path`): its transcript, or the label
+    and reason of one that was skipped (as in :class:`ReadResult`)."""
+
+    transcript: Transcript | None
+    label: str = ""
+    error: str = ""
 
 
 def kind_of(obj: object) -> str | None:
@@ -206,28 +223,44 @@ def _read_lines(
 ) -> ReadResult | None:
     """JSON Lines, one conversation a line; None when no line holds a conversation at all."""
     result = ReadResult()
-    recognised = 0
+    recognised = False
+    for conversation, one in _each_line(split_lines(text), path, default_owner, limits):
+        recognised |= conversation
+        result.transcripts += one.transcripts
+        result.errors += one.errors
+    return result if recognised else None
+
+
+def _each_line(
+    lines: Iterable[str], path: Path, default_owner: str | None, limits: Limits
+) -> Iterator[tuple[bool, ReadResult]]:
+    """Each non-blank line of JSON Lines read: whether it is a conversation object, and what
+    was read from it (the transcript, or why it was skipped)."""
     where = redact_text(str(path))  # once, not a line
-    for number, line in enumerate(split_lines(text), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        result = ReadResult()
         label = f"{where}:{number}"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             result.errors.append((label, f"line {number}: not JSON ({exc.msg})"))
+            yield False, result
             continue
         except ValueError as exc:  # valid JSON Python's parser refuses: see json_problem
             result.errors.append((label, f"line {number}: not JSON ({json_problem(exc)})"))
+            yield False, result
             continue
         except RecursionError:
             result.errors.append((label, _refusal(too_deep(""), f"line {number}: ")))
+            yield False, result
             continue
         kind = kind_of(obj)
         if kind is None:
             result.errors.append((label, f"line {number}: not a conversation object"))
+            yield False, result
             continue
-        recognised += 1
         _read_one(
             result,
             _label(label, obj),
@@ -239,7 +272,64 @@ def _read_lines(
             source_format="jsonl",
             where=f"line {number}: ",
         )
-    return result if recognised else None
+        yield True, result
+
+
+def iter_path(
+    path: Path | str, *, default_owner: str | None = None, limits: Limits = DEFAULT_LIMITS
+) -> Iterator[Read]:
+    """:func:`read_path` a conversation at a time, for callers that need not hold them all.
+
+    A JSON array of conversations (an export's conversations.json, also inside its zip) is
+    parsed an element at a time, and a JSON Lines file (``.jsonl``, ``.ndjson``) a line at a
+    time (``harvest.readers.stream``): reading holds the conversation being read, not the
+    file. Any other document (one conversation, a session file, a zip of JSON Lines,
+    standard input) is read whole, as before. A file that stops being JSON part-way
+    raises TranscriptFormatError after the conversations before the fault were yielded.
+    """
+    from harvest.readers.stream import array_elements, json_lines
+
+    if str(path) != STDIN and Path(path).suffix.lower() in _LINES_SUFFIXES:
+        path = Path(path)
+        with json_lines(path, limits) as lines:
+            if lines is not None:
+                recognised = False
+                for conversation, one in _each_line(lines, path, default_owner, limits):
+                    recognised |= conversation
+                    yield from one.items()
+                if not recognised:
+                    raise not_a_transcript(path, "no line holds a conversation")
+                return
+    elif str(path) != STDIN:
+        path = Path(path)
+        with array_elements(path, limits) as elements:
+            if elements is not None:
+                first = next(elements, _END)
+                if first is _END:
+                    raise not_a_transcript(path, "an empty JSON list")
+                if kind_of(first) is not None:
+                    for index, item in enumerate(itertools.chain([first], elements)):
+                        yield from _read_element(index, item, path, default_owner, limits)
+                    return
+        # A list of chat messages, or of something else first: read whole, as before.
+    yield from _read_whole(path, default_owner, limits).items()
+
+
+_END = object()
+
+
+def _read_element(
+    index: int, item: object, path: Path, default_owner: str | None, limits: Limits
+) -> Iterator[Read]:
+    """One element of a JSON list of conversations, as :func:`_read_value` reads it."""
+    one = ReadResult()
+    label = _label(f"{path}[{index}]", item)
+    kind = kind_of(item)
+    if kind is None:
+        one.errors.append((label, "matches no conversation format"))
+    else:
+        _read_one(one, label, kind, item, path=path, default_owner=default_owner, limits=limits)
+    return one.items()
 
 
 def read_path(
@@ -252,8 +342,19 @@ def read_path(
     ``errors`` and skipped, and so is one over ``limits`` (``too_large``); a file that is no
     transcript at all (not JSON, empty, unknown shape, unreadable) raises
     TranscriptFormatError naming it, as does one over ``limits.file_bytes`` (``too_large``) or
-    nested too deeply to parse (``too_deep``). Nothing here tokenizes.
+    nested too deeply to parse (``too_deep``). Nothing here tokenizes. An export's JSON
+    array is parsed a conversation at a time (:func:`iter_path`).
     """
+    result = ReadResult()
+    for read in iter_path(path, default_owner=default_owner, limits=limits):
+        if read.transcript is not None:
+            result.transcripts.append(read.transcript)
+        else:
+            result.errors.append((read.label, read.error))
+    return result
+
+
+def _read_whole(path: Path | str, default_owner: str | None, limits: Limits) -> ReadResult:
     if str(path) == STDIN:
         return read_bytes(
             read_stdin(limits), STDIN_NAME, default_owner=default_owner, limits=limits

@@ -102,11 +102,16 @@ def broker_down(error: BrokerUnavailable, jobs: int, done: str = "recorded") -> 
     """The one line for jobs ``done`` (recorded, reset) whose messages the broker did not
     take: they are pending in the database, and the lost-job sweep (or an operator) sends
     them."""
+    if error.full:  # Redis's refusals mark its losses: the sweep does not wait the usual time
+        why, when = "refused them", "at its first run once Redis has room"
+    else:
+        why, when = "did not answer", "once the broker is back and GLEANER_REQUEUE_AFTER_SECONDS "
+        when += "have passed"
     return CommandFailed(
         f"broker_unavailable: {jobs} job(s) {done}, {error.unsent} not sent: the broker "
-        f"did not answer ({error.detail}). They wait in the database as pending: beat's "
-        "lost-job sweep sends them once the broker is back and GLEANER_REQUEUE_AFTER_SECONDS "
-        "have passed, or run `gleaner housekeep requeue` to send them at once"
+        f"{why} ({error.detail}). They wait in the database as pending: beat's "
+        f"lost-job sweep sends them {when}, or run `gleaner housekeep requeue` to send them "
+        "at once"
     )
 
 

@@ -124,7 +124,13 @@ def cmd_beat(args: argparse.Namespace) -> int:
 def cmd_health(args: argparse.Namespace) -> int:
     """One line per check, exit 0 when all pass, else 1 (never 2: Docker reserves it)."""
     from store import ConfigError, load_settings
-    from workers.health import Check, check_broker, check_database, check_workers
+    from workers.health import (
+        Check,
+        check_broker,
+        check_broker_memory,
+        check_database,
+        check_workers,
+    )
 
     try:
         settings = load_settings()
@@ -134,6 +140,8 @@ def cmd_health(args: argparse.Namespace) -> int:
     checks = [check_database(settings, args.timeout)]
     broker = check_broker(settings, args.timeout)
     checks.append(broker)
+    if broker.ok and settings.broker_url:
+        checks.append(check_broker_memory(settings, args.timeout))
     if args.worker or args.local_worker:
         if broker.ok:
             checks.append(check_workers(settings, args.worker, args.timeout))
