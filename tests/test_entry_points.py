@@ -264,3 +264,18 @@ def test_a_refused_postgresql_connection_says_what_to_do(run: Cli) -> None:
     assert ran.code == 1
     assert "Connection refused" in ran.err and "GLEANER_DATABASE_URL" in ran.err
     assert len(ran.err.strip().splitlines()) == 1
+
+
+def test_enqueue_to_a_broker_that_refuses_fails_within_a_second(run: Cli, tmp_path: Path) -> None:
+    import time
+
+    from tests.cli_harness import dead_broker_url
+
+    run.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/down.db")
+    assert run("db", "upgrade").code == 0
+    run.env(GLEANER_BROKER_URL=dead_broker_url())
+    started = time.monotonic()
+    ran = run("enqueue", "--owner", "ann", str(EXAMPLES / "native.json"))
+    took = time.monotonic() - started
+    assert ran.code == 1 and "broker_unavailable" in ran.err and "1 job(s) recorded" in ran.err
+    assert took < 2.0, took  # README: within a second (kombu's default retries took 6 s)

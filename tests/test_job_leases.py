@@ -503,8 +503,13 @@ def test_the_sweep_recovers_lost_running_jobs_and_fails_them_at_the_crash_limit(
     hold(store, doomed, "gone-2", heartbeat_age=3_600)
     set_columns(store, [doomed], crashes=2)  # its worker was lost twice already
     hold(store, alive, "busy", heartbeat_age=10)  # within the 120 s lease
+    from prometheus_client import REGISTRY
+
+    counted = REGISTRY.get_sample_value("gleaner_lease_recoveries_total") or 0.0
 
     assert requeue_stale(store) == 1
+    # Both lost runs count as recoveries (one sent again, one failed): the metric an alert reads.
+    assert REGISTRY.get_sample_value("gleaner_lease_recoveries_total") == counted + 2
     assert queued_ids(cluster, LIVE_QUEUE) == [lost]
     recovered = row(store, lost)
     assert (recovered["state"], recovered["crashes"], recovered["lease_token"]) == (

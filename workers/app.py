@@ -51,6 +51,10 @@ ROUTES = {
 WORKER_LIMITS: dict[str, None] = {"time_limit": None, "soft_time_limit": None}
 
 
+# kombu's failover options of a connection's default channel (what a producer sends on).
+SEND_RETRIES = {"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5}
+
+
 def make_celery(settings: Settings | None = None) -> Celery:
     """A configured Celery app; nothing connects until a task is sent or a worker starts."""
     from workers import redis_transport
@@ -70,6 +74,11 @@ def make_celery(settings: Settings | None = None) -> Celery:
         broker_transport_options={
             "visibility_timeout": settings.broker_visibility_timeout,
             "queue_order_strategy": "priority",
+            # A send that cannot connect retries once, at once (a pooled connection Redis
+            # dropped reconnects), then fails: kombu's default of three retries 2 s apart
+            # kept `enqueue` waiting 6 s on a broker that refused it, and a job is recorded
+            # pending before its send, so the sweep sends what failed here.
+            **SEND_RETRIES,
         },
         task_serializer="json",
         result_serializer="json",

@@ -210,6 +210,10 @@ def requeue_stale(
             timedelta(seconds=settings.job_lease_seconds),
             settings.job_max_crashes,
         )
+    if recovered.requeued or recovered.failed:
+        from workers.metrics import LEASE_RECOVERIES
+
+        LEASE_RECOVERIES.inc(len(recovered.requeued) + len(recovered.failed))
     if recovered.failed:
         log.warning(
             "%d job(s) failed: their worker was lost %d times",

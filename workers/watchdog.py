@@ -140,6 +140,9 @@ class Watchdog(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is unty
             self.seconds,
             EX_SOFTWARE,
         )
+        from workers.metrics import WATCHDOG_EXITS
+
+        WATCHDOG_EXITS.inc()  # in the main process: its scrape shows it until the exit
         global exit_code  # noqa: PLW0603 - one worker per process
         exit_code = EX_SOFTWARE
         state.should_stop = EX_SOFTWARE  # Celery's warm shutdown, as SIGTERM asks for it
