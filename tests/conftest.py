@@ -6,14 +6,19 @@ creates its own database there (one per xdist worker) and migrates it with Alemb
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import shutil
+import socket
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -25,6 +30,42 @@ os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="gleaner-test-data-")
 from store import Settings, Store
 
 TEST_DATA_HOME = Path(os.environ["XDG_DATA_HOME"])
+
+
+def _own_redis() -> subprocess.Popen[bytes] | None:
+    """A Redis server of this test process's own, on a free loopback port (the harnesses
+    read GLEANER_TEST_REDIS_URL, set here, when imported): the suite flushes the databases
+    it uses, so it never runs on a Redis that may hold someone's data. None when
+    GLEANER_TEST_REDIS_URL names one already (that Redis is the caller's choice) or no
+    redis-server is installed (then 127.0.0.1:6379, as before)."""
+    if "GLEANER_TEST_REDIS_URL" in os.environ or shutil.which("redis-server") is None:
+        return None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = {"port": str(port), "bind": "127.0.0.1", "save": "", "appendonly": "no"}
+    server = subprocess.Popen(
+        ["redis-server", *(part for k, v in options.items() for part in (f"--{k}", v))],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}"
+    client = redis.Redis.from_url(url, socket_connect_timeout=1)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    client.close()
+    os.environ["GLEANER_TEST_REDIS_URL"] = url
+    atexit.register(server.terminate)
+    return server
+
+
+OWN_REDIS = _own_redis()
+# The PostgreSQL databases this process made (``recreate_pg_database``): dropped at its end.
+CREATED_DATABASES: set[str] = set()
 PG_BASE_URL = os.environ.get(
     "GLEANER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
@@ -69,6 +110,7 @@ def recreate_pg_database(name: str) -> str:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     admin.dispose()
+    CREATED_DATABASES.add(name)
     return pg_url_for(name)
 
 
@@ -152,4 +194,16 @@ def store(make_store, backend: str) -> Store:  # type: ignore[no-untyped-def]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Leave nothing behind: the data directory, the databases made, the own Redis."""
     shutil.rmtree(TEST_DATA_HOME, ignore_errors=True)
+    if CREATED_DATABASES:
+        admin = create_engine(PG_BASE_URL, isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                for name in sorted(CREATED_DATABASES):
+                    conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        finally:
+            admin.dispose()
+        CREATED_DATABASES.clear()
+    if OWN_REDIS is not None:
+        OWN_REDIS.terminate()
