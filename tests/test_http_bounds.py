@@ -115,7 +115,7 @@ def test_a_100_mb_body_is_refused_as_it_streams_in_with_bounded_memory(served: S
         growth = served.memory.growth()
         figures[how] = (growth, took)
         assert growth < GROWTH_BOUND, (how, growth)
-    print(f"\n100 MB body refused: {figures}")  # docs/RELIABILITY.md's figures (pytest -s)
+    print(f"\n100 MB body refused: {figures}")  # docs/HOSTILE_TENANTS.md's figures (pytest -s)
     assert served.client.get("/healthz").status_code == 200
 
 

@@ -108,7 +108,7 @@ def test_45_slow_submits_leave_other_owners_served(
             assert client.get("/healthz").json() == {"ok": True}
             healthz = time.monotonic() - started
             print(f"\nwith {SUBMITS} submits held: search {max(timings):.3f} s at most, ", end="")
-            print(f"healthz {healthz:.3f} s")  # docs/RELIABILITY.md's figures (pytest -s)
+            print(f"healthz {healthz:.3f} s")  # docs/HOSTILE_TENANTS.md's figures (pytest -s)
             assert max(timings) < SEARCH_BOUND and healthz < SEARCH_BOUND
             release.set()
             finished, pending = wait(flood + probes, timeout=120)

@@ -59,7 +59,7 @@ def scores(split: str) -> tuple[float, float]:
 
 
 def test_the_detector_on_its_corpus() -> None:
-    # Tuned on dev; held-out was written apart and only scored (docs/RELIABILITY.md).
+    # Tuned on dev; held-out was written apart and only scored (docs/HOSTILE_TENANTS.md).
     assert len(corpus("dev")) == 68 and len(corpus("heldout")) == 50
     assert scores("dev") == (1.0, 1.0)
     precision, recall = scores("heldout")
@@ -79,7 +79,7 @@ def test_the_detector_on_its_corpus() -> None:
 )
 def test_the_detector_reads_a_body_at_the_limit_of_hostile_text(hostile: str) -> None:
     # Every pattern is anchored or bounded: a 32 KB body is read in milliseconds (measured in
-    # docs/RELIABILITY.md); a regression to quadratic time shows here as a test of minutes.
+    # docs/HOSTILE_TENANTS.md); a regression to quadratic time shows here as a test of minutes.
     assert instruction_flag("t", hostile) is None
 
 

@@ -2,7 +2,7 @@
 like ``<private>`` spans before hashing, the model, the queue, the database and the logs.
 
 The corpus under tests/data/secrets/ has a dev part (what the rules were tuned on) and a
-held-out part (what they are reported on: docs/RELIABILITY.md, "Secrets"); each line is a text
+held-out part (what they are reported on: docs/HOSTILE_TENANTS.md, "Secrets"); each line is a text
 and the secrets it holds (none: ordinary prose or code, which must come out unchanged).
 End to end, a transcript holding secrets goes through the offline harvester, the test model
 server (which echoes a secret back), ``mem_save`` and a real worker fed by ``gleaner
@@ -80,7 +80,7 @@ def test_the_dev_corpus_is_redacted_whole_and_its_prose_untouched() -> None:
 
 
 def test_the_held_out_corpus_keeps_its_reported_recall_and_no_false_positive() -> None:
-    # The figures docs/RELIABILITY.md reports (27 of 30 found; 0 of 40 changed): a rule that
+    # The figures docs/HOSTILE_TENANTS.md reports (27 of 30 found; 0 of 40 changed): a rule that
     # loses recall or starts redacting ordinary prose or code fails here.
     found, positives, changed, negatives = scores("heldout")
     assert (positives, negatives) == (30, 40)
