@@ -245,6 +245,10 @@ def run(ctx: Context) -> None:
             "GLEANER_BROKER_URL": broker,
             "GLEANER_DB_POOL_SIZE": "5",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            # Throughput, not the per-key limits (tests/test_http_bounds.py holds those): one
+            # key posts from CLIENTS connections, as fast as the server takes them.
+            "GLEANER_HTTP_SUBMITS_PER_KEY": str(4 * CLIENTS),
+            "GLEANER_HTTP_REQUESTS_PER_MINUTE": "0",
         }
         redis.Redis.from_url(broker).flushdb()
         raw_rate, raw_p99, raw_cpu = _measure(
