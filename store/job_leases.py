@@ -15,15 +15,14 @@ from datetime import timedelta
 from sqlalchemy import (
     Engine,
     func,
-    or_,
     select,
     update,
 )
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from store.jobs import IS_RUNNING, JOBS, RELEASED, worker_lost_error
-from store.models import FAILED, PENDING, RUNNING, Job, utcnow
+from store.jobs import IS_RUNNING, JOBS, RELEASED, lease_ran_out, worker_lost_error
+from store.models import FAILED, PENDING, Job, utcnow
 from store.sql import lease_expired, lease_now
 
 log = logging.getLogger(__name__)
@@ -72,9 +71,7 @@ def recover_lost(
     """
     now = utcnow()
     expired = lease_expired(session, lease)
-    stmt = select(Job.id, Job.queue, Job.crashes).where(
-        Job.state == RUNNING, or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < expired)
-    )
+    stmt = select(Job.id, Job.queue, Job.crashes).where(IS_RUNNING, lease_ran_out(expired))
     if job_ids is not None:
         stmt = stmt.where(Job.id.in_(list(job_ids)))
     rows = session.execute(

@@ -142,6 +142,15 @@ def add_jobs(
 
 JOBS = cast(Table, Job.__table__)
 IS_RUNNING = JOBS.c.state == RUNNING
+
+
+def lease_ran_out(expired: ColumnElement[datetime]) -> ColumnElement[bool]:
+    """The one rule of a lost worker: a running job with no heartbeat, or none since
+    ``expired`` (``store.sql.lease_expired``); the claim, the lost-job sweep and ``holder``
+    all ask it."""
+    return or_(JOBS.c.heartbeat_at.is_(None), JOBS.c.heartbeat_at < expired)
+
+
 # The longest error a failed job keeps.
 MAX_ERROR_CHARS = 4000
 
@@ -164,11 +173,7 @@ def _claim(now: ColumnElement[datetime], expired: ColumnElement[datetime]) -> Up
                 JOBS.c.state == PENDING,
                 and_(
                     IS_RUNNING,
-                    or_(
-                        JOBS.c.heartbeat_at.is_(None),
-                        JOBS.c.heartbeat_at < expired,
-                        JOBS.c.lease_token == bindparam("token"),
-                    ),
+                    or_(lease_ran_out(expired), JOBS.c.lease_token == bindparam("token")),
                 ),
             ),
         )
@@ -265,7 +270,7 @@ class Holder:
 
 def holder(session: Executor, job_id: str, lease: timedelta) -> Holder | None:
     """The holder of ``job_id`` while it is running; None when it is not running."""
-    alive = JOBS.c.heartbeat_at >= lease_expired(session, lease)
+    alive = ~lease_ran_out(lease_expired(session, lease))
     found = session.execute(
         select(JOBS.c.lease_token, JOBS.c.claimed_by, func.coalesce(alive, False)).where(
             JOBS.c.id == job_id, IS_RUNNING
