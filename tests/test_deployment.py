@@ -258,6 +258,8 @@ def test_migrate_waits_for_a_database_that_is_not_there_yet(tmp_path: Path, work
     a fresh volume, where PostgreSQL restarts after initdb), then migrates it."""
     from sqlalchemy import create_engine, text
 
+    from tests.conftest import CREATED_DATABASES
+
     name = f"gleaner_migrate_wait_{worker_id}"
     admin = create_engine(PG_BASE_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -278,6 +280,7 @@ def test_migrate_waits_for_a_database_that_is_not_there_yet(tmp_path: Path, work
         assert proc.poll() is None, proc.communicate()
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
+        CREATED_DATABASES.add(name)  # dropped at the run's end, as every one it makes
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
