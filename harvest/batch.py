@@ -117,14 +117,23 @@ def judge_owners(
     check_owners(listed, owner)
     kept = []
     for transcript in listed:
-        try:
-            check_storable(transcript)
-            resolve_owner(transcript, owner, reassign_owner=reassign_owner)
-        except HarvestError as exc:
-            summary.fail(failure_label(transcript.conversation_id), f"{exc.reason}: {exc}")
+        refused = refusal(transcript, owner, reassign_owner)
+        if refused is not None:
+            summary.fail(failure_label(transcript.conversation_id), refused)
             continue
         kept.append(transcript)
     return sorted(kept, key=said_order)
+
+
+def refusal(transcript: Transcript, owner: str | None, reassign_owner: bool) -> str | None:
+    """Why this conversation is refused on its own (``reason: message``): a value nothing
+    stored may hold (``check_storable``), or the owner rule; None when it may go on."""
+    try:
+        check_storable(transcript)
+        resolve_owner(transcript, owner, reassign_owner=reassign_owner)
+    except HarvestError as exc:
+        return f"{exc.reason}: {exc}"
+    return None
 
 
 def failure_label(conversation_id: str) -> str:

@@ -56,12 +56,13 @@ class Budget:
             for limit in self.limits:
                 spent = spend.spent(conn, limit.kind, limit.key, day)
                 if limit.tokens is not None and spent.tokens >= limit.tokens:
-                    self._refuse(limit, f"{spent.tokens:,} of its {limit.tokens:,} tokens", day)
+                    what = f"{spent.tokens:,} of its {limit.tokens:,} tokens"
+                    self._refuse(limit, what, "TOKENS", day)
                 if limit.usd is not None and spent.cost_usd >= limit.usd:
-                    self._refuse(limit, f"${spent.cost_usd:.4f} of its ${limit.usd:.4f}", day)
+                    what = f"${spent.cost_usd:.4f} of its ${limit.usd:.4f}"
+                    self._refuse(limit, what, "USD", day)
 
-    def _refuse(self, limit: Limit, what: str, day: str) -> None:
-        unit = "TOKENS" if "tokens" in what else "USD"
+    def _refuse(self, limit: Limit, what: str, unit: str, day: str) -> None:
         raise BudgetExceeded(
             f"{limit.kind} {limit.key!r} spent {what} today ({day} UTC; "
             f"GLEANER_BUDGET_{limit.kind.upper()}_{unit}_PER_DAY): no model call is made "

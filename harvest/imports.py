@@ -8,14 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harvest.batch import Summary, failure_label, no_owner, said_order
+from harvest.batch import Summary, failure_label, no_owner, refusal, said_order
 from harvest.errors import HarvestError
-from harvest.job import resolve_owner
 from harvest.queue import record_jobs
 from harvest.queues import IMPORT_QUEUE
 from harvest.readers import STDIN, iter_path, iter_paths
 from harvest.redact import redact_text
-from harvest.transcript import Limits, Transcript, check_storable
+from harvest.transcript import Limits, Transcript
 from store import Settings, Store
 from store import jobs as job_records
 
@@ -91,7 +90,7 @@ def plan_import(
         if not readable:
             continue
         for transcript in _conversations(file, limits, readable):
-            if _refused(transcript, owner, reassign_owner) is None:
+            if refusal(transcript, owner, reassign_owner) is None:
                 batch.append(transcript)
             if len(batch) == RECORD_BATCH:
                 record(batch)
@@ -124,7 +123,7 @@ def _judged_files(
                     missing += 1
                     first_missing = first_missing or read.transcript
                     continue
-                refused = _refused(read.transcript, owner, reassign_owner)
+                refused = refusal(read.transcript, owner, reassign_owner)
                 if refused is not None:
                     failures.append((failure_label(read.transcript.conversation_id), refused))
                 elif str(file) == STDIN:
@@ -147,17 +146,6 @@ def _conversations(
     if isinstance(readable, list):
         return readable
     return (read.transcript for read in iter_path(file, limits=limits) if read.transcript)
-
-
-def _refused(transcript: Transcript, owner: str | None, reassign_owner: bool) -> str | None:
-    """Why this conversation is refused (``reason: message``): a value nothing stored may
-    hold (``check_storable``), or the owner rule; None when it may be recorded."""
-    try:
-        check_storable(transcript)
-        resolve_owner(transcript, owner, reassign_owner=reassign_owner)
-    except HarvestError as exc:
-        return f"{exc.reason}: {exc}"
-    return None
 
 
 @dataclass
@@ -291,7 +279,7 @@ def _estimate_file(
         elif not owner and not transcript.owner:
             part.missing += 1
             part.first_missing = part.first_missing or transcript
-        elif refused := _refused(transcript, owner, reassign_owner):
+        elif refused := refusal(transcript, owner, reassign_owner):
             part.failures.append((failure_label(transcript.conversation_id), refused))
         elif count and part.first_missing is None:
             redacted = _to_harvest(

@@ -115,11 +115,6 @@ def index_text(
     block that note text can neither close nor open (``_defused``).
     """
     scope = Scope.of(scope)
-    count, _seq = fingerprint(conn, scope)
-    if count == 0:
-        return ""
-    head = _head(scope, count, "0" * TOKEN_CHARS)  # as long as the real one
-    budget = _Budget(token_budget - estimate_tokens(head) - estimate_tokens(LEGEND + INDEX_CLOSE))
     m = MEMORIES.c
     said = func.coalesce(m.occurred_at, m.updated_at)
     rows = conn.execute(
@@ -127,6 +122,11 @@ def index_text(
         .where(m.scope_kind == scope.kind, m.scope_id == scope.id, m.status == LIVE)
         .order_by(m.pinned.desc(), m.updated_seq.desc())
     ).all()
+    count = len(rows)  # every live note: the header's count, without a query of its own
+    if count == 0:
+        return ""
+    head = _head(scope, count, "0" * TOKEN_CHARS)  # as long as the real one
+    budget = _Budget(token_budget - estimate_tokens(head) - estimate_tokens(LEGEND + INDEX_CLOSE))
     shown: set[str] = set()
     for pinned, slug, title, body, when, provenance, confidence, flag in rows:
         if not pinned:
