@@ -7,6 +7,8 @@ from it:
   ``store.settings.Settings``, from its type, default, bounds and ``Field`` description;
 - ``<!-- gleaner:http -->`` (reference/http.md): every route of ``service.http.create_app``'s
   OpenAPI schema, whose JSON is also published as ``reference/openapi.json``;
+- ``<!-- gleaner:cli -->`` (cli.md): every ``gleaner`` command with its help line, from the
+  CLI's own parser;
 - ``<!-- gleaner:benchmark-targets -->`` (benchmarks.md): the rows of the last full run
   (BENCHMARKS.md) that have a target.
 
@@ -26,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SETTINGS_MARKER = "<!-- gleaner:settings -->"
 HTTP_MARKER = "<!-- gleaner:http -->"
 BENCHMARK_MARKER = "<!-- gleaner:benchmark-targets -->"
+CLI_MARKER = "<!-- gleaner:cli -->"
 OPENAPI_URI = "reference/openapi.json"
 
 
@@ -165,6 +168,41 @@ def http_reference(schema: dict[str, Any] | None = None) -> str:
     return "\n".join(lines)
 
 
+# --- command line ---------------------------------------------------------------------------
+
+
+def cli_commands() -> list[tuple[str, str]]:
+    """(command, help) for every ``gleaner`` command, as the CLI's parser declares them."""
+    import argparse
+
+    from workers.cli import build_parser
+
+    found: list[tuple[str, str]] = []
+
+    def walk(parser: argparse.ArgumentParser, prefix: list[str]) -> None:
+        for action in parser._actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                continue
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+                    walk(sub, [*prefix, name])
+                else:
+                    found.append((" ".join([*prefix, name]), helps.get(name, "")))
+
+    walk(build_parser(), ["gleaner"])
+    return found
+
+
+def cli_reference() -> str:
+    """The commands' table (Markdown)."""
+    lines = ["| command | does |", "|---|---|"]
+    for command, text in cli_commands():
+        cell = text.replace("|", "\\|")
+        lines.append(f"| `{command}` | {cell} |")
+    return "\n".join(lines) + "\n"
+
+
 # --- benchmarks -----------------------------------------------------------------------------
 
 
@@ -212,6 +250,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """Replace each marker with the text generated from the code."""
     if SETTINGS_MARKER in markdown:
         markdown = markdown.replace(SETTINGS_MARKER, settings_reference())
+    if CLI_MARKER in markdown:
+        markdown = markdown.replace(CLI_MARKER, cli_reference())
     if BENCHMARK_MARKER in markdown:
         markdown = markdown.replace(BENCHMARK_MARKER, benchmark_targets())
     if HTTP_MARKER in markdown:

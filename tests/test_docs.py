@@ -141,6 +141,17 @@ def test_documented_commands_parse() -> None:
     assert seen >= 40
 
 
+def test_every_command_is_in_the_cli_reference() -> None:
+    commands = dict(hooks().cli_commands())
+    for name in ("gleaner db upgrade", "gleaner harvest", "gleaner keys create", "gleaner eval"):
+        assert name in commands
+    reference = hooks().cli_reference()
+    for name, text in commands.items():
+        assert text, f"{name} has no help line"
+        assert f"| `{name}` |" in reference
+    assert "<!-- gleaner:cli -->" in page("cli.md")
+
+
 def test_readme_main_job_is_documented_in_the_quickstart() -> None:
     main_job = (
         "gleaner db upgrade && gleaner harvest examples --owner alice && "
