@@ -17,6 +17,9 @@ from types import ModuleType
 import pytest
 
 from store.settings import COMMAND_VARIABLES, ENV_PREFIX, FILE_SETTINGS, TOOLING_PREFIXES, Settings
+from tests.cli_harness import Cli, cli
+
+__all__ = ["cli"]  # the fixture, used by name
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
@@ -160,6 +163,25 @@ def test_readme_main_job_is_documented_in_the_quickstart() -> None:
     assert main_job in README
     assert main_job in page("quickstart.md")
     assert (ROOT / "examples").is_dir()
+
+
+def test_the_readme_main_job_runs_on_the_embedded_default(
+    cli: Cli,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # No GLEANER_* set: the SQLite file in the data directory, in process, offline.
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    line = re.search(r"^ {4}(gleaner db upgrade && .+)$", README, re.MULTILINE)
+    assert line is not None
+    for command in line.group(1).split("&&"):
+        argv = [str(ROOT / a) if a == "examples" else a for a in shlex.split(command)[1:]]
+        ran = cli(*argv)
+        assert ran.code == 0, (command, ran.err)
+    assert (tmp_path / "data" / "gleaner" / "gleaner.db").is_file()
+    # The last command, search, found notes (and said when each fact was said).
+    assert "no notes match" not in ran.out
+    assert "Postgres" in ran.out and "(said " in ran.out, ran.out
 
 
 # --- the quickstart -----------------------------------------------------------------------
