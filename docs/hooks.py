@@ -32,6 +32,12 @@ CLI_MARKER = "<!-- gleaner:cli -->"
 OPENAPI_URI = "reference/openapi.json"
 
 
+def _escape(text: str) -> str:
+    """``<`` outside code spans as an entity, so ``<private>`` is read as text, not HTML."""
+    parts = text.split("`")
+    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
+
+
 # --- settings -------------------------------------------------------------------------------
 
 
@@ -107,7 +113,7 @@ def settings_reference() -> str:
     """The configuration reference's table (Markdown)."""
     lines = ["| variable | type | default | bounds | meaning |", "|---|---|---|---|---|"]
     for variable, kind, default, bounds, description in settings_rows():
-        cell = description.replace("|", "\\|")
+        cell = _escape(description).replace("|", "\\|")
         lines.append(f"| `{variable}` | {kind} | {default} | {bounds or '-'} | {cell} |")
     return "\n".join(lines) + "\n"
 
@@ -145,12 +151,13 @@ def http_reference(schema: dict[str, Any] | None = None) -> str:
         for method, op in operations.items():
             lines += [f"### `{method.upper()} {path}`", ""]
             if op.get("description"):
-                lines += [" ".join(op["description"].split()), ""]
+                lines += [_escape(" ".join(op["description"].split())), ""]
             params = op.get("parameters", [])
             if params:
                 lines += ["| parameter | in | type | required | meaning |", "|---|---|---|---|---|"]
                 for p in params:
-                    meaning = " ".join((p.get("description") or "").split()).replace("|", "\\|")
+                    meaning = _escape(" ".join((p.get("description") or "").split()))
+                    meaning = meaning.replace("|", "\\|")
                     required = "yes" if p.get("required") else "no"
                     lines.append(
                         f"| `{p['name']}` | {p['in']} | {_schema_name(p.get('schema', {}))} | "
@@ -204,12 +211,6 @@ def cli_reference() -> str:
 
 
 # --- benchmarks -----------------------------------------------------------------------------
-
-
-def _escape(text: str) -> str:
-    """``<`` outside code spans as an entity, so ``<private>`` is read as text, not HTML."""
-    parts = text.split("`")
-    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
 
 
 def benchmark_targets(report: str | None = None) -> str:
