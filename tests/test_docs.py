@@ -315,3 +315,18 @@ def test_reliability_report_anchors_are_the_sites() -> None:
     for number, title in headings:
         assert f"{number}-{_anchor(title)}" == slugify(f"{number}. {title}", "-")
         assert f"(#{number}-{_anchor(title)})" in report
+
+
+def test_reliability_report_links_resolve_in_the_site() -> None:
+    # docs/RELIABILITY.md is generated (tests/reliability/report.py): its links are the site's.
+    from tests.reliability.report import render
+
+    scenario = {"title": "kill -9 of the whole worker mid-run", "name": "test_kill"}
+    rendered = render({"run": {}, "scenarios": [{**scenario, "outcome": "passed"}]})
+    for text in (rendered, page("RELIABILITY.md")):
+        links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+        assert links
+        for link in links:
+            assert (DOCS / link).is_file(), link
+    assert "(#1-kill--9-of-the-whole-worker-mid-run)" in rendered
+    assert "### 1. kill -9 of the whole worker mid-run" in rendered

@@ -52,9 +52,9 @@ twice would leave two notes (the same-fact rule would not merge them). After eac
 - every marker of a `done` job is stored exactly once; none of a failed or refused one;
 - model calls per transcript (counted by the model server, by marker) must stay within
   `runs x chunks x 2 x GLEANER_HARVEST_MAX_ATTEMPTS`, `runs` being the job's claims
-  (`jobs.attempts`); runs must stay within the documented `1 + GLEANER_JOB_MAX_CRASHES` (per
-  `gleaner retry`), so calls within the documented bound `GLEANER_HARVEST_MAX_CALLS x 2 x
-  GLEANER_HARVEST_MAX_ATTEMPTS x (1 + GLEANER_JOB_MAX_CRASHES)`;
+  (`jobs.attempts`); runs must stay within `1 + GLEANER_JOB_MAX_CRASHES` (per `gleaner retry`),
+  so calls within the [documented](reference/configuration.md) bound
+  `GLEANER_HARVEST_MAX_CALLS x 2 x GLEANER_HARVEST_MAX_ATTEMPTS x (1 + GLEANER_JOB_MAX_CRASHES)`;
 - the secret (and, after a forget, the owner's name, titles and slugs) is in no table, no
   model request and no worker or beat log.
 
