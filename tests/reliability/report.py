@@ -53,7 +53,7 @@ twice would leave two notes (the same-fact rule would not merge them). After eac
 - model calls per transcript (counted by the model server, by marker) must stay within
   `runs x chunks x 2 x GLEANER_HARVEST_MAX_ATTEMPTS`, `runs` being the job's claims
   (`jobs.attempts`); runs must stay within `1 + GLEANER_JOB_MAX_CRASHES` (per `gleaner retry`),
-  so calls within the [documented](reference/configuration.md) bound
+  so calls within the [documented](harvest.md#bounds) bound
   `GLEANER_HARVEST_MAX_CALLS x 2 x GLEANER_HARVEST_MAX_ATTEMPTS x (1 + GLEANER_JOB_MAX_CRASHES)`;
 - the secret (and, after a forget, the owner's name, titles and slugs) is in no table, no
   model request and no worker or beat log.
