@@ -28,14 +28,16 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.orm import Session
 
-from store import judge, supersede
 from store.housekeeping import DEDUPE, MAX_REPORTED_PAIRS, elapsed, lock_key, record, watermark
+from store.judge import contradiction, covers
 from store.mem import SUMMARY_TYPE
 from store.models import LIVE, Memory
 from store.overlap import Candidates, similar_groups
 from store.schemas import Frozen, Scope
 from store.settings import Settings
 from store.sql import ID_CHUNK, dialect_name, one_of
+from store.supersede import lock_scopes
+from store.supersede import write as write_supersedes
 from store.terms import FactText, similarity_terms
 
 # Dedupe -----------------------------------------------------------------------------------
@@ -152,8 +154,8 @@ def _choose_keepers(rows: Mapping[int, _Row], found: Candidates) -> list[tuple[i
                 ):
                     # The score says near-duplicate; only the same fact, all of it in the
                     # keeper, is superseded.
-                    if judge.contradiction(rows[keeper].text, rows[loser].text) is not None or not (
-                        judge.covers(rows[keeper].text, rows[loser].text)
+                    if contradiction(rows[keeper].text, rows[loser].text) is not None or not (
+                        covers(rows[keeper].text, rows[loser].text)
                     ):
                         contradicted = True
                         continue
@@ -310,7 +312,7 @@ def _supersede(session: Session, plan: Sequence[_Pair], id_chunk: int) -> list[_
     cycle can form, and the loser gets its first and only superseder. The scopes' supersede
     locks are taken first and, on PostgreSQL, the rows are locked before the check.
     """
-    supersede.lock_scopes(session, {scope for scope, *_ in plan})
+    lock_scopes(session, {scope for scope, *_ in plan})
     postgres = dialect_name(session) == "postgresql"
     loaded = {row.id: row.seq for _, keeper, loser, _ in plan for row in (keeper, loser)}
     ids = sorted(loaded)
@@ -329,7 +331,7 @@ def _supersede(session: Session, plan: Sequence[_Pair], id_chunk: int) -> list[_
             stmt = stmt.with_for_update()
         current.update(note_id for note_id, seq in session.execute(stmt) if seq == loaded[note_id])
     done = [pair for pair in plan if pair[1].id in current and pair[2].id in current]
-    supersede.write(session, [(keeper.id, loser.id) for _, keeper, loser, _ in done])
+    write_supersedes(session, [(keeper.id, loser.id) for _, keeper, loser, _ in done])
     return done
 
 

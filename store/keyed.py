@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import Connection, Integer, bindparam, func, select
 
-from store import prepared
 from store.models import LIVE, SUPERSEDED, Memory, MemoryTerm
+from store.prepared import execute
 from store.schemas import Note, Scope
 from store.similar import TERM_CHUNK
 from store.sql import ID_CHUNK, one_of
@@ -99,7 +99,7 @@ def keyed_notes(
     often shares no word with the note it replaces, "Based in Lisbon")."""
     if limit <= 0:
         return []
-    rows = prepared.execute(session, KEYED, keyed_params(scope, terms, limit))
+    rows = execute(session, KEYED, keyed_params(scope, terms, limit))
     return [KeyedNote(str(row.topic_key), row.title) for row in rows]
 
 

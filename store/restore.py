@@ -38,9 +38,11 @@ from pydantic import (
 )
 from sqlalchemy import Connection, Table, bindparam, func, insert, select, text, update
 
-from store import export, history
 from store.drafts import Draft, validate_attrs
 from store.errors import BadExport, InvalidInput
+from store.export import FORMAT as EXPORT_FORMAT
+from store.export import VERSION as EXPORT_VERSION
+from store.history import REASONS
 from store.instructions import instruction_flag
 from store.models import Link, MemoryVersion
 from store.schemas import RELS, Scope
@@ -171,7 +173,7 @@ class _VersionFields(_Strict):
     written_provenance: Provenance
     written_conversation_id: ConversationId = None
     written_at: When
-    reason: Annotated[str, _one_of(history.REASONS)]
+    reason: Annotated[str, _one_of(REASONS)]
     changed_provenance: Provenance
     changed_conversation_id: ConversationId = None
     changed_at: When
@@ -396,21 +398,21 @@ def read_header(raw: bytes | None) -> _Header:
     if raw is None:
         raise BadExport("the file is empty: an export starts with its header line", line=1)
     data = _object(raw, 1)
-    if data.get("kind") != export.FORMAT:
+    if data.get("kind") != EXPORT_FORMAT:
         raise BadExport(
             "not a Gleaner export: its first line must be the header "
-            f'{{"kind": "{export.FORMAT}", "version": {export.VERSION}, ...}}',
+            f'{{"kind": "{EXPORT_FORMAT}", "version": {EXPORT_VERSION}, ...}}',
             line=1,
         )
     version = data.get("version")
-    if isinstance(version, int) and not isinstance(version, bool) and version > export.VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > EXPORT_VERSION:
         raise BadExport(
             f"the file is export version {version}, written by a newer Gleaner; this one "
-            f"reads version {export.VERSION}: restore it with that Gleaner",
+            f"reads version {EXPORT_VERSION}: restore it with that Gleaner",
             line=1,
         )
     found = cast(_Header, _model(_Header, data, "the header", 1))
-    if found.version != export.VERSION:
+    if found.version != EXPORT_VERSION:
         raise BadExport(f"unknown export version {found.version}", line=1)
     try:
         check_principal(found.owner)

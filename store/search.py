@@ -61,13 +61,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import BigInteger, Connection, Float, Row, TextClause, column, select, text
 
-from store import vectors
 from store.errors import InvalidInput
 from store.schemas import Note, Scope, ScoreParts, SearchHit
 from store.search_terms import STOP_WORDS, query_terms
 from store.sql import ID_CHUNK, MAX_HALF_LIVES, one_of, recency_sql
 from store.tables import LIVE, MEMORIES
 from store.text import check_text, quoted, snippet, words
+from store.vectors import nearest as nearest_vectors
 
 if TYPE_CHECKING:
     from store.models import Memory
@@ -388,7 +388,7 @@ def search(
     )
     rows, backend = lexical(limit=max(limit, FUSION_DEPTH) if hybrid else limit, hybrid=hybrid)
     if vector is not None and vector_model is not None:
-        nearest = vectors.nearest(
+        nearest = nearest_vectors(
             conn,
             scope,
             vector_model,
