@@ -336,21 +336,34 @@ def similar_twins_many(
         session, ids, sorted(set().union(*(wanted[n] for n in holders if holders[n])))
     )
     for n, held in holders.items():
-        terms, scored = wanted[n], []
-        for note_id in held:
-            note = candidates.get(note_id)
-            if note is None:  # not live
-                continue
-            shared = len(terms & note.terms)
-            score = shared / (len(terms) + note.term_count - shared)
-            if score >= threshold - FLOAT_SLACK:
-                scored.append((-score, note.slug, note))
-        scored.sort(key=lambda item: (item[0], item[1]))
-        results[n] = [
-            Twin(note.id, note.slug, note.title, round(-neg, 4), note.pinned, note.provenance)
-            for neg, _, note in scored[:limit]
-        ]
+        results[n] = _best_twins(wanted[n], held, candidates, threshold=threshold, limit=limit)
     return results
+
+
+def _best_twins(
+    terms: frozenset[str],
+    held: set[int],
+    candidates: dict[int, _Candidate],
+    *,
+    threshold: float,
+    limit: int,
+) -> list[Twin]:
+    """The live notes among ``held`` (ids holding a prefix term of ``terms``) scoring at
+    least ``threshold``, best first, then by slug; at most ``limit``."""
+    scored = []
+    for note_id in held:
+        note = candidates.get(note_id)
+        if note is None:  # not live
+            continue
+        shared = len(terms & note.terms)
+        score = shared / (len(terms) + note.term_count - shared)
+        if score >= threshold - FLOAT_SLACK:
+            scored.append((-score, note.slug, note))
+    scored.sort(key=lambda item: (item[0], item[1]))
+    return [
+        Twin(note.id, note.slug, note.title, round(-neg, 4), note.pinned, note.provenance)
+        for neg, _, note in scored[:limit]
+    ]
 
 
 def similar_notes(
