@@ -29,16 +29,17 @@ from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.orm import Session
 
 from store.housekeeping import DEDUPE, MAX_REPORTED_PAIRS, elapsed, lock_key, record, watermark
-from store.judge import contradiction, covers
+from store.judge import contradiction
 from store.mem import SUMMARY_TYPE
-from store.models import LIVE, Memory
+from store.models import Memory
 from store.overlap import Candidates, similar_groups
 from store.schemas import Frozen, Scope
 from store.settings import Settings
 from store.sql import ID_CHUNK, dialect_name, one_of
 from store.supersede import lock_scopes
 from store.supersede import write as write_supersedes
-from store.terms import FactText, similarity_terms
+from store.tables import LIVE
+from store.terms import FactText, covers, similarity_terms
 
 # Dedupe -----------------------------------------------------------------------------------
 

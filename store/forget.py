@@ -34,7 +34,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from store.models import (
+from store.models import Memory, MemoryVersion, MemSession
+from store.prepared import execute, hot, opened
+from store.records import (
     ApiKey,
     ForgottenConversation,
     ForgottenOwner,
@@ -43,15 +45,11 @@ from store.models import (
     HousekeepingState,
     ImportBatch,
     Job,
-    Memory,
-    MemoryVersion,
-    MemSession,
-    utcnow,
 )
-from store.prepared import execute, hot, opened
 from store.schemas import Scope
 from store.spend import forget_owner as forget_spending
 from store.sql import Executor, advisory_key, dialect_insert, dialect_name
+from store.tables import utcnow
 
 
 class Connecting(Protocol):

@@ -42,25 +42,19 @@ from store.forget import (
     scrub_housekeeping,
     transcript_key,
 )
-from store.models import (
-    LIVE,
-    SUPERSEDED,
+from store.models import Link, Memory, MemoryTerm, MemoryVersion
+from store.records import (
     ForgottenConversation,
     ForgottenTranscript,
     HarvestLedger,
     ImportBatch,
     Job,
-    Link,
-    Memory,
-    MemoryTerm,
-    MemoryVersion,
-    utcnow,
 )
 from store.schemas import Scope
 from store.search_index import Postings, delete_postings, insert_postings, postings_of
 from store.sql import ID_CHUNK, dialect_insert, next_seqs
 from store.supersede import lock_scopes
-from store.tables import MEMORIES, MEMORY_VECTORS
+from store.tables import LIVE, MEMORIES, MEMORY_VECTORS, SUPERSEDED, utcnow
 from store.term_index import insert_terms
 from store.terms import similarity_terms
 from store.text import check_text, content_hash, quoted

@@ -40,9 +40,10 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from store.models import DONE, FAILED, PENDING, RUNNING, ImportBatch, Job, utcnow
 from store.prepared import deferring, execute, hot, later
+from store.records import ImportBatch, Job
 from store.sql import dialect_name, lease_expired
+from store.tables import DONE, FAILED, PENDING, RUNNING, utcnow
 from store.text import storable
 
 if TYPE_CHECKING:

@@ -20,10 +20,10 @@ from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput
-from store.models import ApiKey as ApiKeyRow
-from store.models import utcnow
 from store.prepared import execute
+from store.records import ApiKey as ApiKeyRow
 from store.schemas import Frozen
+from store.tables import utcnow
 from store.text import check_principal, quoted
 
 if TYPE_CHECKING:

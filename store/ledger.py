@@ -20,10 +20,11 @@ from store.forget import (
     transcript_key,
 )
 from store.keyed import KEYED, KeyedNote, keyed_notes, keyed_params
-from store.models import ForgottenTranscript, HarvestLedger, utcnow
 from store.prepared import deferring, execute, hot, later
+from store.records import ForgottenTranscript, HarvestLedger
 from store.schemas import Scope
 from store.sql import dialect_name
+from store.tables import utcnow
 
 if TYPE_CHECKING:
     from store.locks import TranscriptLock

@@ -6,11 +6,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
 from store.errors import InvalidInput, LinkRefused, NotFound
-from store.models import Link, Memory, utcnow
+from store.models import Link, Memory
 from store.schemas import RELS, LinkedNote, LinkResult, Note, NoteWithLinks, Scope
 from store.sql import dialect_insert, scope_key
 from store.supersede import lock_scopes
 from store.supersede import write as write_supersedes
+from store.tables import utcnow
 from store.text import quoted
 
 # A supersedes chain longer than this is corrupt data, not a real history.

@@ -23,11 +23,12 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
 from store.judge import contradiction
-from store.models import LIVE, Memory, MemoryTerm
+from store.models import Memory, MemoryTerm
 from store.overlap import min_shared
 from store.prepared import execute, hot
 from store.schemas import Scope, Similar
 from store.sql import FLOAT_SLACK, ID_CHUNK, dialect_name, one_of
+from store.tables import LIVE
 from store.terms import FactText, similarity_terms
 
 if TYPE_CHECKING:

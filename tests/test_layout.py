@@ -23,6 +23,7 @@ STORE_INTERNAL = frozenset(
         "mem",
         "migrations",
         "models",
+        "orm_base",
         "overlap",
         "sql",
         "supersede",
