@@ -13,9 +13,9 @@ from sqlalchemy import Connection, Integer, bindparam, func, select
 from store.models import Memory, MemoryTerm
 from store.prepared import execute
 from store.schemas import Note, Scope
-from store.similar import TERM_CHUNK
 from store.sql import ID_CHUNK, one_of
 from store.tables import LIVE, MEMORIES, SUPERSEDED
+from store.term_lookup import TERM_CHUNK
 from store.terms import FactText
 
 if TYPE_CHECKING:
