@@ -28,6 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.orm import Session
 
+from store.fact_terms import similarity_terms
 from store.housekeeping import DEDUPE, MAX_REPORTED_PAIRS, elapsed, lock_key, record, watermark
 from store.judge import contradiction
 from store.mem import SUMMARY_TYPE
@@ -39,7 +40,7 @@ from store.sql import ID_CHUNK, dialect_name, one_of
 from store.supersede import lock_scopes
 from store.supersede import write as write_supersedes
 from store.tables import LIVE
-from store.terms import FactText, covers, similarity_terms
+from store.terms import FactText, covers
 
 # Dedupe -----------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from sqlalchemy import bindparam, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput, NotFound
+from store.fact_terms import similarity_terms
 from store.forget import (
     conversation_key,
     count,
@@ -56,7 +57,6 @@ from store.sql import ID_CHUNK, dialect_insert, next_seqs
 from store.supersede import lock_scopes
 from store.tables import LIVE, MEMORIES, MEMORY_VECTORS, SUPERSEDED, utcnow
 from store.term_index import insert_terms
-from store.terms import similarity_terms
 from store.text import check_text, content_hash, quoted
 
 # The receipt's counts, in the order they are shown.

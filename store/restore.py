@@ -42,6 +42,7 @@ from store.drafts import Draft, validate_attrs
 from store.errors import BadExport, InvalidInput
 from store.export import FORMAT as EXPORT_FORMAT
 from store.export import VERSION as EXPORT_VERSION
+from store.fact_terms import similarity_terms
 from store.history import REASONS
 from store.instructions import instruction_flag
 from store.models import Link, MemoryVersion
@@ -51,7 +52,6 @@ from store.settings import Settings
 from store.sql import dialect_name, next_seqs
 from store.tables import ARCHIVED, LIVE, MEMORIES, SUPERSEDED
 from store.term_index import insert_terms
-from store.terms import similarity_terms
 from store.text import check_principal, check_text, check_topic_key, content_hash, quoted
 
 # Provenances a stored note (or version) can have: ``web``/``agent`` from attrs, the rest

@@ -21,6 +21,7 @@ from sqlalchemy import Integer, bindparam, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
+from store.fact_terms import similarity_terms
 from store.judge import contradiction
 from store.models import Memory, MemoryTerm
 from store.overlap import min_shared
@@ -28,7 +29,7 @@ from store.schemas import Scope, Similar
 from store.sql import FLOAT_SLACK, ID_CHUNK, one_of
 from store.tables import LIVE
 from store.term_lookup import CandidateNote, candidate_notes, term_frequencies, term_postings
-from store.terms import FactText, similarity_terms
+from store.terms import FactText
 
 if TYPE_CHECKING:
     from store.sql import Executor
