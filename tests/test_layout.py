@@ -32,6 +32,7 @@ STORE_INTERNAL = frozenset(
         "tending",
         "term_lookup",
         "search_index",
+        "search_sql",
         "term_index",
         "write_lookup",
         "writer",
