@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
     from store.decay import DecayResult
-    from store.dedupe import DedupeResult
+    from store.dedupe_run import DedupeResult
     from store.export import ExportCounts
     from store.job_status import JobStatus
     from store.keys import ApiKey

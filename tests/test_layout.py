@@ -16,9 +16,13 @@ STORE_INTERNAL = frozenset(
     {
         "api",
         "dedupe",
+        "dedupe_run",
+        "dedupe_settle",
         "drafts",
         "forget_conversation",
+        "fusion",
         "housekeeping",
+        "keepers",
         "locks",
         "mem",
         "migrations",
