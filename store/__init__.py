@@ -61,7 +61,7 @@ _LAZY = {
         ),
         "store.schemas",
     ),
-    "Settings": "store.settings",
+    "Settings": "store.config",
     "load_settings": "store.settings",
     "Executor": "store.sql",
     "TranscriptLock": "store.locks",
@@ -69,6 +69,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from store.api import Store
+    from store.config import Settings
     from store.locks import TranscriptLock
     from store.schemas import (
         LinkResult,
@@ -81,7 +82,7 @@ if TYPE_CHECKING:
         Similar,
         WriteResult,
     )
-    from store.settings import Settings, load_settings
+    from store.settings import load_settings
     from store.sql import Executor
 else:
 

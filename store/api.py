@@ -12,6 +12,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection, Engine, Executable
 from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError, StatementError
 
+from store.config import Settings
 from store.db import make_engine, migrate
 from store.errors import DataRefused, NotFound, StorageFailure, StoreError
 from store.freshness import Freshness
@@ -26,7 +27,7 @@ from store.schemas import (
     SearchHit,
     WriteResult,
 )
-from store.settings import Settings, load_settings
+from store.settings import load_settings
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker

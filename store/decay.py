@@ -18,10 +18,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from store.config import Settings
 from store.housekeeping import DECAY, Transactions, elapsed, record
 from store.models import Memory
 from store.schemas import Frozen
-from store.settings import Settings
 from store.sql import (
     decayed_weight,
     dialect_name,

@@ -19,6 +19,7 @@ from sqlalchemy import bindparam, func, or_, select, text
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.orm import Session
 
+from store.config import Settings
 from store.dedupe_run import (
     DETAILS_READ,
     LOCKED,
@@ -36,7 +37,6 @@ from store.mem import SUMMARY_TYPE
 from store.models import Memory
 from store.overlap import similar_groups
 from store.schemas import Scope
-from store.settings import Settings
 from store.sql import ID_CHUNK, dialect_name
 from store.tables import LIVE
 

@@ -11,12 +11,12 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from store.config import Settings
 from store.drafts import Draft, validate_attrs
 from store.errors import BadExport, InvalidInput
 from store.history import REASONS
 from store.instructions import instruction_flag
 from store.schemas import RELS
-from store.settings import Settings
 from store.tables import ARCHIVED, LIVE, SUPERSEDED
 from store.text import check_text, check_topic_key, content_hash, quoted
 

@@ -15,8 +15,8 @@ from store.tables import MEMORIES
 from store.text import snippet
 
 if TYPE_CHECKING:
+    from store.config import Settings
     from store.models import Memory
-    from store.settings import Settings
 
 
 # Hybrid search: how deep each ranking is read, and how the two are fused (the bench's

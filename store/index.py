@@ -17,8 +17,8 @@ from store.tables import LIVE, MEMORIES
 from store.text import redact_private
 
 if TYPE_CHECKING:
+    from store.config import Settings
     from store.schemas import SearchHit
-    from store.settings import Settings
 
 INDEX_OPEN = "<gleaner-memory-index"
 INDEX_CLOSE = "</gleaner-memory-index>"

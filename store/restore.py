@@ -29,6 +29,7 @@ from typing import IO, Any, cast
 
 from sqlalchemy import Connection, Table, bindparam, func, insert, select, text, update
 
+from store.config import Settings
 from store.errors import BadExport, InvalidInput
 from store.export_records import (
     REQUIRED,
@@ -43,7 +44,6 @@ from store.models import Link, MemoryVersion
 from store.restore_check import check_records, raw_lines, read_header
 from store.schemas import Scope
 from store.search_index import Postings, insert_postings, postings_of
-from store.settings import Settings
 from store.sql import dialect_name, next_seqs
 from store.tables import MEMORIES
 from store.term_index import insert_terms

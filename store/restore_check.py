@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
+from store.config import Settings
 from store.errors import BadExport, InvalidInput
 from store.export import FORMAT as EXPORT_FORMAT
 from store.export import VERSION as EXPORT_VERSION
@@ -20,7 +21,6 @@ from store.export_records import (
     parsed,
     version_row,
 )
-from store.settings import Settings
 from store.text import check_principal, quoted
 
 

@@ -76,8 +76,8 @@ from store.text import check_text, quoted, snippet, words
 from store.vectors import nearest as nearest_vectors
 
 if TYPE_CHECKING:
+    from store.config import Settings
     from store.models import Memory
-    from store.settings import Settings
 
 MAX_LIMIT = 100
 MAX_QUERY_WORDS = 32
