@@ -1,6 +1,6 @@
 """A dedupe run's vocabulary: the named steps a test can stop it at, a scope's scanned term
-sets, and what the run reports (``DedupeResult``, ``DuplicatePair``). ``store.dedupe`` re-
-exports the public names."""
+sets, and what the run reports (``DedupeResult``, ``DuplicatePair``). ``store.dedupe``
+re-exports the public names."""
 
 from __future__ import annotations
 
@@ -17,20 +17,12 @@ from store.schemas import Frozen, Scope
 # The run holds its lock (PostgreSQL's advisory lock, SQLite's write transaction) and has
 # read its watermark.
 LOCKED = "locked"
-
-
 # A scope's live notes are read and not yet paired (once a scope).
 SCOPE_READ = "scope_read"
-
-
 # The details of notes with a near-duplicate are read; their pairs are not yet checked
 # against the notes as they are now, nor written.
 DETAILS_READ = "details_read"
-
-
 STEPS = (LOCKED, SCOPE_READ, DETAILS_READ)
-
-
 Step = Callable[[str], None]
 
 

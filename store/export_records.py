@@ -23,8 +23,6 @@ from store.text import check_text, check_topic_key, content_hash, quoted
 # Provenances a stored note (or version) can have: ``web``/``agent`` from attrs, the rest
 # passed by code (store.drafts).
 PROVENANCES = ("agent", "web", "user", "compaction", "import")
-
-
 STATUSES = (LIVE, SUPERSEDED, ARCHIVED)
 
 
@@ -64,14 +62,8 @@ def _topic_key(value: object) -> object:
 
 
 When = Annotated[datetime, BeforeValidator(_when)]
-
-
 NoteType = Annotated[str | None, _text("type", 32)]
-
-
 Provenance = Annotated[str, _one_of(PROVENANCES)]
-
-
 ConversationId = Annotated[str | None, _text("conversation_id", 255)]
 
 
@@ -145,11 +137,7 @@ _NOTE_ATTRS = (
     "source",
     "evidence",
 )
-
-
 _VERSION_ATTRS = ("title", "body", "topics", "keywords", "pinned", "confidence", "evidence")
-
-
 REQUIRED = {
     "note": ("slug", "title", "body", "provenance", "created_at", "updated_at"),
     "version": (

@@ -1,7 +1,7 @@
 """A text's content terms: its words lowercased, stop words left out, each reduced by the
 Snowball English stemmer; the title and topic terms similarity compares, their Jaccard
-score, and the word lists the same-fact rule (``store.terms``) reads. ``store.terms`` re-
-exports the public names."""
+score, and the word lists the same-fact rule (``store.terms``) reads. ``store.terms``
+re-exports the public names."""
 
 from __future__ import annotations
 
@@ -32,23 +32,14 @@ CLASSIC_STOP_WORDS = (  # noqa: SIM905 - a word list reads better as words
     "whom why why's with won't would wouldn't you you'd you'll you're you've your yours "
     "yourself yourselves"
 ).split()
-
-
 TERMS_VERSION = f"1/snowball-{snowball_release()}"
 
-
 MAX_TERM_CHARS = 64
-
-
 # A longer word (a token, a long identifier) is kept as its first LONG_WORD_PREFIX characters
 # and a digest of the whole: two such words stay apart, and the term fits the index.
 LONG_WORD_PREFIX = 40
-
-
 # Negations, whatever their spelling, become this one term.
 NOT = "not"
-
-
 _NEGATIONS = frozenset(
     {
         "no",
@@ -64,8 +55,6 @@ _NEGATIONS = frozenset(
         "without",
     }
 )
-
-
 # Words that reverse or move a fact ("turned on/off", "before/after lunch", "more/less
 # logging"): kept as terms even where the stop-word list has them, and a difference in any
 # of them is a disagreement. Matched after stemming.
@@ -92,7 +81,6 @@ POLAR_WORDS = frozenset(
     }
 )
 
-
 # Stop words (so no content term and no part of the score) that still tell two facts apart
 # when two notes use different ones: word -> its class and mark. Contractions are read with
 # their apostrophe dropped ("she's" -> "shes").
@@ -107,7 +95,6 @@ MARKERS: dict[str, tuple[str, str]] = {
     **dict.fromkeys(("some", "any", "several"), ("amount", "some")),
     **dict.fromkeys(("would", "should", "could"), ("mood", "modal")),
 }
-
 
 # Whose fact a title tells, by its pronouns' person (titles only: a body's "we discussed" or
 # "they said" tells who spoke, not whose fact it is). He, she and a singular they are one
@@ -127,13 +114,8 @@ PERSONS: dict[str, tuple[str, str]] = {
     ),
 }
 
-
 _APOSTROPHES = re.compile(r"(?<=\w)['\u2019](?=\w)")
-
-
 _HYPHENS = re.compile(r"(?<=\w)[-\u2010\u2011](?=\w)")
-
-
 # A word, with what its punctuation says kept: a language named by its sign (``c++``, ``c#``,
 # ``f#``), a number of several groups (``3.10.10``, ``v2.0.2``, ``1,000,000``, ``10:30``), a
 # minus (``-18``). Split on it, these were one word (``c``) or several (``3``, ``10``) and
@@ -144,12 +126,8 @@ _WORD = re.compile(
     r"|(?<![\w-])-\d+"
     r"|\w+"
 )
-
-
 # Whether a text may hold any of those (else ASCII text is split without the regex).
 _SIGNED = re.compile(r"[+#]|[.,:-]\d")
-
-
 # A Snowball stemmer keeps the word it works on in itself: threads sharing one corrupt each
 # other's stems (dedupe reads ahead on a thread; the HTTP service and a threads pool run
 # harvests side by side). Each thread gets its own.
@@ -165,15 +143,11 @@ def _negative(word: str) -> bool:
 
 
 _CONTRACTIONS = frozenset(w for w in CLASSIC_STOP_WORDS if w.endswith("n't"))
-
-
 STOP_WORDS = (
     frozenset(_unquoted(w) for w in CLASSIC_STOP_WORDS if w and not w.endswith("n't"))
     - _NEGATIONS
     - POLAR_WORDS
 )
-
-
 # Words of place and exception that are content terms anyway (stemmed as any other, so the
 # term index keeps them as it did): one in one title or body and not the other is a
 # disagreement too ("Lives near Berlin", "Works remotely except on Mondays").
@@ -198,11 +172,7 @@ IMPLIED_MARKS = (("tense", "present"), ("mood", "plain"))
 # Term of each word seen (None: a stop word); words repeat across notes, so this saves the
 # stemmer nearly every call. Replaced by an empty one when it grows past TERM_CACHE_SIZE.
 _TERMS: dict[str, str | None] = {}
-
-
 TERM_CACHE_SIZE = 200_000
-
-
 # For ASCII text, \w is exactly [A-Za-z0-9_]: everything else becomes a space.
 _ASCII_NON_WORD = str.maketrans(
     {c: " " for c in map(chr, range(128)) if not (c.isalnum() or c == "_")}

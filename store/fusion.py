@@ -22,14 +22,8 @@ if TYPE_CHECKING:
 # Hybrid search: how deep each ranking is read, and how the two are fused (the bench's
 # recall scenario measures both ways on the development part of its labelled set: mix won).
 FUSION_DEPTH = 50
-
-
 FUSION = "mix"
-
-
 RRF_K = 60
-
-
 MIX_LEXICAL = 0.5
 
 

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
 
 CACHED_SCOPE_NOTES = 10_000
-
-
 STATS_SECONDS = 60.0
 
 
@@ -40,23 +38,14 @@ class _Stats:
 
 # Statistics of large scopes, by (database, scope); bounded (see _remember).
 _STATS: dict[tuple[str, str, str], _Stats] = {}
-
-
 _STATS_LOCK = threading.Lock()
-
-
 _STATS_MAX = 4_096
-
 
 _SCOPE_NOTES = (
     "FROM memories WHERE scope_kind = :kind AND scope_id = :sid AND status = :live"
     " AND search_length IS NOT NULL"
 )
-
-
 _SCOPE_COUNT = f"(SELECT count(*) {_SCOPE_NOTES})"
-
-
 _SCOPE_LENGTH = f"(SELECT avg(search_length) {_SCOPE_NOTES})"
 
 
