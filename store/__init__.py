@@ -23,7 +23,11 @@ advisory locks (``locks``, reached through ``Store.transcript_lock``, whose ``Tr
 exported here), superseding (``supersede``), dedupe and its join (``dedupe``, ``overlap``,
 ``housekeeping``), forgetting one conversation (``forget_conversation``, reached through
 ``Store.forget_conversation``), ``mem``, ``tending``, ``api`` (``Store`` is exported here),
-``models``, ``tables`` (the Core tables the read commands use) and ``migrations``.
+``models`` (with ``orm_base`` and ``records``), ``tables`` (the Core tables the read
+commands use), ``migrations``, and the pieces public modules are split into and re-export:
+``sessions`` (``Store``'s transactions), ``config`` and ``config_embed`` (the ``Settings``
+model), ``job_intake``, ``fact_terms``, ``term_lookup``, ``search_sql``, ``fusion``,
+``dedupe_run``, ``dedupe_settle``, ``keepers``, ``export_records`` and ``restore_check``.
 ``tests/test_layout.py`` holds every package to this and to the direction
 ``workers -> harvest -> store``.
 """
@@ -61,7 +65,7 @@ _LAZY = {
         ),
         "store.schemas",
     ),
-    "Settings": "store.settings",
+    "Settings": "store.config",
     "load_settings": "store.settings",
     "Executor": "store.sql",
     "TranscriptLock": "store.locks",
@@ -69,6 +73,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from store.api import Store
+    from store.config import Settings
     from store.locks import TranscriptLock
     from store.schemas import (
         LinkResult,
@@ -81,7 +86,7 @@ if TYPE_CHECKING:
         Similar,
         WriteResult,
     )
-    from store.settings import Settings, load_settings
+    from store.settings import load_settings
     from store.sql import Executor
 else:
 

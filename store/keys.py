@@ -19,11 +19,11 @@ from pydantic import computed_field, field_validator
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
 
-from store import prepared
 from store.errors import InvalidInput
-from store.models import ApiKey as ApiKeyRow
-from store.models import utcnow
+from store.prepared import execute
+from store.records import ApiKey as ApiKeyRow
 from store.schemas import Frozen
+from store.tables import utcnow
 from store.text import check_principal, quoted
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def verify_key(session: Executor, token: str) -> ApiKey | None:
     if not token.startswith(TOKEN_PREFIX) or len(token) > MAX_TOKEN_CHARS:
         return None
     # Built once and prepared: this runs on every request of the HTTP service.
-    found = prepared.execute(session, _BY_HASH, {"hash": token_hash(token)})
+    found = execute(session, _BY_HASH, {"hash": token_hash(token)})
     if not found:
         return None
     row = found[0]

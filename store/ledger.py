@@ -10,11 +10,21 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import Connection, Executable, Table, bindparam, exists, select, true
 from sqlalchemy.dialects import postgresql, sqlite
 
-from store import forget, keyed, prepared
 from store.errors import AlreadyRecorded
-from store.models import ForgottenTranscript, HarvestLedger, utcnow
+from store.forget import (
+    GENERATION,
+    generation_at_open,
+    generation_params,
+    is_held_off,
+    opened_for,
+    transcript_key,
+)
+from store.keyed import KEYED, KeyedNote, keyed_notes, keyed_params
+from store.prepared import deferring, execute, hot, later
+from store.records import ForgottenTranscript, HarvestLedger
 from store.schemas import Scope
 from store.sql import dialect_name
+from store.tables import utcnow
 
 if TYPE_CHECKING:
     from store.locks import TranscriptLock
@@ -50,9 +60,9 @@ _KEY = (
     _LEDGER.c.harvester_version == bindparam("version"),
 )
 # What a harvest checks under the transcript's lock, in one statement.
-_STATE = prepared.hot(
+_STATE = hot(
     select(
-        forget.GENERATION.label("generation"),
+        GENERATION.label("generation"),
         exists().where(ForgottenTranscript.key == bindparam("tombstone")).label("tombstoned"),
         exists().where(*_KEY).label("harvested"),
     )
@@ -60,8 +70,8 @@ _STATE = prepared.hot(
 # The same, with the keyed notes the model is shown (``keyed.KEYED``) joined on: one row per
 # note, in their order (one row of nulls when there are none). PostgreSQL only (LATERAL).
 _CHECKED = _STATE.subquery("checked")
-_KEYS = keyed.KEYED.lateral("keys")
-_CHECK = prepared.hot(
+_KEYS = KEYED.lateral("keys")
+_CHECK = hot(
     select(_CHECKED, _KEYS.c.topic_key, _KEYS.c.title)
     .select_from(_CHECKED.outerjoin(_KEYS, true()))
     .order_by(_KEYS.c.shared.desc(), _KEYS.c.seq.desc())
@@ -75,7 +85,7 @@ _RECORD = {
     .from_select(
         _COLUMNS,
         select(*(bindparam(c.name, type_=c.type) for c in _COLUMNS)).where(
-            bindparam("generation") == forget.GENERATION
+            bindparam("generation") == GENERATION
         ),
     )
     .on_conflict_do_nothing()
@@ -85,7 +95,7 @@ _RECORD = {
 # The row as the COMMIT of a ``forget.held_off`` transaction writes it on PostgreSQL: the
 # forget count was checked under the lock, and a row already there (another harvest's)
 # breaks the unique key, which rolls the whole transaction back (``AlreadyRecorded``).
-_RECORD_AT_COMMIT = prepared.hot(
+_RECORD_AT_COMMIT = hot(
     postgresql.insert(_LEDGER).values({c.name: bindparam(c.name, type_=c.type) for c in _COLUMNS})
 )
 
@@ -102,13 +112,13 @@ def state(
     ``conversation_id`` were forgotten (``forget.GENERATION``), and whether there is nothing
     to do for this transcript (forgotten: a tombstone; or this scope's ledger holds it at
     this harvester version). What a harvest checks under the transcript's lock."""
-    ((found, tombstoned, harvested),) = prepared.execute(
+    ((found, tombstoned, harvested),) = execute(
         session, _STATE, _state_params(scope, digest, version, conversation_id)
     )
     return int(found), bool(tombstoned or harvested)
 
 
-Checked = tuple[int, bool, list[keyed.KeyedNote]]
+Checked = tuple[int, bool, list[KeyedNote]]
 
 
 def check(
@@ -126,12 +136,12 @@ def check(
     harvest asks this under the transcript's lock, each round trip paid on every job."""
     if dialect_name(session) != "postgresql":
         generation, done = state(session, scope, digest, version, conversation_id=conversation_id)
-        found = [] if done else keyed.keyed_notes(session, scope, terms, limit=keys)
+        found = [] if done else keyed_notes(session, scope, terms, limit=keys)
         return generation, done, found
     statement = _check_statement(
         scope, digest, version, terms, keys, conversation_id=conversation_id
     )
-    return _checked(prepared.execute(session, *statement), keys)
+    return _checked(execute(session, *statement), keys)
 
 
 def check_locked(
@@ -176,7 +186,7 @@ def _check_statement(
         return _STATE, params
     return _CHECK, {
         **params,
-        **keyed.keyed_params(scope, terms, keys),
+        **keyed_params(scope, terms, keys),
     }
 
 
@@ -187,7 +197,7 @@ def _checked(rows: Sequence[Any], keys: int) -> Checked:
         return int(generation), True, []
     if keys <= 0:  # ``_STATE``'s one row
         return int(generation), False, []
-    found = [keyed.KeyedNote(str(row.topic_key), row.title) for row in rows if row.topic_key]
+    found = [KeyedNote(str(row.topic_key), row.title) for row in rows if row.topic_key]
     return int(generation), False, found
 
 
@@ -195,8 +205,8 @@ def _state_params(
     scope: Scope, digest: str, version: str, conversation_id: str | None
 ) -> dict[str, str]:
     return {
-        **forget.generation_params(scope, conversation_id),
-        "tombstone": forget.transcript_key(scope, digest),
+        **generation_params(scope, conversation_id),
+        "tombstone": transcript_key(scope, digest),
         "kind": scope.kind,
         "sid": scope.id,
         "digest": digest,
@@ -222,21 +232,21 @@ def record(session: Executor, scope: Scope, entry: LedgerEntry, *, generation: i
         **vars(entry),  # its fields as they are (asdict would deep-copy each value)
     }
     if (
-        prepared.deferring(session)
-        and forget.is_held_off(session, scope)
-        and forget.opened_for(session, entry.conversation_id)
+        deferring(session)
+        and is_held_off(session, scope)
+        and opened_for(session, entry.conversation_id)
     ):
-        if forget.generation_at_open(cast(Connection, session)) != generation:
+        if generation_at_open(cast(Connection, session)) != generation:
             return False
-        prepared.later(session, _RECORD_AT_COMMIT, row, conflict=_recorded(entry))
+        later(session, _RECORD_AT_COMMIT, row, conflict=_recorded(entry))
         return True
     stmt = _RECORD[dialect_name(session)]
     params = {
         **row,
-        **forget.generation_params(scope, entry.conversation_id),
+        **generation_params(scope, entry.conversation_id),
         "generation": generation,
     }
-    return bool(prepared.execute(session, stmt, params))
+    return bool(execute(session, stmt, params))
 
 
 def _recorded(entry: LedgerEntry) -> Callable[[], AlreadyRecorded]:

@@ -28,8 +28,9 @@ from typing import Any
 
 from sqlalchemy import Engine, Executable, TextClause, text
 
-from store import db, prepared
+from store.db import shorten_keepalives
 from store.errors import StorageFailure
+from store.prepared import hot, on_driver, on_driver_each
 from store.schemas import Scope
 from store.sql import scope_key
 
@@ -40,8 +41,8 @@ MAX_POLL_SECONDS = 1.0
 # Sent on the driver's own connection, prepared (``store.prepared.on_driver``): two of these
 # run per harvest, and SQLAlchemy's statement handling would cost more CPU than the round
 # trip itself.
-_TRY_LOCK = prepared.hot(text("SELECT pg_try_advisory_lock(:key)"))
-_UNLOCK = prepared.hot(text("SELECT pg_advisory_unlock(:key)"))
+_TRY_LOCK = hot(text("SELECT pg_try_advisory_lock(:key)"))
+_UNLOCK = hot(text("SELECT pg_advisory_unlock(:key)"))
 
 
 class ProcessLocks:
@@ -71,12 +72,12 @@ class ProcessLocks:
                 cargs, cparams = dialect.create_connect_args(self._engine.url)
                 self._connection = dialect.connect(*cargs, **cparams)
                 self._connection.autocommit = True
-                db.shorten_keepalives(self._connection)
+                shorten_keepalives(self._connection)
             dialect = self._engine.dialect
             if then is None:
-                ((held,),) = prepared.on_driver(self._connection, dialect, statement, {"key": key})
+                ((held,),) = on_driver(self._connection, dialect, statement, {"key": key})
                 return bool(held), ()
-            ((held,),), rows = prepared.on_driver_each(
+            ((held,),), rows = on_driver_each(
                 self._connection, dialect, [(statement, {"key": key}), then]
             )
             return bool(held), rows

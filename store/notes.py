@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from store.config import Settings
 from store.drafts import (
     Draft,
     check_instruction,
@@ -26,7 +27,6 @@ from store.drafts import (
 from store.errors import InvalidInput
 from store.models import Memory
 from store.schemas import Note, Scope, WriteResult
-from store.settings import Settings
 from store.similar import similar_notes
 from store.text import check_text, check_topic_key
 from store.write_lookup import look_ahead as _look_ahead

@@ -157,32 +157,22 @@ def redact_private(text: str, depth: int = 0) -> tuple[str, int]:
     kept_from = 0 if depth == 0 else None  # where the current run of visible text started
     position = 0
     while (tag := _PRIVATE_TAG.search(text, position)) is not None:
-        end = tag.end()
         if tag.group(1):  # </private
-            close = _CLOSE_END.match(text, end)
-            if close is None:
-                position = end  # "</privateer", "</private x>": not a tag
+            after = _closing_tag_end(text, tag.end())
+            if after is None:
+                position = tag.end()  # "</privateer", "</private x>": not a tag
                 continue
-            position = close.end()
+            position = after
             if depth > 0:
                 depth -= 1
                 if depth == 0:
                     kept_from = position
             continue
-        if end < len(text) and text[end] == ">":
-            position = end + 1
-        elif end < len(text) and _SPACE.match(text, end):
-            # Attributes run to ">"; a "<" ends them too, so a tag inside them still counts.
-            # A tag cut off before its ">" opens a span all the same: fail closed.
-            stop = _OPEN_END.search(text, end)
-            position = len(text) if stop is None else stop.start()
-            if stop is not None and stop[0] == ">":
-                position += 1
-        elif end == len(text):
-            position = end  # "<private" cut off at the very end
-        else:
-            position = end  # "<privateer>", "<private/>": not a tag
+        after = _opening_tag_end(text, tag.end())
+        if after is None:
+            position = tag.end()  # "<privateer>", "<private/>": not a tag
             continue
+        position = after
         if depth == 0 and kept_from is not None:
             out.append(text[kept_from : tag.start()])
             out.append(REDACTED)
@@ -191,6 +181,30 @@ def redact_private(text: str, depth: int = 0) -> tuple[str, int]:
     if depth == 0 and kept_from is not None:
         out.append(text[kept_from:])
     return "".join(out), depth
+
+
+def _closing_tag_end(text: str, end: int) -> int | None:
+    """Where a closing tag whose ``</private`` ends at ``end`` ends (after its ``>``); None
+    when it is no tag."""
+    close = _CLOSE_END.match(text, end)
+    return None if close is None else close.end()
+
+
+def _opening_tag_end(text: str, end: int) -> int | None:
+    """Where an opening tag whose ``<private`` ends at ``end`` ends; None when it is no tag.
+    A tag cut off before its ``>`` runs to the end of ``text`` or the next ``<``: it opens a
+    span all the same (fail closed)."""
+    if end == len(text):
+        return end  # "<private" cut off at the very end
+    if text[end] == ">":
+        return end + 1
+    if not _SPACE.match(text, end):
+        return None
+    # Attributes run to ">"; a "<" ends them too, so a tag inside them still counts.
+    stop = _OPEN_END.search(text, end)
+    if stop is None:
+        return len(text)
+    return stop.end() if stop[0] == ">" else stop.start()
 
 
 def content_hash(text: str) -> str:

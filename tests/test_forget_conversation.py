@@ -434,7 +434,7 @@ def test_a_harvest_of_another_conversation_during_the_forget_still_writes(
 
 def test_the_forget_is_one_transaction(model_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     # A failure after the first deletes leaves everything as it was.
-    from store import forget
+    from store import forget_conversation
 
     store = model_store
     slug = two_writers(store)
@@ -442,7 +442,7 @@ def test_the_forget_is_one_transaction(model_store: Store, monkeypatch: pytest.M
     def broken(session: Any) -> None:
         raise RuntimeError("the database went away")
 
-    monkeypatch.setattr(forget, "scrub_housekeeping", broken)
+    monkeypatch.setattr(forget_conversation, "scrub_housekeeping", broken)
     with pytest.raises(RuntimeError):
         store.forget_conversation(OWNER, "c-b")
     assert "Lisbontown" in the_note(store, slug).body and len(store.history(SCOPE, slug)) == 1

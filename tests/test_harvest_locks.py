@@ -139,7 +139,7 @@ class Interrupted(BaseException):
 def test_a_lock_interrupted_mid_release_is_not_left_held_by_nobody(
     stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from store import prepared
+    from store import locks
 
     mine = stores[0].transcript_lock(ALICE, DIGEST)
     assert mine.try_acquire()
@@ -148,7 +148,7 @@ def test_a_lock_interrupted_mid_release_is_not_left_held_by_nobody(
         raise Interrupted()
 
     with monkeypatch.context() as patch:
-        patch.setattr(prepared, "on_driver", interrupted)
+        patch.setattr(locks, "on_driver", interrupted)
         with pytest.raises(Interrupted):
             mine.release()
     # The unlock never ran, but its session was closed: the other process takes the lock.

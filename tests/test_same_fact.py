@@ -75,9 +75,9 @@ def test_content_terms_are_the_same_from_threads_sharing_the_cache(
     # Dedupe reads ahead on a thread; the HTTP service runs requests on threads. A shared
     # stemmer gave wrong stems or IndexError there, and a cache cleared by one thread a
     # KeyError in another: a small cache and frequent switches make both show at once.
-    from store import terms
+    from store import fact_terms
 
-    monkeypatch.setattr(terms, "TERM_CACHE_SIZE", 300)
+    monkeypatch.setattr(fact_terms, "TERM_CACHE_SIZE", 300)
     rng = random.Random(7)
     endings = ("ing", "ness", "ational", "ed", "ly", "izer", "fulness")
     texts = [
