@@ -15,9 +15,15 @@ from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from gleaner import params
 from gleaner.conversation import Conversation, ConversationInput, read_conversation
 from gleaner.errors import InvalidRequest, NotFound, Unavailable, translated
+from gleaner.params import (
+    checked,
+    checked_conversation_id,
+    checked_job_id,
+    checked_query,
+    checked_slug,
+)
 from store import Note, NoteVersion
 from store.schemas import LinkedNote
 from store.text import quoted
@@ -210,7 +216,7 @@ class Gleaner:
         """A job's state, outcome and cost (model calls and tokens over every run). With
         ``owner``, a job of another owner is NotFound, like one that does not exist; an id
         no job can have (NUL, ...) is InvalidRequest (``bad_job_id``)."""
-        job_id = params.job_id(job_id)
+        job_id = checked_job_id(job_id)
         with translated():
             found = self.store.job(job_id)
             name = None if owner is None else self.owner_name(owner)
@@ -239,7 +245,7 @@ class Gleaner:
             raise InvalidRequest(f"limit must be 1..100, got {quoted(limit)}", reason="bad_limit")
         from gleaner.metrics import SEARCH_SECONDS
 
-        query = params.query(query)
+        query = checked_query(query)
         with translated(), SEARCH_SECONDS.time():
             vector, model = self._query_vector(query)
             return self.store.search(
@@ -267,7 +273,7 @@ class Gleaner:
         transaction; NotFound when the owner has no such note."""
         from store import Scope, history, links
 
-        slug = params.slug(slug)
+        slug = checked_slug(slug)
         with translated():
             scope = Scope.owner(owner)
             with self.store.transaction() as session:
@@ -288,7 +294,7 @@ class Gleaner:
         from store import Scope
 
         if query is not None:
-            query = params.query(query)
+            query = checked_query(query)
         with translated():
             vector, model = self._query_vector(query)
             return self.store.index_text(
@@ -312,7 +318,7 @@ class Gleaner:
         NotFound when nothing of the owner names the conversation (another owner's
         conversation with the same id is never touched). A conversation id no conversation
         can have (NUL, ...) is InvalidRequest (``bad_conversation_id``)."""
-        conversation_id = params.conversation_id(conversation_id)
+        conversation_id = checked_conversation_id(conversation_id)
         with translated():
             return self.store.forget_conversation(self.owner_name(owner), conversation_id)
 
@@ -386,7 +392,7 @@ class Gleaner:
 
     def revoke_api_key(self, key_id: str) -> ApiKey:
         """Delete an API key; NotFound when there is none with that id."""
-        params.checked(key_id, "key id", reason="bad_key_id", max_chars=32)
+        checked(key_id, "key id", reason="bad_key_id", max_chars=32)
         try:
             with translated():
                 return self.store.revoke_api_key(key_id)

@@ -43,7 +43,7 @@ from gleaner import (
     TooLarge,
     Unavailable,
 )
-from gleaner.metrics import Scrape
+from gleaner.scrape import Scrape
 from service.harvest_pool import HarvestPool
 from service.keys import Key, Refused, Service, allowed_owner, may_write
 from service.limits import KeyLimits, Throttled
