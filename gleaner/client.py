@@ -190,8 +190,7 @@ class Gleaner:
     def _send(self, queue: str, job_id: str) -> None:
         """Put the job on its queue. A broker that cannot be reached leaves the job pending;
         the sweep (``gleaner beat``) sends it again once the broker is back."""
-        from workers.app import WORKER_LIMITS
-        from workers.enqueue import HARVEST_TASK
+        from workers.routing import HARVEST_TASK, WORKER_LIMITS
 
         with self._celery_lock:
             if self._celery is None:

@@ -275,7 +275,7 @@ def _queue_depths(broker_url: str) -> dict[str, int | None]:
     """Messages waiting on each queue (Redis list lengths); None when Redis cannot be reached."""
     import redis
 
-    from workers.app import QUEUES
+    from workers.routing import QUEUES
 
     client = redis.Redis.from_url(broker_url, socket_timeout=2, socket_connect_timeout=2)
     try:
