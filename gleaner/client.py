@@ -7,16 +7,15 @@ queue when GLEANER_BROKER_URL is set, or harvested right away in this process wh
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from datetime import datetime
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
 from gleaner.conversation import Conversation, ConversationInput, read_conversation
-from gleaner.errors import InvalidRequest, NotFound, Unavailable, translated
+from gleaner.errors import InvalidRequest, NotFound, translated
 from gleaner.params import (
     checked,
     checked_conversation_id,
@@ -24,6 +23,7 @@ from gleaner.params import (
     checked_query,
     checked_slug,
 )
+from gleaner.sending import JobSender
 from store import Note, NoteVersion
 from store.schemas import LinkedNote
 from store.text import quoted
@@ -73,8 +73,7 @@ class Gleaner:
             if self.store.dialect == "sqlite":
                 self.store.ensure_schema()
         self.settings = self.store.settings
-        self._celery: Any = None
-        self._celery_lock = threading.Lock()
+        self._sender = JobSender(self.settings)
 
     # --- lifetime --------------------------------------------------------------------
 
@@ -172,7 +171,7 @@ class Gleaner:
                 reassign_owner=True,  # the owner was settled by read()
             )
         if self.queued:
-            self._send(LIVE_QUEUE, job_id)
+            self._sender.send(LIVE_QUEUE, job_id)
         else:
             from harvest.queue import run_job_here
 
@@ -186,30 +185,6 @@ class Gleaner:
                 # is logged and left for the sweep).
                 embed_after_harvest(self.store, [Scope.owner(str(result["owner"]))])
         return job_id
-
-    def _send(self, queue: str, job_id: str) -> None:
-        """Put the job on its queue. A broker that cannot be reached leaves the job pending;
-        the sweep (``gleaner beat``) sends it again once the broker is back."""
-        from workers.routing import HARVEST_TASK, WORKER_LIMITS
-
-        with self._celery_lock:
-            if self._celery is None:
-                from workers.app import make_celery
-
-                self._celery = make_celery(self.settings)
-        try:
-            # The task as bound to this object's app (as workers.enqueue.send_jobs sends it
-            # on the current app): two Gleaners on two brokers in one process stay apart.
-            self._celery.tasks[HARVEST_TASK].apply_async(
-                args=[job_id], queue=queue, **WORKER_LIMITS
-            )
-        except Exception as exc:
-            # kombu and redis raise their own trees; the job itself is safe in the database.
-            raise Unavailable(
-                f"job {job_id} is recorded but the broker could not be reached "
-                f"({type(exc).__name__}); it will be sent again by the sweep",
-                reason="broker_unavailable",
-            ) from exc
 
     def job(self, job_id: str, *, owner: str | None = None) -> JobStatus:
         """A job's state, outcome and cost (model calls and tokens over every run). With
