@@ -69,7 +69,7 @@ def interpolated(path: str) -> str:
 
 def test_beat_schedule_names_registered_tasks_routed_to_housekeeping() -> None:
     import beat_schedule
-    from workers import tasks
+    from workers import housekeeping
 
     settings = test_settings(broker_url="redis://127.0.0.1:6379/15")
     app = make_celery(settings)
@@ -80,8 +80,8 @@ def test_beat_schedule_names_registered_tasks_routed_to_housekeeping() -> None:
         assert ROUTES[entry["task"]]["queue"] == "housekeeping"
         assert isinstance(entry["schedule"], timedelta)
         assert entry["options"] == {"time_limit": None, "soft_time_limit": None}  # the worker's
-    assert entries["decay"]["task"] == tasks.decay.name
-    assert entries["dedupe"]["task"] == tasks.dedupe.name
+    assert entries["decay"]["task"] == housekeeping.decay.name
+    assert entries["dedupe"]["task"] == housekeeping.dedupe.name
     # As README's "Housekeeping" says: decay hourly, dedupe every 10 minutes.
     assert entries["decay"]["schedule"] == timedelta(hours=1)
     assert entries["dedupe"]["schedule"] == timedelta(minutes=10)

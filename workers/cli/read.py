@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workers.cli.common import (
     EXIT_OK,
@@ -18,6 +18,9 @@ from workers.cli.common import (
     open_store,
     scope_of,
 )
+
+if TYPE_CHECKING:
+    from store import SearchHit
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -86,48 +89,53 @@ def cmd_search(args: argparse.Namespace) -> int:
         vector_model=model,
     )
     if args.json:
-        out = [
-            {
-                **note_json(h.memory),
-                "score": h.score,
-                "snippet": h.snippet,
-                "backend": h.backend,
-                **(
-                    {
-                        "parts": h.parts.model_dump() if h.parts else None,
-                        "bm25": h.bm25,
-                        "lexical": h.lexical,
-                        "recency": h.recency,
-                    }
-                    if args.explain
-                    else {}
-                ),
-            }
-            for h in hits
-        ]
+        out = [_hit_json(hit, explain=args.explain) for hit in hits]
         print(json.dumps(out, ensure_ascii=False, indent=2))
         return EXIT_OK
     if not hits:
         print("no notes match")
     for hit in hits:
-        note = hit.memory
-        pin = " [pinned]" if note.pinned else ""
-        flag = f" [flag: {note.flag}]" if note.flag else ""  # reads as an instruction
-        said = f"  (said {note.said_at:%Y-%m-%d})" if note.said_at else ""
-        print(f"{hit.score:6.3f}  {note.slug}{pin}{flag}  {note.title}{said}")
-        if args.explain and hit.parts is not None:
-            parts = hit.parts
-            print(
-                f"        = lexical {parts.lexical:.3f} (match {hit.lexical:.3f}, bm25 "
-                f"{hit.bm25:.3f}) + recency {parts.recency:.3f} (factor {hit.recency:.3f}) "
-                f"+ pinned {parts.pinned:.3f}   [{hit.backend}]"
-            )
-            if note.keywords:
-                print(f"        keywords: {' '.join(note.keywords)}")
-            for quote in note.evidence:
-                print(f'        evidence ({quote.speaker}): "{quote.quote}"')
-        print(f"        {hit.snippet}")
+        _print_hit(hit, explain=args.explain)
     return EXIT_OK
+
+
+def _hit_json(hit: SearchHit, *, explain: bool) -> dict[str, Any]:
+    """A hit as ``search --json`` prints it; with --explain, its score's parts too."""
+    parts = {
+        "parts": hit.parts.model_dump() if hit.parts else None,
+        "bm25": hit.bm25,
+        "lexical": hit.lexical,
+        "recency": hit.recency,
+    }
+    return {
+        **note_json(hit.memory),
+        "score": hit.score,
+        "snippet": hit.snippet,
+        "backend": hit.backend,
+        **(parts if explain else {}),
+    }
+
+
+def _print_hit(hit: SearchHit, *, explain: bool) -> None:
+    """A hit for a reader: score, slug, marks and title, then (--explain) how it scored and
+    why, then its snippet."""
+    note = hit.memory
+    pin = " [pinned]" if note.pinned else ""
+    flag = f" [flag: {note.flag}]" if note.flag else ""  # reads as an instruction
+    said = f"  (said {note.said_at:%Y-%m-%d})" if note.said_at else ""
+    print(f"{hit.score:6.3f}  {note.slug}{pin}{flag}  {note.title}{said}")
+    if explain and hit.parts is not None:
+        parts = hit.parts
+        print(
+            f"        = lexical {parts.lexical:.3f} (match {hit.lexical:.3f}, bm25 "
+            f"{hit.bm25:.3f}) + recency {parts.recency:.3f} (factor {hit.recency:.3f}) "
+            f"+ pinned {parts.pinned:.3f}   [{hit.backend}]"
+        )
+        if note.keywords:
+            print(f"        keywords: {' '.join(note.keywords)}")
+        for quote in note.evidence:
+            print(f'        evidence ({quote.speaker}): "{quote.quote}"')
+    print(f"        {hit.snippet}")
 
 
 def cmd_index(args: argparse.Namespace) -> int:

@@ -56,7 +56,8 @@ def default_node_name(queues: list[str]) -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.app import QUEUES, make_celery
+    from workers.app import make_celery
+    from workers.routing import QUEUES
 
     settings = require_broker("worker")
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
