@@ -32,7 +32,7 @@ from bench.pipeline_support import (
     raw_http_cpu_ms,
     wait_jobs,
 )
-from workers.cli.run import default_concurrency
+from cli.run import default_concurrency
 
 NAME = "pipe-live"
 TARGET = 150  # transcripts per second on a 2-core host

@@ -182,7 +182,7 @@ def cli_commands() -> list[tuple[str, str]]:
     """(command, help) for every ``gleaner`` command, as the CLI's parser declares them."""
     import argparse
 
-    from workers.cli import build_parser
+    from cli import build_parser
 
     found: list[tuple[str, str]] = []
 

@@ -22,10 +22,10 @@ import jsonschema
 import pytest
 import yaml
 
+from cli import build_parser
 from store import Settings, Store
 from tests.conftest import PG_BASE_URL, head_revision, pg_url_for, test_settings
 from workers.app import QUEUES, ROUTES, make_celery
-from workers.cli import build_parser
 
 ROOT = Path(__file__).parent.parent
 COMPOSE_SPEC = Path(__file__).parent / "data" / "compose-spec.json"
@@ -296,3 +296,16 @@ def test_migrate_waits_for_a_database_that_is_not_there_yet(tmp_path: Path, work
         assert current_revision(store.engine) == head_revision()
     finally:
         store.dispose()
+
+
+def test_the_image_copies_every_package_the_wheel_installs() -> None:
+    """`pip install .` in the image builds the wheel from what was copied: a package left out
+    installs a console script that cannot import its own command line."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    wanted = {pattern.rstrip("*") for pattern in project["packages"]["find"]["include"]}
+    wanted |= {f"{module}.py" for module in project["py-modules"]}
+    copied = re.findall(r"^COPY\s+(.+?)\s+\S+$", (ROOT / "Dockerfile").read_text(), re.M)
+    sources = {source for line in copied for source in line.split()}
+    assert wanted <= sources, f"the Dockerfile does not copy {sorted(wanted - sources)}"

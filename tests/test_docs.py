@@ -126,7 +126,7 @@ def documented_commands(text: str) -> list[str]:
 
 
 def test_documented_commands_parse() -> None:
-    from workers.cli import build_parser
+    from cli import build_parser
 
     parser = build_parser()
     seen = 0

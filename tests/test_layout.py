@@ -55,13 +55,13 @@ MAY_IMPORT = {
     "store": set(),
     "harvest": {"store"},
     "workers": {"harvest", "store", "beat_schedule"},
-    # The command line (workers/cli) sits on top: it may use every layer.
-    "workers.cli": {"workers", "harvest", "store", "gleaner", "service", "beat_schedule"},
+    # The command line (cli) sits on top: it may use every layer.
+    "cli": {"workers", "harvest", "store", "gleaner", "service", "beat_schedule"},
     "gleaner": {"workers", "harvest", "store"},
     "service": {"gleaner"},
-    "bench": {"workers", "harvest", "store", "gleaner", "service", "tests"},
+    "bench": {"cli", "workers", "harvest", "store", "gleaner", "service", "tests"},
 }
-OURS = frozenset(MAY_IMPORT) - {"workers.cli"} | {"tests", "beat_schedule"}
+OURS = frozenset(MAY_IMPORT) | {"tests", "beat_schedule"}
 # Outside libraries a package must not use: harvest never runs Celery.
 NEVER = {"harvest": {"celery", "kombu"}, "store": {"celery", "kombu", "litellm", "httpx"}}
 # bench measures raw-table ceilings beside the store's own path: it may read the models, and
@@ -84,8 +84,6 @@ def problems(package: str) -> list[str]:
     found = []
     folder = ROOT.joinpath(*package.split("."))
     for path in sorted(folder.rglob("*.py")):
-        if package == "workers" and "cli" in path.relative_to(folder).parts:
-            continue  # checked as workers.cli
         where = path.relative_to(ROOT)
         for line, module, names in imports(path):
             top = module.split(".")[0]
@@ -131,7 +129,7 @@ def test_the_check_finds_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyP
 # --- no import cycles, no long modules --------------------------------------------------
 
 # Our source packages: their modules may not import one another in a cycle, nor run long.
-SOURCE = ("store", "harvest", "workers", "service", "gleaner")
+SOURCE = ("store", "harvest", "workers", "service", "gleaner", "cli")
 MAX_LINES = 400
 # Today's offenders in store/, which the store helper is splitting: the lead empties both
 # sets when that work is merged (and removes store's C901 per-file-ignores in pyproject).

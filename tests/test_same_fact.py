@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
+from cli import main
 from harvest.batch import harvest_paths
 from harvest.job import harvest_transcript
 from harvest.queue import record_jobs
@@ -36,7 +37,6 @@ from store.terms import (
 from store.text import normalize_topics
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.test_harvest_job import model_settings, transcript
-from workers.cli import main
 
 PAIRS = json.loads((Path(__file__).parent / "data" / "same_fact_pairs.json").read_text())["pairs"]
 EXAMPLES = Path(__file__).parent.parent / "examples"

@@ -357,7 +357,7 @@ def test_a_secret_saved_over_mcp_is_nowhere(worker_database: str, tmp_path: Path
     log = tmp_path / "mcp-stderr.log"
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "workers.cli", "mcp", "--owner", "alice"],
+        args=["-m", "cli", "mcp", "--owner", "alice"],
         env=service_env(worker_database),
     )
     saved: list[Any] = []

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from workers.cli.common import (
+from cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     SLUG,

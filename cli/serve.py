@@ -10,7 +10,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from workers.cli.common import EXIT_OK, UsageError, require_database
+from cli.common import EXIT_OK, UsageError, require_database
 
 if TYPE_CHECKING:
     from gleaner import ApiKey

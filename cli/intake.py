@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from workers.cli.common import (
+from cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     RECORDING_INTERRUPTED,
@@ -22,8 +22,8 @@ from workers.cli.common import (
     print_summary,
     require_broker,
 )
-from workers.cli.interrupt import stop_between_conversations
-from workers.cli.progress import Progress
+from cli.interrupt import stop_between_conversations
+from cli.progress import Progress
 
 
 def cmd_harvest(args: argparse.Namespace) -> int:

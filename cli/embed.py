@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from workers.cli.common import EXIT_OK, CommandFailed, UsageError, open_store
+from cli.common import EXIT_OK, CommandFailed, UsageError, open_store
 
 
 def cmd_embed(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from workers.cli.common import (
+from cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     RECORDING_INTERRUPTED,
@@ -22,8 +22,8 @@ from workers.cli.common import (
     print_failures,
     print_summary,
 )
-from workers.cli.interrupt import stop_between_conversations
-from workers.cli.progress import Progress, follow_import, import_state
+from cli.interrupt import stop_between_conversations
+from cli.progress import Progress, follow_import, import_state
 
 
 def _dry_run_import(paths: list[Any], settings: Any, owners: dict[str, Any], as_json: bool) -> int:

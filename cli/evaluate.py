@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from workers.cli.common import (
+from cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,

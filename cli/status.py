@@ -1,5 +1,5 @@
 """Reading the queue's state: ``status`` (jobs, queues, costs, budgets, one import) and
-``imports``; registered by ``workers.cli.operate``."""
+``imports``; registered by ``cli.operate``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from store.text import quoted
-from workers.cli.common import (
+from cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     CommandFailed,
@@ -17,6 +16,7 @@ from workers.cli.common import (
     current_settings,
     open_store,
 )
+from store.text import quoted
 
 if TYPE_CHECKING:
     from store import Settings
@@ -203,9 +203,9 @@ def _embeddings(conn: Any, model: str | None) -> dict[str, Any]:
 def _import_status(args: argparse.Namespace) -> int:
     """One import's jobs by state and what they wrote; with --watch, followed until every
     job is done or failed. Exit 1 when a job failed or a conversation was unreadable."""
+    from cli.imports import print_import
+    from cli.progress import follow_import, import_state
     from store import job_reports
-    from workers.cli.imports import print_import
-    from workers.cli.progress import follow_import, import_state
 
     store = open_store()
     with store.transaction() as session:

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from workers.cli.common import EXIT_OK, SLUG, add_scope_flags, note_json, open_store, scope_of
+from cli.common import EXIT_OK, SLUG, add_scope_flags, note_json, open_store, scope_of
 
 STATUS_CHOICES = ("live", "archived", "superseded", "all")
 

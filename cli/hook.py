@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from workers.cli.common import UsageError, add_owner_flags, current_settings
+from cli.common import UsageError, add_owner_flags, current_settings
 
 # Bounds what is read from the hook's standard input: its JSON is a few hundred bytes.
 MAX_HOOK_INPUT = 1_000_000
@@ -40,7 +40,7 @@ def hook_input(raw: str) -> dict[str, Any]:
 def cmd_claude_code(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from workers.cli import intake
+    from cli import intake
 
     raw = sys.stdin.read(MAX_HOOK_INPUT) if sys.stdin is not None else ""
     details = hook_input(raw)

@@ -8,7 +8,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from workers.cli.common import Interrupted
+from cli.common import Interrupted
 
 if TYPE_CHECKING:
     from store import Store

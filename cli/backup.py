@@ -11,8 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from store.text import quoted
-from workers.cli.common import (
+from cli.common import (
     EXIT_OK,
     CommandFailed,
     Interrupted,
@@ -21,7 +20,8 @@ from workers.cli.common import (
     existing_paths,
     open_store,
 )
-from workers.cli.progress import Progress
+from cli.progress import Progress
+from store.text import quoted
 
 if TYPE_CHECKING:
     from store import Store

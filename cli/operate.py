@@ -1,5 +1,5 @@
 """Operating the store: ``housekeep``, ``retry``, ``forget``; and the parsers of ``status``
-and ``imports`` (``workers.cli.status``)."""
+and ``imports`` (``cli.status``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import json
 import sys
 from typing import Any
 
-from store.text import quoted
-from workers.cli.common import (
+from cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     JOB_ID,
@@ -20,7 +19,8 @@ from workers.cli.common import (
     open_store,
     require_broker,
 )
-from workers.cli.status import cmd_imports, cmd_status
+from cli.status import cmd_imports, cmd_status
+from store.text import quoted
 
 
 def cmd_housekeep(args: argparse.Namespace) -> int:

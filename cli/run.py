@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from workers.cli.common import (
+from cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     UsageError,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from importlib import import_module
 from typing import NoReturn
 
-from workers.cli.common import (
+from cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_PIPE,
@@ -28,7 +28,7 @@ from workers.cli.common import (
 
 __all__ = ["build_parser", "main"]
 
-# Each group of commands (a module of workers.cli with a ``register``) and the commands it
+# Each group of commands (a module of cli with a ``register``) and the commands it
 # adds, in the order of `gleaner --help` (tests/test_startup_imports.py holds this to what each
 # adds).
 COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
@@ -73,7 +73,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in groups or COMMAND_GROUPS:
-        import_module(f"workers.cli.{group}").register(sub)
+        import_module(f"cli.{group}").register(sub)
     return parser
 
 
