@@ -7,6 +7,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
+COPY privacy privacy
 COPY store store
 COPY harvest harvest
 COPY workers workers

@@ -52,7 +52,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse's parser, whose errors (they quote the arguments) show no private span."""
 
     def error(self, message: str) -> NoReturn:
-        from store.text import strip_private  # only on a bad command line
+        from privacy import strip_private
 
         super().error(strip_private(message))
 

@@ -10,12 +10,12 @@ from harvest import grounding
 from harvest.candidate import NoteCandidate
 from harvest.outcome import Counts
 from harvest.transcript import Transcript
+from privacy import redact
 from store import Scope, Settings, judge, keyed, normalize_topics, notes, similar, strip_private
 from store.instructions import instruction_flag
 from store.keyed import ShownNote
 from store.similar import Twin
 from store.terms import FactText, jaccard, similarity_terms
-from store.text import redact
 
 if TYPE_CHECKING:
     from store import Executor

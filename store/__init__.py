@@ -34,6 +34,7 @@ model), ``job_intake``, ``fact_terms``, ``term_lookup``, ``search_sql``, ``fusio
 
 from typing import TYPE_CHECKING
 
+from privacy import strip_private
 from store.errors import (
     ConfigError,
     DataRefused,
@@ -44,7 +45,7 @@ from store.errors import (
     StoreError,
     format_error,
 )
-from store.text import normalize_topics, slugify, snippet, strip_private, topics
+from store.text import normalize_topics, slugify, snippet, topics
 
 # The rest is imported from its module when first asked for (PEP 562): importing one module
 # of the store (`gleaner search` imports ``store.search``) does not pay for them all, and

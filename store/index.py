@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Row, func, select
 
+from privacy import redact_private
 from store.schemas import Scope
 from store.tables import LIVE, MEMORIES
-from store.text import redact_private
 
 if TYPE_CHECKING:
     from store.config import Settings

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, Val
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from privacy import strip_private
 from store.config import Settings
 from store.drafts import MAX_TITLE_BYTES, Draft, check_instruction, text_field
 from store.errors import InvalidInput
@@ -24,7 +25,6 @@ from store.text import (
     check_text,
     check_topic_key,
     quoted,
-    strip_private,
 )
 
 SUMMARY_TYPE = "summary"

@@ -15,10 +15,10 @@ import pytest
 from cli import main
 from harvest.redact import redact_messages, redact_text
 from harvest.transcript import Message
+from privacy import redact_private
 from store import InvalidInput, Scope, Store, format_error
 from store import index as index_mod
 from store.index import strip_index_text
-from store.text import redact_private
 
 ALICE = Scope.owner("alice")
 OPEN, CLOSE = "<gleaner-memory-index", "</gleaner-memory-index>"
