@@ -10,13 +10,16 @@ from it:
 - ``<!-- gleaner:cli -->`` (cli.md): every ``gleaner`` command with its help line, from the
   CLI's own parser;
 - ``<!-- gleaner:benchmark-targets -->`` (benchmarks.md): the rows of the last full run
-  (BENCHMARKS.md) that have a target.
+  (BENCHMARKS.md) that have a target;
+- ``<!-- gleaner:modules -->`` (architecture.md): every module of each package with the first
+  sentence of its docstring, read from the source (nothing is imported).
 
 ``tests/test_docs.py`` calls the two renderers directly; CI builds the site with ``--strict``.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import types
 import typing
@@ -29,6 +32,9 @@ SETTINGS_MARKER = "<!-- gleaner:settings -->"
 HTTP_MARKER = "<!-- gleaner:http -->"
 BENCHMARK_MARKER = "<!-- gleaner:benchmark-targets -->"
 CLI_MARKER = "<!-- gleaner:cli -->"
+MODULES_MARKER = "<!-- gleaner:modules -->"
+# Bottom to top, as the layering runs.
+PACKAGES = ("privacy", "store", "harvest", "workers", "gleaner", "service", "cli")
 OPENAPI_URI = "reference/openapi.json"
 
 
@@ -235,6 +241,32 @@ def benchmark_targets(report: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- modules --------------------------------------------------------------------------------
+
+
+def module_summary(path: Path) -> str:
+    """The first sentence of a module's docstring, on one line."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    paragraph = " ".join(doc.split("\n\n", 1)[0].split())
+    end = paragraph.find(". ")
+    return paragraph if end < 0 else paragraph[: end + 1]
+
+
+def module_reference(root: Path = ROOT) -> str:
+    """One table per package, bottom layer first: each module and what it holds."""
+    out: list[str] = []
+    for package in PACKAGES:
+        out += [f"### `{package}/`", "", "| module | what it holds |", "|---|---|"]
+        for path in sorted((root / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
+            name = name.removesuffix(".__init__")
+            out.append(f"| `{name}` | {_escape(module_summary(path)).replace('|', '&#124;')} |")
+        out.append("")
+    return "\n".join(out)
+
+
 # --- MkDocs events --------------------------------------------------------------------------
 
 
@@ -255,6 +287,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         markdown = markdown.replace(CLI_MARKER, cli_reference())
     if BENCHMARK_MARKER in markdown:
         markdown = markdown.replace(BENCHMARK_MARKER, benchmark_targets())
+    if MODULES_MARKER in markdown:
+        markdown = markdown.replace(MODULES_MARKER, module_reference())
     if HTTP_MARKER in markdown:
         markdown = markdown.replace(HTTP_MARKER, http_reference())
     return markdown

@@ -330,3 +330,20 @@ def test_reliability_report_links_resolve_in_the_site() -> None:
             assert (DOCS / link).is_file(), link
     assert "(#1-kill--9-of-the-whole-worker-mid-run)" in rendered
     assert "### 1. kill -9 of the whole worker mid-run" in rendered
+
+
+def test_the_architecture_page_lists_every_module_with_what_it_holds(tmp_path: Path) -> None:
+    """The module list is generated from the source, so it names each module as it is; a
+    module without a docstring would show an empty row, and is refused here."""
+    reference = hooks().module_reference()
+    for package in hooks().PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            assert hooks().module_summary(path), f"{name} has no docstring"
+            assert f"| `{name}` |" in reference
+    # The check can fail: a package with an undocumented module is caught.
+    (tmp_path / "privacy").mkdir()
+    (tmp_path / "privacy" / "bare.py").write_text("X = 1\n")
+    assert hooks().module_summary(tmp_path / "privacy" / "bare.py") == ""
