@@ -27,7 +27,7 @@ from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Limits, Transcript, check_size, check_storable
 from harvest.write import write_candidates
 from store import Scope, Settings, StorageFailure, Store, forget, keyed, ledger, search_terms
-from store.errors import AlreadyRecorded, InvalidInput, NoteChanged, SlugTaken, format_error
+from store.errors import InvalidInput, NoteChanged, format_error
 from store.terms import content_terms
 from store.text import check_principal, quoted
 
@@ -176,8 +176,8 @@ def look_up(
     """The ledger check under the transcript's lock: None when it was harvested (or
     forgotten) before, else what extraction needs.
 
-    With ``lock`` (the transcript's, not taken yet) the lock is taken with the check, in one
-    round trip on PostgreSQL (``store.ledger.check_locked``); when another worker holds it,
+    With ``lock`` (the transcript's, not taken yet) the lock is taken first, then the check
+    made (``store.ledger.check_locked``); when another worker holds it,
     nothing is checked: None, and ``lock.held`` stays False. Without, the caller holds the
     lock already.
 
@@ -290,18 +290,13 @@ def record_harvest(
     plan: Plan,
     ready: Ready,
     found: Extraction,
-    *,
-    at_commit: bool = False,
 ) -> HarvestOutcome:
     """Write the notes, then the ledger row with the final counts, in the caller's
     transaction; raise RecordedElsewhere when the ledger row cannot be written (another
     worker recorded this transcript, or the owner was forgotten since the check), so the
-    caller rolls the notes back. On PostgreSQL the row is written with the COMMIT, where a
-    row another worker wrote first raises ``AlreadyRecorded`` instead, with nothing written.
-    With ``at_commit`` the new notes go with the COMMIT too (``write_candidates``), where a
-    slug another writer took since the lookup raises ``SlugTaken``, nothing written.
+    caller rolls the notes back.
 
-    The transaction is ``forget.held_off(store, plan.scope, conversation_id)``'s: a forget
+    The transaction is ``forget.held_off(store, plan.scope)``'s: a forget
     of the owner (or of one of its conversations) cannot commit from its start to its end,
     and the ledger row is written only while the forget count of the owner and this
     conversation is the one the check read.
@@ -315,7 +310,6 @@ def record_harvest(
         found.notes,
         transcript=plan.transcript,
         provenance=plan.provenance,
-        at_commit=at_commit,
         shown=ready.shown,
     )
     counts = found.cost + written.counts
@@ -456,7 +450,7 @@ def _harvest(
             answer = KeptAnswer(plan.digest, plan.version, found, checked.shown)
         try:
             recorded = _record_retrying(store, steps, plan, checked, found)
-        except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
+        except RecordedElsewhere:  # rolled back: nothing was written
             with store.transaction() as session:
                 skipped = plan.outcome("skipped", found.cost, model=found.model)
                 return _settle(steps, session, skipped)
@@ -510,21 +504,20 @@ def _record_retrying(
     raise AssertionError("unreachable: write_retries re-raises the last failure")
 
 
-# How often in a row one harvest's write may lose a race with another writer (a slug taken
-# at the COMMIT, a note changed under a rewrite) before the job is left to a retry later.
+# How often in a row one harvest's write may lose a race with another writer (a note changed
+# under a rewrite) before the job is left to a retry later.
 WRITE_RACES = 3
 
 
 def _record_racing(
     store: Store, steps: HarvestSteps[object], plan: Plan, ready: Ready, found: Extraction
 ) -> HarvestOutcome:
-    """``_record``, first with the new notes sent with the COMMIT (one round trip fewer),
-    again at once when another writer won a race (rolled back, nothing written): new notes
-    then take free slugs, and every rewrite is decided again on what is stored now."""
-    for attempt in range(WRITE_RACES):
+    """``_record``, again at once when another writer won a race (rolled back, nothing
+    written): every rewrite is decided again on what is stored now."""
+    for _ in range(WRITE_RACES):
         try:
-            return _record(store, steps, plan, ready, found, at_commit=attempt == 0)
-        except (SlugTaken, NoteChanged) as exc:
+            return _record(store, steps, plan, ready, found)
+        except NoteChanged as exc:
             lost = exc
     raise StorageFailure(
         f"the harvest's notes lost {WRITE_RACES} races with other writers in a row ({lost})",
@@ -538,13 +531,11 @@ def _record(
     plan: Plan,
     ready: Ready,
     found: Extraction,
-    *,
-    at_commit: bool,
 ) -> HarvestOutcome:
     """``record_harvest`` and the outcome settled in one transaction that holds off a forget
     of the owner."""
-    with forget.held_off(store, plan.scope, plan.transcript.conversation_id) as session:
-        outcome = record_harvest(session, store.settings, plan, ready, found, at_commit=at_commit)
+    with forget.held_off(store, plan.scope) as session:
+        outcome = record_harvest(session, store.settings, plan, ready, found)
         return _settle(steps, session, outcome)
 
 

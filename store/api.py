@@ -101,17 +101,14 @@ class Store:
         self.engine.dispose()
 
     def warm_up(self) -> None:
-        """Do once what a process would otherwise do on its first harvest job: configure
-        the ORM's mappers and, on PostgreSQL, compile the statements every job sends
-        (``store.prepared.hot``). A worker calls it before its pool forks, so each child
-        inherits the work. Connects to nothing."""
+        """Do once what a process would otherwise do on its first harvest job: import the
+        modules a job runs and configure the ORM's mappers. A worker calls it before its
+        pool forks, so each child inherits the work. Connects to nothing."""
         from sqlalchemy.orm import configure_mappers
 
-        # The modules whose statements a job sends: importing them marks those hot.
-        from store import forget, jobs, ledger, locks, prepared, similar, write_lookup  # noqa: F401
+        from store import forget, jobs, ledger, locks, similar, writer  # noqa: F401
 
         configure_mappers()
-        prepared.compile_hot(self.engine.dialect)
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
@@ -147,27 +144,12 @@ class Store:
         """A Core connection inside one transaction (as ``transaction``, without the ORM):
         committed on success, rolled back on any error.
 
-        ``opening`` are statements to run first (a lock, say), each with its parameters. On
-        PostgreSQL the transaction then spends as few round trips as it can
-        (``store.prepared.begin``): its BEGIN and the opening go to the server with its
-        first statement, and what ``store.prepared.later`` defers goes with its COMMIT.
+        ``opening`` are statements to run first (a lock, say), each with its parameters.
         """
-        if opening is None or self.engine.dialect.name != "postgresql":
-            with self._failures(), self.engine.begin() as connection:
-                for statement, params in opening or ():
-                    connection.execute(statement, params)
-                yield connection
-            return
-        from store import prepared
-
-        with self._failures(), self.statements() as connection:
-            prepared.begin(connection, opening)
-            try:
-                yield connection
-            except BaseException:
-                prepared.end(connection, commit=False)
-                raise
-            prepared.end(connection, commit=True)
+        with self._failures(), self.engine.begin() as connection:
+            for statement, params in opening or ():
+                connection.execute(statement, params)
+            yield connection
 
     @contextmanager
     def snapshot(self) -> Iterator[Connection]:

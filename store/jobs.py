@@ -40,7 +40,6 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from store import prepared
 from store.models import DONE, FAILED, PENDING, RUNNING, ImportBatch, Job, utcnow
 from store.sql import dialect_name, lease_expired
 from store.text import storable
@@ -127,8 +126,8 @@ def add_jobs(
         }
         for job in jobs
     ]
-    if len(rows) == 1:  # a conversation posted to the service: built once and prepared
-        prepared.execute(session, _insert_one(tuple(rows[0])), rows[0])
+    if len(rows) == 1:  # a conversation posted to the service: built once
+        session.execute(_insert_one(tuple(rows[0])), rows[0])
     elif rows:
         session.execute(insert(Job), rows)
     if import_id is not None:
@@ -228,10 +227,8 @@ _CLAIM = _claim(bindparam("now"), bindparam("expired"))
 # the job again; the flush of the harvest's write transaction, which waits as every
 # write's does, makes the claim durable with it. Each job no longer waits on a flush of
 # the disk (330 µs against 130 µs for such an UPDATE here: BENCHMARKS.md, session 12).
-_CLAIM_PG = prepared.hot(
-    _claim(func.now(), func.now() - bindparam("lease", type_=Interval)).where(
-        func.set_config("synchronous_commit", "off", True).is_not(None)
-    )
+_CLAIM_PG = _claim(func.now(), func.now() - bindparam("lease", type_=Interval)).where(
+    func.set_config("synchronous_commit", "off", True).is_not(None)
 )
 # The job's usage columns plus a run's, bound as ``_cost`` names them: for the statements
 # built once (``_cost_added`` is the same for one built per call).
@@ -253,7 +250,7 @@ _FINISH = (
 )
 # Only while this delivery holds the running job: a run presumed lost records nothing, and
 # an outcome already recorded (done or failed) is never turned into another.
-_FINISH_HELD = prepared.hot(_FINISH.where(JOBS.c.lease_token == bindparam("token"), IS_RUNNING))
+_FINISH_HELD = _FINISH.where(JOBS.c.lease_token == bindparam("token"), IS_RUNNING)
 RELEASED = {"lease_token": None, "claimed_by": None, "heartbeat_at": None}
 
 
@@ -306,10 +303,10 @@ def claim(
         "redelivered": redelivered,
     }
     if dialect_name(session) == "postgresql":
-        found = prepared.execute(session, _CLAIM_PG, {**params, "lease": lease})
+        found = session.execute(_CLAIM_PG, {**params, "lease": lease}).all()
     else:
         now = utcnow()
-        found = prepared.execute(session, _CLAIM, {**params, "now": now, "expired": now - lease})
+        found = session.execute(_CLAIM, {**params, "now": now, "expired": now - lease}).all()
     if not found:
         return None
     found_id, owner, provenance, transcript, attempts, crashes, import_id = found[0]
@@ -343,10 +340,8 @@ def finish(
     values = {"job_id": job_id, "outcome": result, "now": utcnow(), **_cost(result)}
     if token is None:
         session.execute(_FINISH, values)
-    elif prepared.deferring(session):  # a harvest's write transaction: with its COMMIT
-        prepared.later(session, _FINISH_HELD, {**values, "token": token})
     else:  # built once, like the claim: a statement made per call costs its construction
-        prepared.execute(session, _FINISH_HELD, {**values, "token": token})
+        session.execute(_FINISH_HELD, {**values, "token": token})
 
 
 def _cost_added(result: dict[str, Any] | None) -> dict[str, Any]:
@@ -369,7 +364,7 @@ def add_cost(session: Executor, job_id: str, result: dict[str, Any], token: str)
 
 
 # A run's usage added to a job its delivery no longer holds (``add_cost_if_not_held``).
-_ADD_COST_NOT_HELD = prepared.hot(
+_ADD_COST_NOT_HELD = (
     update(JOBS)
     .where(
         JOBS.c.id == bindparam("job_id"),
@@ -388,10 +383,7 @@ def add_cost_if_not_held(
     values = {"job_id": job_id, "token": token, **_cost(result)}
     if not values["calls"] and not values["prompt"] and not values["completion"]:
         return
-    if prepared.deferring(session):  # with the COMMIT, before the finish sent after it
-        prepared.later(session, _ADD_COST_NOT_HELD, values)
-    else:
-        prepared.execute(session, _ADD_COST_NOT_HELD, values)
+    session.execute(_ADD_COST_NOT_HELD, values)
 
 
 def fail(

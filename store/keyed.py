@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import Connection, Integer, bindparam, func, select
 
-from store import prepared
 from store.models import LIVE, SUPERSEDED, Memory, MemoryTerm
 from store.schemas import Note, Scope
 from store.similar import TERM_CHUNK
@@ -99,7 +98,7 @@ def keyed_notes(
     often shares no word with the note it replaces, "Based in Lisbon")."""
     if limit <= 0:
         return []
-    rows = prepared.execute(session, KEYED, keyed_params(scope, terms, limit))
+    rows = session.execute(KEYED, keyed_params(scope, terms, limit))
     return [KeyedNote(str(row.topic_key), row.title) for row in rows]
 
 

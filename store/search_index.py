@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, Table, bindparam, delete, select, text, update
 
-from store import search_terms
 from store.models import SEARCH_POSTINGS, MemoryTerm
 from store.schemas import Scope
+from store.search_terms import VERSION as SEARCH_VERSION
+from store.search_terms import note_terms
 from store.sql import ID_CHUNK, dialect_name, one_of
 from store.tables import MEMORIES
 from store.term_index import insert_terms
@@ -66,9 +67,7 @@ def postings_of(values: Mapping[str, Any]) -> Postings:
         (values.get("topic_key") or "").replace("/", " "),
         values.get("keywords") or "",
     )
-    weights, length = search_terms.note_terms(
-        values.get("title") or "", values.get("body") or "", keys
-    )
+    weights, length = note_terms(values.get("title") or "", values.get("body") or "", keys)
     return Postings(weights, length)
 
 
@@ -209,7 +208,7 @@ def reindex(
 
 def index_version() -> str:
     """The version of both term indexes, as the tokenizers of this code build them."""
-    return f"search {search_terms.VERSION}; terms {TERMS_VERSION}"
+    return f"search {SEARCH_VERSION}; terms {TERMS_VERSION}"
 
 
 def _reindex_rows(conn: Connection, rows: Sequence[Any]) -> None:

@@ -22,7 +22,7 @@ from sqlalchemy import Integer, bindparam, func, select, text
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
-from store import judge, prepared
+from store import judge
 from store.models import LIVE, Memory, MemoryTerm
 from store.overlap import min_shared
 from store.schemas import Scope, Similar
@@ -135,19 +135,15 @@ def _term_chunks(scope: Scope, terms: Sequence[str]) -> Iterator[tuple[list[str]
 # PostgreSQL takes the terms as one array: one statement text whatever their number, so it
 # is prepared once (the per-term forms above are new SQL for every count of terms). The
 # correlated subquery keeps each term its own index lookup.
-_FREQUENCIES_PG = prepared.hot(
-    text(
-        "SELECT t.term, (SELECT count(*) FROM (SELECT 1 FROM memory_terms WHERE scope_kind = :kind"
-        " AND scope_id = :sid AND term = t.term LIMIT :cap) AS c)"
-        " FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
-    )
+_FREQUENCIES_PG = text(
+    "SELECT t.term, (SELECT count(*) FROM (SELECT 1 FROM memory_terms WHERE scope_kind = :kind"
+    " AND scope_id = :sid AND term = t.term LIMIT :cap) AS c)"
+    " FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
 )
-_POSTINGS_PG = prepared.hot(
-    text(
-        "SELECT m.term, m.memory_id FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
-        " CROSS JOIN LATERAL (SELECT term, memory_id FROM memory_terms WHERE scope_kind = :kind"
-        " AND scope_id = :sid AND term = t.term) AS m"
-    )
+_POSTINGS_PG = text(
+    "SELECT m.term, m.memory_id FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
+    " CROSS JOIN LATERAL (SELECT term, memory_id FROM memory_terms WHERE scope_kind = :kind"
+    " AND scope_id = :sid AND term = t.term) AS m"
 )
 
 
@@ -155,7 +151,7 @@ def _frequencies(session: Executor, scope: Scope, terms: Sequence[str], cap: int
     found: dict[str, int] = {}
     if dialect_name(session) == "postgresql":
         params = {"kind": scope.kind, "sid": scope.id, "cap": cap, "terms": list(terms)}
-        rows = prepared.execute(session, _FREQUENCIES_PG, params)
+        rows = session.execute(_FREQUENCIES_PG, params)
         found.update((str(t), int(n)) for t, n in rows)
         return found
     for chunk, params in _term_chunks(scope, terms):

@@ -30,7 +30,9 @@ STORE_INTERNAL = frozenset(
         "tending",
         "search_index",
         "term_index",
+        "write_item",
         "write_lookup",
+        "write_plan",
         "writer",
     }
 )
