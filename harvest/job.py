@@ -26,7 +26,7 @@ from harvest.steps import HarvestSteps, Nothing_co, failed_after, model_named, r
 from harvest.transcript import Transcript
 from harvest.write import write_candidates
 from store import Settings, StorageFailure, Store, forget, ledger
-from store.errors import AlreadyRecorded, NoteChanged, SlugTaken
+from store.errors import NoteChanged
 
 if TYPE_CHECKING:
     from store import Executor, TranscriptLock
@@ -68,18 +68,13 @@ def record_harvest(
     plan: Plan,
     ready: Ready,
     found: Extraction,
-    *,
-    at_commit: bool = False,
 ) -> HarvestOutcome:
     """Write the notes, then the ledger row with the final counts, in the caller's
     transaction; raise RecordedElsewhere when the ledger row cannot be written (another
     worker recorded this transcript, or the owner was forgotten since the check), so the
-    caller rolls the notes back. On PostgreSQL the row is written with the COMMIT, where a
-    row another worker wrote first raises ``AlreadyRecorded`` instead, with nothing written.
-    With ``at_commit`` the new notes go with the COMMIT too (``write_candidates``), where a
-    slug another writer took since the lookup raises ``SlugTaken``, nothing written.
+    caller rolls the notes back.
 
-    The transaction is ``forget.held_off(store, plan.scope, conversation_id)``'s: a forget
+    The transaction is ``forget.held_off(store, plan.scope)``'s: a forget
     of the owner (or of one of its conversations) cannot commit from its start to its end,
     and the ledger row is written only while the forget count of the owner and this
     conversation is the one the check read.
@@ -93,7 +88,6 @@ def record_harvest(
         found.notes,
         transcript=plan.transcript,
         provenance=plan.provenance,
-        at_commit=at_commit,
         shown=ready.shown,
     )
     counts = found.cost + written.counts
@@ -183,7 +177,7 @@ def _harvest(
                 return _settle(steps, session, found)
         try:
             recorded = _record_retrying(store, steps, plan, checked, found)
-        except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
+        except RecordedElsewhere:  # rolled back: nothing was written
             with store.transaction() as session:
                 skipped = plan.outcome("skipped", found.cost, model=found.model)
                 return _settle(steps, session, skipped)
@@ -276,21 +270,20 @@ def _record_retrying(
     raise AssertionError("unreachable: write_retries re-raises the last failure")
 
 
-# How often in a row one harvest's write may lose a race with another writer (a slug taken
-# at the COMMIT, a note changed under a rewrite) before the job is left to a retry later.
+# How often in a row one harvest's write may lose a race with another writer (a note changed
+# under a rewrite) before the job is left to a retry later.
 WRITE_RACES = 3
 
 
 def _record_racing(
     store: Store, steps: HarvestSteps[object], plan: Plan, ready: Ready, found: Extraction
 ) -> HarvestOutcome:
-    """``_record``, first with the new notes sent with the COMMIT (one round trip fewer),
-    again at once when another writer won a race (rolled back, nothing written): new notes
-    then take free slugs, and every rewrite is decided again on what is stored now."""
-    for attempt in range(WRITE_RACES):
+    """``_record``, again at once when another writer won a race (rolled back, nothing
+    written): every rewrite is decided again on what is stored now."""
+    for _ in range(WRITE_RACES):
         try:
-            return _record(store, steps, plan, ready, found, at_commit=attempt == 0)
-        except (SlugTaken, NoteChanged) as exc:
+            return _record(store, steps, plan, ready, found)
+        except NoteChanged as exc:
             lost = exc
     raise StorageFailure(
         f"the harvest's notes lost {WRITE_RACES} races with other writers in a row ({lost})",
@@ -304,13 +297,11 @@ def _record(
     plan: Plan,
     ready: Ready,
     found: Extraction,
-    *,
-    at_commit: bool,
 ) -> HarvestOutcome:
     """``record_harvest`` and the outcome settled in one transaction that holds off a forget
     of the owner."""
-    with forget.held_off(store, plan.scope, plan.transcript.conversation_id) as session:
-        outcome = record_harvest(session, store.settings, plan, ready, found, at_commit=at_commit)
+    with forget.held_off(store, plan.scope) as session:
+        outcome = record_harvest(session, store.settings, plan, ready, found)
         return _settle(steps, session, outcome)
 
 

@@ -18,7 +18,8 @@ owner's JSON Lines export and loading it back), ``terms``, ``text``, ``schemas``
 ``errors``, ``settings`` and ``db`` (migrations and revisions).
 
 Everything else is internal and may change without notice: the one writer (``writer``,
-``write_lookup``, ``term_index``, ``search_index``, ``drafts``), dialect SQL (``sql``),
+``write_plan``, ``write_item``, ``write_lookup``, ``term_index``, ``search_index``,
+``drafts``), dialect SQL (``sql``),
 advisory locks (``locks``, reached through ``Store.transcript_lock``, whose ``TranscriptLock`` is
 exported here), superseding (``supersede``), dedupe and its join (``dedupe``, ``overlap``,
 ``housekeeping``), forgetting one conversation (``forget_conversation``, reached through

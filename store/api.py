@@ -69,23 +69,19 @@ class Store(Sessions):
             return reindex(self.connection, progress=progress)
 
     def warm_up(self) -> None:
-        """Do once what a process would otherwise do on its first harvest job: configure
-        the ORM's mappers and, on PostgreSQL, compile the statements every job sends
-        (``store.prepared.hot``). A worker calls it before its pool forks, so each child
-        inherits the work. Connects to nothing."""
+        """Do once what a process would otherwise do on its first harvest job: import the
+        modules a job runs and configure the ORM's mappers. A worker calls it before its
+        pool forks, so each child inherits the work. Connects to nothing."""
         from sqlalchemy.orm import configure_mappers
 
-        # The modules whose statements a job sends: importing them marks those hot.
         import store.forget
         import store.jobs
         import store.ledger
         import store.locks
         import store.similar
-        import store.write_lookup  # noqa: F401
-        from store.prepared import compile_hot
+        import store.writer  # noqa: F401
 
         configure_mappers()
-        compile_hot(self.engine.dialect)
 
     def write(
         self,

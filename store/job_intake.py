@@ -17,7 +17,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from store.prepared import execute
 from store.records import ImportBatch, Job
 from store.tables import JOBS, PENDING, utcnow
 
@@ -77,7 +76,7 @@ def add_jobs(
             "transcript_hash": job.transcript_hash,
             "import_id": import_id,
             "attempts": 0,
-            # Given, not left to the column defaults: the prepared INSERT applies none.
+            # Given, not left to the column defaults: the one-row INSERT is built once, every column bound.
             "crashes": 0,
             "model_calls": 0,
             "prompt_tokens": 0,
@@ -87,8 +86,8 @@ def add_jobs(
         }
         for job in jobs
     ]
-    if len(rows) == 1:  # a conversation posted to the service: built once and prepared
-        execute(session, _insert_one(tuple(rows[0])), rows[0])
+    if len(rows) == 1:  # a conversation posted to the service: built once
+        session.execute(_insert_one(tuple(rows[0])), rows[0])
     elif rows:
         session.execute(insert(Job), rows)
     if import_id is not None:
@@ -104,5 +103,5 @@ def add_jobs(
 def _insert_one(columns: tuple[str, ...]) -> Insert:
     """One job row with exactly these ``columns``, each bound with its column's type (the
     transcript's JSON): add_jobs gives every column that has a Python default, which the
-    prepared INSERT would not apply."""
+    statement built once binds explicitly."""
     return insert(JOBS).values({name: bindparam(name, type_=JOBS.c[name].type) for name in columns})

@@ -37,7 +37,6 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from store.job_intake import NewJob, add_jobs, create_import, new_id
-from store.prepared import deferring, execute, hot, later
 from store.records import Job
 from store.sql import dialect_name, lease_expired
 from store.tables import DONE, FAILED, PENDING, RUNNING, utcnow
@@ -143,7 +142,7 @@ _CLAIM = _claim(bindparam("now"), bindparam("expired"))
 # the job again; the flush of the harvest's write transaction, which waits as every
 # write's does, makes the claim durable with it. Each job no longer waits on a flush of
 # the disk (330 µs against 130 µs for such an UPDATE here: BENCHMARKS.md, session 12).
-_CLAIM_PG = hot(
+_CLAIM_PG = (
     _claim(func.now(), func.now() - bindparam("lease", type_=Interval)).where(
         func.set_config("synchronous_commit", "off", True).is_not(None)
     )
@@ -168,7 +167,7 @@ _FINISH = (
 )
 # Only while this delivery holds the running job: a run presumed lost records nothing, and
 # an outcome already recorded (done or failed) is never turned into another.
-_FINISH_HELD = hot(_FINISH.where(JOBS.c.lease_token == bindparam("token"), IS_RUNNING))
+_FINISH_HELD = (_FINISH.where(JOBS.c.lease_token == bindparam("token"), IS_RUNNING))
 RELEASED = {"lease_token": None, "claimed_by": None, "heartbeat_at": None}
 
 
@@ -221,10 +220,10 @@ def claim(
         "redelivered": redelivered,
     }
     if dialect_name(session) == "postgresql":
-        found = execute(session, _CLAIM_PG, {**params, "lease": lease})
+        found = session.execute(_CLAIM_PG, {**params, "lease": lease}).all()
     else:
         now = utcnow()
-        found = execute(session, _CLAIM, {**params, "now": now, "expired": now - lease})
+        found = session.execute(_CLAIM, {**params, "now": now, "expired": now - lease}).all()
     if not found:
         return None
     found_id, owner, provenance, transcript, attempts, crashes, import_id = found[0]
@@ -258,10 +257,8 @@ def finish(
     values = {"job_id": job_id, "outcome": result, "now": utcnow(), **_cost(result)}
     if token is None:
         session.execute(_FINISH, values)
-    elif deferring(session):  # a harvest's write transaction: with its COMMIT
-        later(session, _FINISH_HELD, {**values, "token": token})
     else:  # built once, like the claim: a statement made per call costs its construction
-        execute(session, _FINISH_HELD, {**values, "token": token})
+        session.execute(_FINISH_HELD, {**values, "token": token})
 
 
 def _cost_added(result: dict[str, Any] | None) -> dict[str, Any]:
@@ -284,7 +281,7 @@ def add_cost(session: Executor, job_id: str, result: dict[str, Any], token: str)
 
 
 # A run's usage added to a job its delivery no longer holds (``add_cost_if_not_held``).
-_ADD_COST_NOT_HELD = hot(
+_ADD_COST_NOT_HELD = (
     update(JOBS)
     .where(
         JOBS.c.id == bindparam("job_id"),
@@ -303,10 +300,7 @@ def add_cost_if_not_held(
     values = {"job_id": job_id, "token": token, **_cost(result)}
     if not values["calls"] and not values["prompt"] and not values["completion"]:
         return
-    if deferring(session):  # with the COMMIT, before the finish sent after it
-        later(session, _ADD_COST_NOT_HELD, values)
-    else:
-        execute(session, _ADD_COST_NOT_HELD, values)
+    session.execute(_ADD_COST_NOT_HELD, values)
 
 
 def fail(

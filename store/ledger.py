@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection, Executable, Table, bindparam, exists, select, true
+from sqlalchemy import Executable, Table, bindparam, exists, select, true
 from sqlalchemy.dialects import postgresql, sqlite
 
-from store.errors import AlreadyRecorded
-from store.forget import (
-    GENERATION,
-    generation_at_open,
-    generation_params,
-    is_held_off,
-    opened_for,
-    transcript_key,
-)
+from store.forget import GENERATION, generation_params, transcript_key
 from store.keyed import KEYED, KeyedNote, keyed_notes, keyed_params
-from store.prepared import deferring, execute, hot, later
 from store.records import ForgottenTranscript, HarvestLedger
 from store.schemas import Scope
 from store.sql import dialect_name
@@ -60,18 +51,16 @@ _KEY = (
     _LEDGER.c.harvester_version == bindparam("version"),
 )
 # What a harvest checks under the transcript's lock, in one statement.
-_STATE = hot(
-    select(
-        GENERATION.label("generation"),
-        exists().where(ForgottenTranscript.key == bindparam("tombstone")).label("tombstoned"),
-        exists().where(*_KEY).label("harvested"),
-    )
+_STATE = select(
+    GENERATION.label("generation"),
+    exists().where(ForgottenTranscript.key == bindparam("tombstone")).label("tombstoned"),
+    exists().where(*_KEY).label("harvested"),
 )
-# The same, with the keyed notes the model is shown (``keyed.KEYED``) joined on: one row per
+# The same, with the keyed notes the model is shown (``KEYED``) joined on: one row per
 # note, in their order (one row of nulls when there are none). PostgreSQL only (LATERAL).
 _CHECKED = _STATE.subquery("checked")
 _KEYS = KEYED.lateral("keys")
-_CHECK = hot(
+_CHECK = (
     select(_CHECKED, _KEYS.c.topic_key, _KEYS.c.title)
     .select_from(_CHECKED.outerjoin(_KEYS, true()))
     .order_by(_KEYS.c.shared.desc(), _KEYS.c.seq.desc())
@@ -92,12 +81,6 @@ _RECORD = {
     .returning(_LEDGER.c.id)
     for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
 }
-# The row as the COMMIT of a ``forget.held_off`` transaction writes it on PostgreSQL: the
-# forget count was checked under the lock, and a row already there (another harvest's)
-# breaks the unique key, which rolls the whole transaction back (``AlreadyRecorded``).
-_RECORD_AT_COMMIT = hot(
-    postgresql.insert(_LEDGER).values({c.name: bindparam(c.name, type_=c.type) for c in _COLUMNS})
-)
 
 
 def state(
@@ -109,12 +92,12 @@ def state(
     conversation_id: str | None = None,
 ) -> tuple[int, bool]:
     """``(generation, done)``: how many times the owner and its conversation
-    ``conversation_id`` were forgotten (``forget.GENERATION``), and whether there is nothing
+    ``conversation_id`` were forgotten (``GENERATION``), and whether there is nothing
     to do for this transcript (forgotten: a tombstone; or this scope's ledger holds it at
     this harvester version). What a harvest checks under the transcript's lock."""
-    ((found, tombstoned, harvested),) = execute(
-        session, _STATE, _state_params(scope, digest, version, conversation_id)
-    )
+    ((found, tombstoned, harvested),) = session.execute(
+        _STATE, _state_params(scope, digest, version, conversation_id)
+    ).all()
     return int(found), bool(tombstoned or harvested)
 
 
@@ -132,7 +115,7 @@ def check(
     conversation_id: str | None = None,
 ) -> Checked:
     """``state``, and when there is something to do, at most ``keys`` of the scope's keyed
-    notes ranked by ``terms`` (``keyed.keyed_notes``). On PostgreSQL one statement: the
+    notes ranked by ``terms`` (``keyed_notes``). On PostgreSQL one statement: the
     harvest asks this under the transcript's lock, each round trip paid on every job."""
     if dialect_name(session) != "postgresql":
         generation, done = state(session, scope, digest, version, conversation_id=conversation_id)
@@ -141,7 +124,7 @@ def check(
     statement = _check_statement(
         scope, digest, version, terms, keys, conversation_id=conversation_id
     )
-    return _checked(execute(session, *statement), keys)
+    return _checked(session.execute(*statement).all(), keys)
 
 
 def check_locked(
@@ -156,19 +139,11 @@ def check_locked(
     conversation_id: str | None = None,
 ) -> Checked | None:
     """``check`` once ``lock`` (the transcript's, not held yet) is taken here, or None when
-    someone else holds it (nothing checked). On PostgreSQL the lock and the check are one
-    round trip, on the lock's own connection: the check runs after the lock was granted, so
+    someone else holds it (nothing checked). The check runs after the lock was granted, so
     it sees any harvest of the transcript committed before."""
-    if not lock.pipelined:
-        if not lock.try_acquire():
-            return None
-        return check(
-            session, scope, digest, version, terms, keys=keys, conversation_id=conversation_id
-        )
-    rows = lock.try_acquire_reading(
-        *_check_statement(scope, digest, version, terms, keys, conversation_id=conversation_id)
-    )
-    return None if rows is None else _checked(rows, keys)
+    if not lock.try_acquire():
+        return None
+    return check(session, scope, digest, version, terms, keys=keys, conversation_id=conversation_id)
 
 
 def _check_statement(
@@ -219,41 +194,13 @@ def record(session: Executor, scope: Scope, entry: LedgerEntry, *, generation: i
     nothing written) when the owner or the entry's conversation was forgotten since
     ``generation`` (``state``'s first value, read for that conversation) or another harvest
     recorded this transcript first. The caller then rolls its transaction back, notes and
-    all.
-
-    In a ``forget.held_off`` transaction opened for the entry's conversation on PostgreSQL
-    the row goes with the COMMIT, in its round trip (``store.prepared.later``): a row another
-    harvest wrote meanwhile is found there, and the commit then raises ``AlreadyRecorded``
-    with nothing written."""
-    row = {
+    all."""
+    params = {
         "scope_kind": scope.kind,
         "scope_id": scope.id,
         "created_at": utcnow(),
         **vars(entry),  # its fields as they are (asdict would deep-copy each value)
-    }
-    if (
-        deferring(session)
-        and is_held_off(session, scope)
-        and opened_for(session, entry.conversation_id)
-    ):
-        if generation_at_open(cast(Connection, session)) != generation:
-            return False
-        later(session, _RECORD_AT_COMMIT, row, conflict=_recorded(entry))
-        return True
-    stmt = _RECORD[dialect_name(session)]
-    params = {
-        **row,
         **generation_params(scope, entry.conversation_id),
         "generation": generation,
     }
-    return bool(execute(session, stmt, params))
-
-
-def _recorded(entry: LedgerEntry) -> Callable[[], AlreadyRecorded]:
-    def error() -> AlreadyRecorded:
-        return AlreadyRecorded(
-            f"transcript {entry.transcript_hash[:12]} was recorded by another harvest first; "
-            "nothing of this one was written"
-        )
-
-    return error
+    return bool(session.execute(_RECORD[dialect_name(session)], params).all())

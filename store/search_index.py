@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Table, bindparam, delete, select, text, updat
 from store.fact_terms import TERMS_VERSION, similarity_terms
 from store.models import SEARCH_POSTINGS, MemoryTerm
 from store.schemas import Scope
-from store.search_terms import VERSION as TOKENIZER_VERSION
+from store.search_terms import VERSION as SEARCH_VERSION
 from store.search_terms import note_terms
 from store.sql import ID_CHUNK, dialect_name, one_of
 from store.tables import MEMORIES
@@ -208,7 +208,7 @@ def reindex(
 
 def index_version() -> str:
     """The version of both term indexes, as the tokenizers of this code build them."""
-    return f"search {TOKENIZER_VERSION}; terms {TERMS_VERSION}"
+    return f"search {SEARCH_VERSION}; terms {TERMS_VERSION}"
 
 
 def _reindex_rows(conn: Connection, rows: Sequence[Any]) -> None:

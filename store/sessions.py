@@ -125,27 +125,12 @@ class Sessions:
         """A Core connection inside one transaction (as ``transaction``, without the ORM):
         committed on success, rolled back on any error.
 
-        ``opening`` are statements to run first (a lock, say), each with its parameters. On
-        PostgreSQL the transaction then spends as few round trips as it can
-        (``store.prepared.begin``): its BEGIN and the opening go to the server with its
-        first statement, and what ``store.prepared.later`` defers goes with its COMMIT.
+        ``opening`` are statements to run first (a lock, say), each with its parameters.
         """
-        if opening is None or self.engine.dialect.name != "postgresql":
-            with self._failures(), self.engine.begin() as connection:
-                for statement, params in opening or ():
-                    connection.execute(statement, params)
-                yield connection
-            return
-        from store.prepared import begin, end
-
-        with self._failures(), self.statements() as connection:
-            begin(connection, opening)
-            try:
-                yield connection
-            except BaseException:
-                end(connection, commit=False)
-                raise
-            end(connection, commit=True)
+        with self._failures(), self.engine.begin() as connection:
+            for statement, params in opening or ():
+                connection.execute(statement, params)
+            yield connection
 
     @contextmanager
     def snapshot(self) -> Iterator[Connection]:

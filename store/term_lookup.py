@@ -13,7 +13,6 @@ from sqlalchemy import select, text
 from sqlalchemy.sql.elements import TextClause
 
 from store.models import Memory, MemoryTerm
-from store.prepared import execute, hot
 from store.schemas import Scope
 from store.sql import ID_CHUNK, dialect_name, one_of
 from store.tables import LIVE
@@ -82,10 +81,10 @@ def _term_chunks(scope: Scope, terms: Sequence[str]) -> Iterator[tuple[list[str]
         yield chunk, params
 
 
-# PostgreSQL takes the terms as one array: one statement text whatever their number, so it
-# is prepared once (the per-term forms above are new SQL for every count of terms). The
+# PostgreSQL takes the terms as one array: one statement text whatever their number, so
+# psycopg prepares it once (the per-term forms above are new SQL for every count of terms). The
 # correlated subquery keeps each term its own index lookup.
-_FREQUENCIES_PG = hot(
+_FREQUENCIES_PG = (
     text(
         "SELECT t.term, (SELECT count(*) FROM (SELECT 1 FROM memory_terms WHERE scope_kind = :kind"
         " AND scope_id = :sid AND term = t.term LIMIT :cap) AS c)"
@@ -94,7 +93,7 @@ _FREQUENCIES_PG = hot(
 )
 
 
-_POSTINGS_PG = hot(
+_POSTINGS_PG = (
     text(
         "SELECT m.term, m.memory_id FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
         " CROSS JOIN LATERAL (SELECT term, memory_id FROM memory_terms WHERE scope_kind = :kind"
@@ -109,7 +108,7 @@ def term_frequencies(
     found: dict[str, int] = {}
     if dialect_name(session) == "postgresql":
         params = {"kind": scope.kind, "sid": scope.id, "cap": cap, "terms": list(terms)}
-        rows = execute(session, _FREQUENCIES_PG, params)
+        rows = session.execute(_FREQUENCIES_PG, params).all()
         found.update((str(t), int(n)) for t, n in rows)
         return found
     for chunk, params in _term_chunks(scope, terms):

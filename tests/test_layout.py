@@ -46,7 +46,9 @@ STORE_INTERNAL = frozenset(
         "tending",
         "term_index",
         "term_lookup",
+        "write_item",
         "write_lookup",
+        "write_plan",
         "writer",
     }
 )
