@@ -60,8 +60,8 @@ def look_up(
     """The ledger check under the transcript's lock: None when it was harvested (or
     forgotten) before, else what extraction needs.
 
-    With ``lock`` (the transcript's, not taken yet) the lock is taken with the check, in one
-    round trip on PostgreSQL (``store.ledger.check_locked``); when another worker holds it,
+    With ``lock`` (the transcript's, not taken yet) the lock is taken first, then the check
+    made (``store.ledger.check_locked``); when another worker holds it,
     nothing is checked: None, and ``lock.held`` stays False. Without, the caller holds the
     lock already.
 

@@ -76,7 +76,7 @@ def add_jobs(
             "transcript_hash": job.transcript_hash,
             "import_id": import_id,
             "attempts": 0,
-            # Given, not left to the column defaults: the one-row INSERT is built once, every column bound.
+            # Given, not left to the column defaults: the one-row INSERT binds every column.
             "crashes": 0,
             "model_calls": 0,
             "prompt_tokens": 0,

@@ -142,10 +142,8 @@ _CLAIM = _claim(bindparam("now"), bindparam("expired"))
 # the job again; the flush of the harvest's write transaction, which waits as every
 # write's does, makes the claim durable with it. Each job no longer waits on a flush of
 # the disk (330 µs against 130 µs for such an UPDATE here: BENCHMARKS.md, session 12).
-_CLAIM_PG = (
-    _claim(func.now(), func.now() - bindparam("lease", type_=Interval)).where(
-        func.set_config("synchronous_commit", "off", True).is_not(None)
-    )
+_CLAIM_PG = _claim(func.now(), func.now() - bindparam("lease", type_=Interval)).where(
+    func.set_config("synchronous_commit", "off", True).is_not(None)
 )
 # The job's usage columns plus a run's, bound as ``_cost`` names them: for the statements
 # built once (``_cost_added`` is the same for one built per call).
@@ -167,7 +165,7 @@ _FINISH = (
 )
 # Only while this delivery holds the running job: a run presumed lost records nothing, and
 # an outcome already recorded (done or failed) is never turned into another.
-_FINISH_HELD = (_FINISH.where(JOBS.c.lease_token == bindparam("token"), IS_RUNNING))
+_FINISH_HELD = _FINISH.where(JOBS.c.lease_token == bindparam("token"), IS_RUNNING)
 RELEASED = {"lease_token": None, "claimed_by": None, "heartbeat_at": None}
 
 

@@ -18,8 +18,8 @@ from store.term_lookup import TERM_CHUNK
 from store.terms import FactText
 
 if TYPE_CHECKING:
-    from store.models import Memory
     from store.config import Settings
+    from store.models import Memory
     from store.sql import Executor
 
 _KEY_HOLDERS = select(Memory.topic_key, Memory.pinned, Memory.provenance, Memory.status).where(

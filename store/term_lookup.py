@@ -84,21 +84,17 @@ def _term_chunks(scope: Scope, terms: Sequence[str]) -> Iterator[tuple[list[str]
 # PostgreSQL takes the terms as one array: one statement text whatever their number, so
 # psycopg prepares it once (the per-term forms above are new SQL for every count of terms). The
 # correlated subquery keeps each term its own index lookup.
-_FREQUENCIES_PG = (
-    text(
-        "SELECT t.term, (SELECT count(*) FROM (SELECT 1 FROM memory_terms WHERE scope_kind = :kind"
-        " AND scope_id = :sid AND term = t.term LIMIT :cap) AS c)"
-        " FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
-    )
+_FREQUENCIES_PG = text(
+    "SELECT t.term, (SELECT count(*) FROM (SELECT 1 FROM memory_terms WHERE scope_kind = :kind"
+    " AND scope_id = :sid AND term = t.term LIMIT :cap) AS c)"
+    " FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
 )
 
 
-_POSTINGS_PG = (
-    text(
-        "SELECT m.term, m.memory_id FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
-        " CROSS JOIN LATERAL (SELECT term, memory_id FROM memory_terms WHERE scope_kind = :kind"
-        " AND scope_id = :sid AND term = t.term) AS m"
-    )
+_POSTINGS_PG = text(
+    "SELECT m.term, m.memory_id FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
+    " CROSS JOIN LATERAL (SELECT term, memory_id FROM memory_terms WHERE scope_kind = :kind"
+    " AND scope_id = :sid AND term = t.term) AS m"
 )
 
 
