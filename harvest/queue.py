@@ -221,19 +221,21 @@ class _JobRun:
         # Recorded only while this delivery holds the job: a run presumed lost that comes
         # back leaves the outcome to the run that took over (the ledger kept the notes single).
         result = outcome.as_dict()
-        # Its calls are counted whichever: by the finish or fail while held, else here.
-        job_records.add_cost_if_not_held(session, self.job_id, result, self.token)
         if outcome.status == "failed":
-            job_records.fail(session, self.job_id, outcome.error or "failed", self.token, result)
+            marked = job_records.fail(
+                session, self.job_id, outcome.error or "failed", self.token, result
+            )
         else:
-            job_records.finish(session, self.job_id, result, self.token)
+            marked = job_records.finish(session, self.job_id, result, self.token)
+        if not marked:  # its calls are counted whichever: by the finish or fail, else here
+            job_records.add_cost_if_not_held(session, self.job_id, result, self.token)
 
     def broke(self, plan: Plan, error: HarvestError | ValueError, paid: Usage) -> HarvestOutcome:
         outcome = failed_after(plan, error, paid, self.store.settings)
         result = outcome.as_dict()
         with self.store.transaction() as session:
-            job_records.add_cost_if_not_held(session, self.job_id, result, self.token)
-            job_records.fail(session, self.job_id, format_error(error), self.token, result)
+            if not job_records.fail(session, self.job_id, format_error(error), self.token, result):
+                job_records.add_cost_if_not_held(session, self.job_id, result, self.token)
         return outcome
 
     def unrecorded(self, plan: Plan, paid: Counts) -> bool:

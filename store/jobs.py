@@ -249,14 +249,15 @@ def _cost(result: dict[str, Any] | None) -> dict[str, int]:
 
 def finish(
     session: Executor, job_id: str, result: dict[str, Any], token: str | None = None
-) -> None:
+) -> bool:
     """Mark a job done, adding the run's model usage to the job's; with ``token``, only
-    while that delivery still holds it."""
+    while that delivery still holds it. Returns whether the job was marked."""
     values = {"job_id": job_id, "outcome": result, "now": utcnow(), **_cost(result)}
     if token is None:
-        session.execute(_FINISH, values)
+        done = session.execute(_FINISH, values)
     else:  # built once, like the claim: a statement made per call costs its construction
-        session.execute(_FINISH_HELD, {**values, "token": token})
+        done = session.execute(_FINISH_HELD, {**values, "token": token})
+    return bool(cast("CursorResult[Any]", done).rowcount)
 
 
 def _cost_added(result: dict[str, Any] | None) -> dict[str, Any]:
@@ -293,8 +294,8 @@ def add_cost_if_not_held(
     session: Executor, job_id: str, result: dict[str, Any], token: str
 ) -> None:
     """Add a run's usage to the job unless delivery ``token`` still holds it running. Sent
-    right before that delivery's ``finish`` or ``fail``, which add it while held: a run
-    presumed lost that comes back and commits then still has its calls counted, once."""
+    when that delivery's ``finish`` or ``fail`` (which add it while held) marked nothing: a
+    run presumed lost that comes back and commits then still has its calls counted, once."""
     values = {"job_id": job_id, "token": token, **_cost(result)}
     if not values["calls"] and not values["prompt"] and not values["completion"]:
         return

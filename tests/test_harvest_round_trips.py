@@ -109,13 +109,13 @@ def test_a_job_writing_new_notes_sends_a_bounded_number_of_statements(
         "SELECT pg_advisory_xact_lock_shared(%(k)s)",
         "SELECT t.term, (SELECT",
         "SELECT memories.slug FROM",
-        # ... the notes, their terms and search rows, the ledger row, the job's cost should
-        # another delivery hold it now (store.jobs.add_cost_if_not_held), its outcome
+        # ... the notes, their terms and search rows, the ledger row, the job's outcome (its
+        # cost is added apart only when another delivery holds the job now:
+        # store.jobs.add_cost_if_not_held)
         "INSERT INTO memories",
         "INSERT INTO memory_terms",
         "INSERT INTO search_postings",
         "INSERT INTO harvest_ledger",
-        "UPDATE jobs SET",
         "UPDATE jobs SET",
         "COMMIT",
     ]
