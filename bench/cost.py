@@ -17,7 +17,7 @@ from harvest.prompt import (
     user_prompt,
 )
 from store import Settings, Store
-from store.keyed import ShownNote
+from store.notes.keyed import ShownNote
 from tests.samples import TOOLS
 
 NAME = "cost"

@@ -9,7 +9,7 @@ exact copies.
 
 PostgreSQL is loaded with COPY, the search index's key built after the load; SQLite with
 executemany. The search index (``search_postings`` and ``memories.search_length``) is
-loaded with the notes, computed by ``store.search_index.postings_of`` as a write computes
+loaded with the notes, computed by ``store.recall.search_index.postings_of`` as a write computes
 it. The term index (``memory_terms``) is not loaded: search, decay and dedupe do not read
 it.
 """
@@ -28,7 +28,7 @@ from sqlalchemy.engine import make_url
 
 from bench.core import PG_ADMIN_URL, Context
 from store import Settings, Store
-from store.search_index import Postings, postings_of
+from store.recall.search_index import Postings, postings_of
 
 SMALL_SCOPES = 1_000
 BIG_SCOPE = "big"

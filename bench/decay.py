@@ -1,6 +1,7 @@
 """Scenario 7: decay over the large store, with single writes going on beside it.
 
-``store.decay.decay`` runs through a transaction factory that times each batch (one short
+``store.housekeeping.decay.decay`` runs through a transaction factory that times each batch (one
+short
 transaction each). A writer thread with its own engine calls ``Store.write`` in a loop for the
 whole run, alternately adding a note and rewriting a random existing note (an explicit-slug
 upsert, so it needs the row lock a decay batch may hold); its latencies are compared with the
@@ -19,7 +20,8 @@ from sqlalchemy.orm import Session
 
 from bench import data
 from bench.core import Context, Row, percentile
-from store import Scope, Store, decay
+from store import Scope, Store
+from store.housekeeping import decay
 
 NAME = "decay"
 

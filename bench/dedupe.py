@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, text
 
 from bench import data
 from bench.core import Context, Row
-from store.terms import FactText, disagreement, similarity_terms
+from store.notes.terms import FactText, disagreement, similarity_terms
 
 NAME = "dedupe"
 
@@ -62,7 +62,7 @@ def run_child(url: str) -> dict[str, float]:
 
 
 def exact_pairs(dataset: data.Dataset, threshold: float) -> set[tuple[int, int]]:
-    """Every pair of notes of one scope holding the same fact (``store.terms.same_fact``:
+    """Every pair of notes of one scope holding the same fact (``store.notes.terms.same_fact``:
     at or over ``threshold``, nothing contradicting), by brute force."""
     by_scope: defaultdict[str, list[tuple[int, frozenset[str], FactText]]] = defaultdict(list)
     for note in dataset.notes:

@@ -12,7 +12,7 @@ beside rankers computed in the same run over the same notes and windows:
 - with the local embedder (``local/all-minilm-l6-v2``, the local-embed extra; skipped without
   it): ``embedder`` alone (cosine over the owner's vectors, the same windows) and
   ``gleaner+embedder`` (``Store.search`` given the query's vector), fused both ways
-  (``rrf``, ``mix``: ``store.search``); the default fusion is the better one on ``dev``.
+  (``rrf``, ``mix``: ``store.recall.search``); the default fusion is the better one on ``dev``.
 
 Targets (held-out part): Gleaner's lexical hit@5 at least plain BM25's; with embeddings at
 least 1.1x plain BM25's.
@@ -32,8 +32,8 @@ from sqlalchemy import text
 from bench import data
 from bench.core import Context, Row
 from store import Scope, Store
-from store.search import FUSION
-from store.search_terms import terms
+from store.recall.search import FUSION
+from store.recall.search_terms import terms
 
 NAME = "recall"
 LOCAL_MODEL = "local/all-minilm-l6-v2"
@@ -200,9 +200,9 @@ def semantic(
     when the local embedder is not installed."""
     from harvest.embed_notes import embed_pending
     from harvest.embedding import embedder_for
-    from store import vectors
     from store.errors import ConfigError
-    from store.search import search, time_param
+    from store.recall import vectors
+    from store.recall.search import search, time_param
 
     try:
         embedder = embedder_for(data.bench_settings(embed_model=LOCAL_MODEL))

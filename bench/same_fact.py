@@ -1,4 +1,4 @@
-"""Same fact: precision and recall of ``store.terms.same_fact`` on the hand-labelled pairs,
+"""Same fact: precision and recall of ``store.notes.terms.same_fact`` on the hand-labelled pairs,
 what the model is shown of the owner's topic keys, and what the rule costs per note.
 
 Precision must be 1.0 (no distinct fact taken for the same one); recall is reported as
@@ -19,7 +19,7 @@ from harvest.chunks import count_tokens
 from harvest.prompt import KNOWN_KEYS_MAX_CHARS, known_keys_block
 from harvest.transcript import Message, Transcript
 from store import Settings
-from store.terms import FactText, same_fact, similarity_terms
+from store.notes.terms import FactText, same_fact, similarity_terms
 from store.text import normalize_topics
 
 NAME = "same_fact"

@@ -3,7 +3,7 @@
 500 (--quick: 200) mixed queries of 1-6 words (common and rare words) through
 ``Store.search`` in the big scope (n/10 notes: 100k of a 1M store) and in the 1,000 small
 scopes. Each is timed beside the same ranking with no bounds (every posting of every word
-read, every document frequency counted: ``store.search.UNBOUNDED``), the ceiling; the share
+read, every document frequency counted: ``store.recall.search.UNBOUNDED``), the ceiling; the share
 of queries whose top 10 is the unbounded top 10, and the mean overlap of the two, say what
 the bounds cost in ranking.
 """
@@ -16,8 +16,8 @@ import time
 from bench import data
 from bench.core import Context, Row, percentile
 from store import Scope, Store
-from store.search import UNBOUNDED
-from store.search import search as raw_search
+from store.recall.search import UNBOUNDED
+from store.recall.search import search as raw_search
 
 NAME = "search"
 
@@ -112,7 +112,7 @@ def load_vectors(url: str, dataset: data.Dataset, scope: str, dims: int = 384) -
     import numpy as np
     from sqlalchemy import create_engine, insert
 
-    from store.vectors import MEMORY_VECTORS, utcnow
+    from store.recall.vectors import MEMORY_VECTORS, utcnow
 
     rng = np.random.default_rng(11)
     ids = [row.id for row in dataset.notes if row.scope == scope]

@@ -152,7 +152,7 @@ def worker_memory(ctx: Context) -> None:
             with store.transaction() as session:
                 from sqlalchemy import func, select
 
-                from store.models import Job
+                from store.schema.models import Job
 
                 done = session.execute(
                     select(func.count()).select_from(Job).where(Job.state == "done")

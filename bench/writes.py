@@ -21,8 +21,9 @@ from sqlalchemy import text
 
 from bench import data
 from bench.core import Context, Row
-from store import Scope, Store, notes
-from store.terms import similarity_terms
+from store import Scope, Store
+from store.notes import notes
+from store.notes.terms import similarity_terms
 from store.text import content_hash, normalize_topics, slugify
 
 NAME = "writes"

@@ -25,7 +25,7 @@ from store.text import quoted
 
 if TYPE_CHECKING:
     from store import Store
-    from store.export import ExportCounts
+    from store.owners.export import ExportCounts
 
 
 def _progress(label: str, store: Store) -> Progress:

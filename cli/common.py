@@ -72,7 +72,7 @@ def require_database() -> None:
 def ensure_schema(store: Store) -> None:
     """Make sure the schema is this Gleaner's newest before a command writes: the embedded
     SQLite default is migrated here (and says so on stderr), PostgreSQL is left to ``gleaner
-    db upgrade`` (``store.schema_version``)."""
+    db upgrade`` (``store.schema.schema_version``)."""
     migrated = store.ensure_schema()
     if migrated is not None:
         print(

@@ -14,7 +14,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from harvest.embed_notes import embed_pending
     from harvest.embedding import embedder_for
     from store import Scope
-    from store import vectors as note_vectors
+    from store.recall import vectors as note_vectors
 
     if not args.backfill:
         raise UsageError("say what to do: `gleaner embed --backfill [--owner NAME]`")

@@ -86,7 +86,7 @@ def _requeue(store: Any, args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    from store import jobs as job_records
+    from store.jobs import queue as job_records
 
     if not args.all and not args.job_id:
         raise UsageError("say which failed job to re-run: JOB_ID or --all")
@@ -134,7 +134,7 @@ def _stranded(session: Any, settings: Any, ids: list[str] | None) -> list[tuple[
     A job another live process runs keeps its lease fresh and is left to it."""
     from datetime import timedelta
 
-    from store import job_leases
+    from store.jobs import leases as job_leases
 
     lease = timedelta(seconds=settings.job_lease_seconds)
     lost = job_leases.recover_lost(session, lease, settings.job_max_crashes, job_ids=ids)

@@ -147,11 +147,11 @@ class Progress:
 
 
 def import_state(store: Store, import_id: str) -> tuple[dict[str, Any], dict[str, int]]:
-    """An import's job counts (``store.job_reports.import_progress``) and what its finished
+    """An import's job counts (``store.jobs.reports.import_progress``) and what its finished
     jobs wrote and cost (``harvest.outcome.ImportTotals``); ({}, {}) when there is no such
     import."""
     from harvest.outcome import ImportTotals
-    from store import job_reports
+    from store.jobs import reports as job_reports
 
     with store.transaction() as session:
         state = job_reports.import_progress(session, import_id)
@@ -167,7 +167,7 @@ def import_state(store: Store, import_id: str) -> tuple[dict[str, Any], dict[str
 def follow_import(store: Store, import_id: str, *, poll_seconds: float = POLL_SECONDS) -> None:
     """Show an import's progress, looking every ``poll_seconds``, until every job is done or
     failed. Ctrl-C stops following (ImportStillRunning), never the import."""
-    from store import job_reports
+    from store.jobs import reports as job_reports
 
     every = store.settings.progress_seconds
     try:

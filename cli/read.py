@@ -56,7 +56,7 @@ def said_time(text: str) -> datetime:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from store.search import content_words
+    from store.recall.search import content_words
 
     query = " ".join(args.query)
     scope = scope_of(args)

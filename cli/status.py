@@ -47,7 +47,7 @@ def _status_report(settings: Settings, limit: int) -> dict[str, Any]:
     """What ``gleaner status`` shows, as its --json prints it."""
     from datetime import UTC, datetime, timedelta
 
-    from store import job_reports
+    from store.jobs import reports as job_reports
 
     store = open_store()
     lease = timedelta(seconds=settings.job_lease_seconds)
@@ -141,7 +141,7 @@ def _print_embeddings(embeddings: dict[str, Any]) -> None:
 
 def _budgets(conn: Any, settings: Any, limit: int) -> dict[str, Any]:
     """The daily budgets' limits and today's spend, most tokens first."""
-    from store import spend
+    from store.jobs import spend
 
     limits = {
         "owner_tokens_per_day": settings.budget_owner_tokens_per_day,
@@ -169,7 +169,7 @@ def _budget_lines(budgets: dict[str, Any]) -> list[str]:
 
 
 def cmd_imports(args: argparse.Namespace) -> int:
-    from store import job_reports
+    from store.jobs import reports as job_reports
 
     with open_store().connection() as conn:
         found = job_reports.recent_imports(conn, limit=args.limit)
@@ -191,7 +191,7 @@ def cmd_imports(args: argparse.Namespace) -> int:
 
 def _embeddings(conn: Any, model: str | None) -> dict[str, Any]:
     """Semantic recall's state: the configured model, its pending notes, usage by day."""
-    from store import vectors
+    from store.recall import vectors
 
     return {
         "model": model,
@@ -205,7 +205,7 @@ def _import_status(args: argparse.Namespace) -> int:
     job is done or failed. Exit 1 when a job failed or a conversation was unreadable."""
     from cli.imports import print_import
     from cli.progress import follow_import, import_state
-    from store import job_reports
+    from store.jobs import reports as job_reports
 
     store = open_store()
     with store.transaction() as session:

@@ -13,7 +13,7 @@ from gleaner.client import Gleaner, NoteDetail
 from gleaner.conversation import Conversation
 from gleaner.errors import GleanerError, InvalidRequest, NotFound, TooLarge, Unavailable
 from store import Note, NoteVersion, SaveResult, SearchHit, Settings, load_settings
-from store.job_status import JobStatus
+from store.jobs.status import JobStatus
 from store.keys import ApiKey
 
 __all__ = [

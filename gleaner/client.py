@@ -30,9 +30,9 @@ from store.text import quoted
 
 if TYPE_CHECKING:
     from store import SaveResult, SearchHit, Settings, Store
-    from store.job_status import JobStatus
+    from store.jobs.status import JobStatus
     from store.keys import ApiKey
-    from store.restore import RestoreResult
+    from store.owners.restore import RestoreResult
 
 
 class NoteDetail(BaseModel):
@@ -245,7 +245,8 @@ class Gleaner:
     def note(self, owner: str, slug: str) -> NoteDetail:
         """The owner's note ``slug`` with its links, superseder and history, read in one
         transaction; NotFound when the owner has no such note."""
-        from store import Scope, history, links
+        from store import Scope
+        from store.notes import history, links
 
         slug = checked_slug(slug)
         with translated():

@@ -21,7 +21,7 @@ _WORD = re.compile(r"[a-z0-9]+")
 
 
 def stop_words() -> frozenset[str]:
-    from store.terms import CLASSIC_STOP_WORDS
+    from store.notes.terms import CLASSIC_STOP_WORDS
 
     return frozenset(word for entry in CLASSIC_STOP_WORDS for word in _WORD.findall(entry))
 

@@ -58,7 +58,7 @@ from gleaner.eval_report import Models, format_report, percentile, summarize
 
 if TYPE_CHECKING:
     from gleaner.client import Gleaner
-    from store.job_status import JobStatus
+    from store.jobs.status import JobStatus
 
 # The harness's public surface, whichever sibling module defines it (``gleaner eval`` and
 # the tests import it from here).

@@ -2,7 +2,7 @@
 
 A budget is per owner (``GLEANER_BUDGET_OWNER_*_PER_DAY``) and per queued import
 (``GLEANER_BUDGET_IMPORT_*_PER_DAY``), in tokens (prompt + completion) and in dollars where
-litellm's cost map knows the model's price, per UTC day (``store.spend``). A call is made
+litellm's cost map knows the model's price, per UTC day (``store.jobs.spend``). A call is made
 only while the day's spend is under every limit; the call that crosses a limit is the last,
 so a day ends at most one call over it (one per worker harvesting that owner at the same
 moment). The transcript whose call is refused fails whole as ``budget_exceeded``: nothing
@@ -17,7 +17,8 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from harvest.errors import HarvestError
-from store import StorageFailure, spend
+from store import StorageFailure
+from store.jobs import spend
 
 if TYPE_CHECKING:
     from harvest.outcome import Counts

@@ -1,5 +1,5 @@
 """Embedding notes after they are written: the notes without a vector of the configured
-model (``store.vectors.pending``) are embedded in batches and their vectors stored.
+model (``store.recall.vectors.pending``) are embedded in batches and their vectors stored.
 
 Never inside a note's write: a note is searchable lexically the moment it is committed, and
 its vector follows (a worker's ``embed`` task after each harvest, an in-process harvest
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from harvest.embedding import Embedder, embedder_for
 from store import Scope, Settings, Store
-from store import vectors as note_vectors
+from store.recall import vectors as note_vectors
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from harvest.readers import STDIN, iter_path, iter_paths
 from harvest.redact import redact_text
 from harvest.transcript import Limits, Transcript
 from store import Settings, Store
-from store import jobs as job_records
+from store.jobs import queue as job_records
 
 if TYPE_CHECKING:
     from store import Executor

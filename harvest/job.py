@@ -25,8 +25,10 @@ from harvest.plan import Plan, plan_harvest
 from harvest.steps import HarvestSteps, Nothing_co, failed_after, model_named, raise_unrecorded
 from harvest.transcript import Transcript
 from harvest.write import write_candidates
-from store import Settings, StorageFailure, Store, forget, ledger
+from store import Settings, StorageFailure, Store
 from store.errors import NoteChanged
+from store.jobs import ledger
+from store.owners import forget
 
 if TYPE_CHECKING:
     from store import Executor, TranscriptLock

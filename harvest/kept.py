@@ -29,7 +29,8 @@ from tenacity import (
 from harvest.candidate import NoteCandidate
 from harvest.extraction import Extraction
 from harvest.outcome import Counts
-from store import StorageFailure, keyed, strip_private
+from store import StorageFailure, strip_private
+from store.notes import keyed
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,11 @@ from sqlalchemy import Connection
 from harvest.extraction import uses_model
 from harvest.llm import HarvestLLM
 from harvest.plan import Plan
-from store import Settings, keyed, ledger, search_terms
-from store.terms import content_terms
+from store import Settings
+from store.jobs import ledger
+from store.notes import keyed
+from store.notes.terms import content_terms
+from store.recall import search_terms
 
 if TYPE_CHECKING:
     from store import Executor, TranscriptLock
@@ -61,13 +64,13 @@ def look_up(
     forgotten) before, else what extraction needs.
 
     With ``lock`` (the transcript's, not taken yet) the lock is taken first, then the check
-    made (``store.ledger.check_locked``); when another worker holds it,
+    made (``store.jobs.ledger.check_locked``); when another worker holds it,
     nothing is checked: None, and ``lock.held`` stays False. Without, the caller holds the
     lock already.
 
     What extraction needs is at most ``harvest_known_keys`` of the owner's ``(topic_key,
     title)`` pairs, those whose notes share the transcript's words (``recall_terms``) first,
-    then the most recently changed, read with the check (``store.ledger.check``). Shown to
+    then the most recently changed, read with the check (``store.jobs.ledger.check``). Shown to
     the model so a fact that changes (a move, a new editor) reuses its key and replaces the
     old note, whose text goes to history. None are read for the offline extractor, which
     keeps its own fixed keys.
@@ -121,7 +124,7 @@ def _core(session: Executor) -> Connection:
 
 
 def search_query_terms(plan: Plan) -> list[str]:
-    """The search terms (``store.search_terms``) of what the user said, most frequent first:
+    """The search terms (``store.recall.search_terms``) of what the user said, most frequent first:
     the notes a conversation bears on are searched with them."""
     counts: Counter[str] = Counter()
     for message in plan.transcript.messages:

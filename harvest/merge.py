@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from harvest.candidate import NoteCandidate
-from store import judge
-from store.terms import FactText
+from store.notes import judge
+from store.notes.terms import FactText
 
 
 def _title_key(title: str) -> str:
@@ -37,7 +37,7 @@ def merge_notes(notes: Iterable[NoteCandidate], max_facts: int) -> list[NoteCand
     confident; sort by confidence (highest first, ties in order of appearance) and keep at
     most ``max_facts``.
 
-    Two notes of one title whose titles or bodies disagree (``store.judge.contradiction``:
+    Two notes of one title whose titles or bodies disagree (``store.notes.judge.contradiction``:
     "Editor preference" as Vim for Python and as VS Code for TypeScript, or "Uses C++" and
     "Uses C#") are both kept: the title alone does not make them one fact, and the store's
     same-fact rule then judges each as it judges notes from two conversations.

@@ -47,9 +47,9 @@ from harvest.offline_cues import (
 from harvest.redact import redact_text
 from harvest.transcript import Message, Transcript
 from privacy import REDACTED
-from store import judge
+from store.notes import judge
+from store.notes.terms import FactText
 from store.settings import DEFAULT_OBSERVATION_TYPES
-from store.terms import FactText
 
 
 @dataclass
@@ -229,7 +229,7 @@ def _statements(t: Transcript, cues: tuple[Cue, ...]) -> list[_Found]:
 
 
 def _same(a: _Found, b: _Found) -> bool:
-    """Two statements of one transcript that hold one fact (``store.judge``, the rule every
+    """Two statements of one transcript that hold one fact (``store.notes.judge``, the rule every
     same-fact decision uses; one topic key is one fact within a conversation)."""
     if a.type != b.type:
         return False

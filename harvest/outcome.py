@@ -29,7 +29,7 @@ class Counts(BaseModel):
     # Of the items dropped: notes whose evidence is not in the transcript (or, for a profile
     # or preference, not in the user's own words).
     items_ungrounded: int = 0
-    # Notes that read as instructions to the assistant (store.instructions): stored flagged,
+    # Notes that read as instructions to the assistant (store.notes.instructions): stored flagged,
     # or under GLEANER_INSTRUCTION_NOTES=drop dropped (and in items_dropped too).
     items_instructions: int = 0
     model_calls: int = 0

@@ -227,7 +227,7 @@ def known_notes_block(notes: Sequence[KnownNote]) -> str:
 
 
 class KnownNote(Protocol):
-    """What the prompt shows of one of the owner's notes (``store.keyed.ShownNote``)."""
+    """What the prompt shows of one of the owner's notes (``store.notes.keyed.ShownNote``)."""
 
     @property
     def ref(self) -> str: ...

@@ -24,8 +24,9 @@ from harvest.plan import Plan, plan_harvest, resolve_owner
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.steps import failed_after
 from harvest.transcript import Transcript, check_storable
-from store import StorageFailure, Store, format_error, job_leases
-from store import jobs as job_records
+from store import StorageFailure, Store, format_error
+from store.jobs import leases as job_leases
+from store.jobs import queue as job_records
 
 if TYPE_CHECKING:
     from store import Executor

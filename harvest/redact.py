@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from harvest.transcript import Message, Transcript
 from privacy import REDACTED, redact_private, redact_secrets, strip_private
-from store.index import strip_index_text
+from store.recall.index import strip_index_text
 
 # Bump when the canonical form changes, so old and new hashes cannot collide by accident.
 _HASH_VERSION = 1
@@ -22,7 +22,7 @@ def redact_text(text: str) -> str:
     redacted.
 
     The index goes first so a private span inside an injected block leaves no trace (one
-    it leaves open stays open: see ``store.index.strip_index_text``).
+    it leaves open stays open: see ``store.recall.index.strip_index_text``).
     """
     return strip_private(strip_index_text(text))
 

@@ -11,11 +11,12 @@ from harvest.candidate import NoteCandidate
 from harvest.outcome import Counts
 from harvest.transcript import Transcript
 from privacy import redact
-from store import Scope, Settings, judge, keyed, normalize_topics, notes, similar, strip_private
-from store.instructions import instruction_flag
-from store.keyed import ShownNote
-from store.similar import Twin
-from store.terms import FactText, jaccard, similarity_terms
+from store import Scope, Settings, normalize_topics, strip_private
+from store.notes import judge, keyed, notes, similar
+from store.notes.instructions import instruction_flag
+from store.notes.keyed import ShownNote
+from store.notes.similar import Twin
+from store.notes.terms import FactText, jaccard, similarity_terms
 
 if TYPE_CHECKING:
     from store import Executor
@@ -48,10 +49,10 @@ def write_candidates(
     - **The model's mark** against the notes it was shown (``shown``): ``same`` with a shown
       note's ref is skipped (a restatement); ``update`` rewrites that note (its text goes to
       history, reason ``harvest_update``; a fact said before the note's is kept in history
-      instead, ``store.writer``); a pinned or person-written note is never rewritten (the
+      instead, ``store.notes.writer``); a pinned or person-written note is never rewritten (the
       candidate is skipped). A mark naming no shown note is no mark.
     - **A topic key** is a hint, not an unchecked overwrite: a keyed candidate upserts the
-      note holding its key when the two hold the same fact (``store.terms.same_fact``) or the
+      note holding its key when the two hold the same fact (``store.notes.terms.same_fact``) or the
       model marked it an update of that note; when the model was shown that note and
       marked the candidate new, or (with no mark) the two state different facts, the
       candidate is kept as its own note, without the key. A key a pinned or person-written
@@ -170,7 +171,7 @@ class _SegmentWriter:
         self.twins: dict[int, tuple[Twin, FactText] | None] = {}  # by position in ``kept``
         self.stale = True  # a segment was written since ``twins`` was looked up
         self.created = self.updated = self.skipped = self.dropped = self.ungrounded = 0
-        self.instructions = 0  # candidates that read as instructions (store.instructions)
+        self.instructions = 0  # candidates that read as instructions (store.notes.instructions)
         self.secrets = 0
         self.slugs: list[str] = []
 

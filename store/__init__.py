@@ -6,31 +6,34 @@ errors and settings, the text helpers).
 The pipeline's seam, for ``harvest``, ``workers``, ``gleaner`` and ``bench`` (functions that
 take the caller's session, so a harvest writes notes, ledger and job outcome in one
 transaction; those a step of single statements runs take an ``Executor``, a session or the
-Core connection of ``Store.statements``; the reads of ``search`` and ``index`` take a Core
-connection, a session's being ``session.connection()``, and ``job_reports`` either):
-``notes`` (write, write_batch), ``similar`` and ``keyed`` (near-duplicates, topic keys,
-the notes a harvest shows its model), ``judge`` (the same fact), ``search_terms`` (the
-search tokenizer), ``vectors`` (note vectors: pending, save, nearest, usage),
-``ledger``, ``forget``, ``jobs``, ``job_leases``, ``job_reports``, ``job_status``, ``keys``,
-``links``, ``history``, ``index``, ``instructions`` (notes that read as instructions to the
-assistant), ``search``, ``decay``, ``export`` and ``restore`` (an
-owner's JSON Lines export and loading it back), ``terms``, ``text``, ``schemas``,
-``errors``, ``settings`` and ``db`` (migrations and revisions).
+Core connection of ``Store.statements``; the reads of ``recall.search`` and ``recall.index``
+take a Core connection, a session's being ``session.connection()``, and ``jobs.reports``
+either), by sub-package:
 
-Everything else is internal and may change without notice: the one writer (``writer``,
-``write_plan``, ``write_item``, ``write_lookup``, ``term_index``, ``search_index``,
-``drafts``), dialect SQL (``sql``),
-advisory locks (``locks``, reached through ``Store.transcript_lock``, whose ``TranscriptLock`` is
-exported here), superseding (``supersede``), dedupe and its join (``dedupe``, ``overlap``,
-``housekeeping``), forgetting one conversation (``forget_conversation``, reached through
-``Store.forget_conversation``), ``mem``, ``tending``, ``api`` (``Store`` is exported here),
-``models`` (with ``orm_base`` and ``records``), ``tables`` (the Core tables the read
-commands use), ``migrations``, and the pieces public modules are split into and re-export:
-``sessions`` (``Store``'s transactions), ``config`` and ``config_embed`` (the ``Settings``
-model), ``job_intake``, ``fact_terms``, ``term_lookup``, ``search_sql``, ``fusion``,
-``dedupe_run``, ``dedupe_settle``, ``keepers``, ``export_records`` and ``restore_check``.
-``tests/test_layout.py`` holds every package to this and to the direction
-``workers -> harvest -> store``.
+- ``notes``: ``notes.notes`` (write, write_batch), ``notes.similar`` and ``notes.keyed``
+  (near-duplicates, topic keys, the notes a harvest shows its model), ``notes.judge`` (the
+  same fact), ``notes.terms``, ``notes.links``, ``notes.history``, ``notes.instructions``;
+- ``recall``: ``recall.search``, ``recall.search_terms`` (the search tokenizer),
+  ``recall.vectors`` (note vectors), ``recall.index`` (the index text),
+  ``recall.freshness``;
+- ``jobs``: ``jobs.queue`` (claim, finish, fail), ``jobs.leases``, ``jobs.reports``,
+  ``jobs.status``, ``jobs.ledger``, ``jobs.spend``;
+- ``housekeeping``: ``housekeeping.decay``, ``housekeeping.dedupe``;
+- ``owners``: ``owners.export``, ``owners.restore``, ``owners.forget``;
+- and ``keys``, ``text``, ``schemas``, ``errors``, ``settings`` and ``db`` (migrations and
+  revisions) at the top.
+
+Everything else is internal and may change without notice: the one writer
+(``notes.writer``, ``notes.write_plan``, ``notes.write_item``, ``notes.write_lookup``,
+``notes.term_index``, ``recall.search_index``, ``notes.drafts``), the whole ``schema``
+package (models, records, tables, dialect SQL), advisory locks (``jobs.locks``, reached
+through ``Store.transcript_lock``, whose ``TranscriptLock`` is exported here),
+superseding, dedupe's parts, forgetting one conversation (reached through
+``Store.forget_conversation``), ``notes.mem``, ``notes.tending``, ``api`` and ``sessions``
+(``Store`` is exported here), ``config`` and ``config_embed`` (the ``Settings`` model),
+``migrations``, and the pieces public modules are split into and re-export.
+``tests/test_layout.py`` (``STORE_INTERNAL``) holds every package to this and to the
+direction ``workers -> harvest -> store``.
 """
 
 from typing import TYPE_CHECKING
@@ -49,7 +52,7 @@ from store.errors import (
 from store.text import normalize_topics, slugify, snippet, topics
 
 # The rest is imported from its module when first asked for (PEP 562): importing one module
-# of the store (`gleaner search` imports ``store.search``) does not pay for them all, and
+# of the store (`gleaner search` imports ``store.recall.search``) does not pay for them all, and
 # ``Store`` alone costs the ORM.
 _LAZY = {
     "Store": "store.api",
@@ -69,14 +72,15 @@ _LAZY = {
     ),
     "Settings": "store.config",
     "load_settings": "store.settings",
-    "Executor": "store.sql",
-    "TranscriptLock": "store.locks",
+    "Executor": "store.schema.sql",
+    "TranscriptLock": "store.jobs.locks",
 }
 
 if TYPE_CHECKING:
     from store.api import Store
     from store.config import Settings
-    from store.locks import TranscriptLock
+    from store.jobs.locks import TranscriptLock
+    from store.schema.sql import Executor
     from store.schemas import (
         LinkResult,
         Note,
@@ -89,7 +93,6 @@ if TYPE_CHECKING:
         WriteResult,
     )
     from store.settings import load_settings
-    from store.sql import Executor
 else:
 
     def __getattr__(name: str) -> object:

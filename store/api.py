@@ -22,13 +22,13 @@ from store.schemas import (
 from store.sessions import Sessions
 
 if TYPE_CHECKING:
-    from store.decay import DecayResult
-    from store.dedupe_run import DedupeResult
-    from store.export import ExportCounts
-    from store.job_status import JobStatus
+    from store.housekeeping.decay import DecayResult
+    from store.housekeeping.dedupe_run import DedupeResult
+    from store.jobs.status import JobStatus
     from store.keys import ApiKey
-    from store.restore import RestoreResult
-    from store.search_index import ReindexResult
+    from store.owners.export import ExportCounts
+    from store.owners.restore import RestoreResult
+    from store.recall.search_index import ReindexResult
 
 # Each method imports the module it calls when first called, so a command pays at start-up
 # only for what it uses (`gleaner search` never loads the write path, links or keys). The
@@ -53,17 +53,17 @@ class Store(Sessions):
     def ensure_schema(self) -> str | None:
         """Migrate a SQLite file whose schema is missing or older (the revision it now has),
         None when it was current; StorageFailure ``not_migrated`` on PostgreSQL behind, so
-        ``gleaner db upgrade`` stays an operator's step there (``store.schema_version``)."""
-        from store.schema_version import ensure_schema
+        ``gleaner db upgrade`` stays an operator's step there (``store.schema.schema_version``)."""
+        from store.schema.schema_version import ensure_schema
 
         with self._failures():
             return ensure_schema(self.engine, self.migrate)
 
     def reindex(self, *, progress: Callable[[int], None] | None = None) -> ReindexResult:
         """Index the notes the search index lacks, rebuilding it whole when it was built by
-        another tokenizer version (``store.search_index``); ``progress`` gets the count so
+        another tokenizer version (``store.recall.search_index``); ``progress`` gets the count so
         far after each batch."""
-        from store.search_index import reindex
+        from store.recall.search_index import reindex
 
         with self._failures():
             return reindex(self.connection, progress=progress)
@@ -73,13 +73,6 @@ class Store(Sessions):
         modules a job runs and configure the ORM's mappers. A worker calls it before its
         pool forks, so each child inherits the work. Connects to nothing."""
         from sqlalchemy.orm import configure_mappers
-
-        import store.forget
-        import store.jobs
-        import store.ledger
-        import store.locks
-        import store.similar
-        import store.writer  # noqa: F401
 
         configure_mappers()
 
@@ -93,7 +86,7 @@ class Store(Sessions):
         allow_pin_untrusted: bool = False,
     ) -> WriteResult:
         """Validate and write a note; see the rules in README ("The store")."""
-        from store.notes import write as write_note
+        from store.notes.notes import write as write_note
 
         result = self._run(
             write_note,
@@ -109,20 +102,20 @@ class Store(Sessions):
 
     def get(self, scope: Scope | tuple[str, str], slug: str) -> Note | None:
         """The note with ``slug`` in the scope, or None."""
-        from store.notes import get as get_note
+        from store.notes.notes import get as get_note
 
         return self._run(get_note, scope, slug)
 
     def read(self, scope: Scope | tuple[str, str], slug: str) -> NoteWithLinks:
         """The note with links, backlinks and superseder; NotFound when there is none."""
-        from store.links import read as read_note
+        from store.notes.links import read as read_note
 
         return self._run(read_note, scope, slug)
 
     def history(self, scope: Scope | tuple[str, str], slug: str) -> list[NoteVersion]:
         """The note's earlier texts, newest first, each with when, why and by whom it was
         replaced; NotFound when there is no such note."""
-        from store.history import history
+        from store.notes.history import history
 
         return self._run(history, scope, slug)
 
@@ -134,26 +127,26 @@ class Store(Sessions):
         pinned: bool | None = None,
         limit: int = 100,
     ) -> list[Note]:
-        """The scope's notes, most recently changed first (see ``store.tending``)."""
-        from store.tending import list_notes
+        """The scope's notes, most recently changed first (see ``store.notes.tending``)."""
+        from store.notes.tending import list_notes
 
         return self._read(list_notes, scope, status=status, pinned=pinned, limit=limit)
 
     def pin(self, scope: Scope | tuple[str, str], slug: str) -> NoteChange:
         """Pin a live note by a person's choice: its body goes into the index text."""
-        from store.tending import set_pinned
+        from store.notes.tending import set_pinned
 
         return self._run(set_pinned, scope, slug, True)
 
     def unpin(self, scope: Scope | tuple[str, str], slug: str) -> NoteChange:
         """Unpin a note."""
-        from store.tending import set_pinned
+        from store.notes.tending import set_pinned
 
         return self._run(set_pinned, scope, slug, False)
 
     def archive(self, scope: Scope | tuple[str, str], slug: str) -> NoteChange:
         """Archive a note: out of search and the index, its row and history kept."""
-        from store.tending import archive
+        from store.notes.tending import archive
 
         return self._run(archive, scope, slug)
 
@@ -161,7 +154,7 @@ class Store(Sessions):
         self, scope: Scope | tuple[str, str], from_slug: str, to_slug: str, rel: str
     ) -> LinkResult:
         """Add a ``related``/``derived_from``/``supersedes`` edge (idempotent)."""
-        from store.links import link
+        from store.notes.links import link
 
         return self._run(link, scope, from_slug, to_slug, rel)
 
@@ -177,9 +170,9 @@ class Store(Sessions):
         vector_model: str | None = None,
     ) -> list[SearchHit]:
         """Ranked any-word search over the scope's live notes (BM25, recency, pinning: see
-        ``store.search``), said within ``[since, until)`` when given; with the query's
+        ``store.recall.search``), said within ``[since, until)`` when given; with the query's
         ``vector`` of ``vector_model``, fused with the notes' vectors' ranking."""
-        from store.search import search
+        from store.recall.search import search
 
         return self._read(
             search,
@@ -195,7 +188,7 @@ class Store(Sessions):
 
     def fingerprint(self, scope: Scope | tuple[str, str]) -> tuple[int, int]:
         """``(live note count, max updated_seq)`` of the scope."""
-        from store.index import fingerprint
+        from store.recall.index import fingerprint
 
         return self._read(fingerprint, scope)
 
@@ -207,11 +200,11 @@ class Store(Sessions):
         vector: Sequence[float] | None = None,
         vector_model: str | None = None,
     ) -> str:
-        """The compact memory index for a system prompt (see ``store.index``): pinned notes,
+        """The compact memory index for a system prompt (see ``store.recall.index``): pinned notes,
         with a ``query`` (the conversation so far) the notes most relevant to it (by hybrid
         search given the query's ``vector``), then other titles, within
         ``index_token_budget``."""
-        from store.index import index_text
+        from store.recall.index import index_text
 
         return self._read(
             index_text,
@@ -234,7 +227,7 @@ class Store(Sessions):
         topic_key: str | None = None,
     ) -> SaveResult:
         """Save an observation. ValueError for bad input, RuntimeError for storage failure."""
-        from store.mem import mem_save
+        from store.notes.mem import mem_save
 
         result = self._run(
             mem_save,
@@ -252,13 +245,13 @@ class Store(Sessions):
         self, user_id: str, content: str, *, title: str = "Session summary"
     ) -> SaveResult:
         """Save the active session's summary and end the session."""
-        from store.mem import mem_session_summary
+        from store.notes.mem import mem_session_summary
 
         return self._run(mem_session_summary, self.settings, user_id, content, title=title)
 
     def job(self, job_id: str) -> JobStatus | None:
         """The job's state, outcome and cost (no transcript), or None when there is none."""
-        from store.job_status import job_status
+        from store.jobs.status import job_status
 
         return self._run(job_status, job_id)
 
@@ -292,9 +285,9 @@ class Store(Sessions):
             return verify_key(session, token)
 
     def forget_owner(self, principal: str, *, tombstones: bool = True) -> dict[str, int]:
-        """Delete everything stored for an owner (see ``store.forget``); with ``tombstones``
+        """Delete everything stored for an owner (see ``store.owners.forget``); with ``tombstones``
         its harvested transcripts, harvested again, write nothing."""
-        from store.forget import (  # rare: not paid by every command's start-up
+        from store.owners.forget import (  # rare: not paid by every command's start-up
             VACUUMED,
             forget_owner,
         )
@@ -304,12 +297,12 @@ class Store(Sessions):
         return counts
 
     def forget_conversation(self, principal: str, conversation_id: str) -> dict[str, int]:
-        """Forget one conversation of an owner (see ``store.forget_conversation``): the notes
+        """Forget one conversation of an owner (see ``store.owners.forget_conversation``): the notes
         only it supports are deleted, those it changed get the text before it back, its
         history entries, jobs and ledger rows go, and its transcripts leave tombstones.
         Returns the counts (``forget_conversation.RECEIPT``); NotFound, with nothing changed,
         when nothing of the owner names the conversation."""
-        from store.forget_conversation import VACUUMED, forget_conversation
+        from store.owners.forget_conversation import VACUUMED, forget_conversation
 
         counts = self._run(forget_conversation, principal, conversation_id)
         self._scrub_deleted(VACUUMED)
@@ -325,7 +318,7 @@ class Store(Sessions):
         """Write the owner's notes, history and links to ``out`` as JSON Lines (docs/EXPORT.md),
         read from one snapshot without holding writers up; ``progress`` gets ``(records
         written, records in all)`` as it goes. Returns the header's counts."""
-        from store.export import write as write_export
+        from store.owners.export import write as write_export
 
         scope = Scope.owner(owner)
         with self.snapshot() as connection:
@@ -338,7 +331,7 @@ class Store(Sessions):
         return self._export_lines(scope)
 
     def _export_lines(self, scope: Scope) -> Iterator[bytes]:
-        from store.export import lines as export_lines
+        from store.owners.export import lines as export_lines
 
         with self.snapshot() as connection:
             yield from export_lines(connection, scope)
@@ -354,9 +347,9 @@ class Store(Sessions):
         """Restore an export (a file object, binary or text) into its owner, which must hold
         no note; ``owner`` another than the file's needs ``reassign_owner``. Every line is
         checked before anything is written, then all is written in one transaction (see
-        ``store.restore``). Raises ``BadExport`` naming a bad line, ``InvalidInput``
+        ``store.owners.restore``). Raises ``BadExport`` naming a bad line, ``InvalidInput``
         (``scope_not_empty``, ``bad_owner``)."""
-        from store.restore import restore
+        from store.owners.restore import restore
 
         result = restore(
             self.connection,
@@ -371,13 +364,13 @@ class Store(Sessions):
 
     def decay(self, *, dry_run: bool = False) -> DecayResult:
         """Bring every note's recency weight up to date, in short batches (archiving if set)."""
-        from store.decay import decay
+        from store.housekeeping.decay import decay
 
         return decay(self.transaction, self.settings, dry_run=dry_run)
 
     def dedupe(self, *, dry_run: bool = False) -> DedupeResult:
         """Supersede near-duplicate notes changed since the last run; ``locked`` if one runs."""
-        from store.dedupe import dedupe
+        from store.housekeeping.dedupe import dedupe
 
         return self._run(dedupe, self.settings, dry_run=dry_run)
 

@@ -60,7 +60,8 @@ class Settings(EmbedSettings):
     )
     instruction_notes: Literal["flag", "drop"] = Field(
         default="flag",
-        description="A note that reads as an instruction to the assistant (store.instructions): "
+        description="A note that reads as an instruction to the assistant "
+        "(store.notes.instructions): "
         "flag stores it marked flag=instruction; drop does not store it (a harvest counts it in "
         "items_dropped and items_instructions, a write or mem_save is refused).",
     )

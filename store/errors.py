@@ -75,7 +75,7 @@ class LinkRefused(InvalidInput):
 
 
 class BadExport(InvalidInput):
-    """Raised when a line of an export file (``store.restore``) breaks the file's schema or a
+    """Raised when a line of an export file (``store.owners.restore``) breaks the file's schema or a
     write rule, or the file is cut short; nothing was restored. ``line`` is the line's number
     (1 is the header); ``rule`` the reason of the write rule it broke, when one did."""
 
@@ -122,6 +122,6 @@ def format_error(error: BaseException) -> str:
 class NoteChanged(StoreError):
     """Raised when a harvest's rewrite of a stored note finds the note, once locked, no
     longer as the harvest read it: pinned or person-written since, or holding other text
-    (``store.writer.Expect``). The caller rolls back and decides again on what is stored."""
+    (``store.notes.writer.Expect``). The caller rolls back and decides again on what is stored."""
 
     reason = "note_changed"

@@ -20,13 +20,13 @@ from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
 
 from store.errors import InvalidInput
-from store.records import ApiKey as ApiKeyRow
+from store.schema.records import ApiKey as ApiKeyRow
+from store.schema.tables import utcnow
 from store.schemas import Frozen
-from store.tables import utcnow
 from store.text import check_principal, quoted
 
 if TYPE_CHECKING:
-    from store.sql import Executor
+    from store.schema.sql import Executor
 
 TOKEN_PREFIX = "glk_"  # noqa: S105 (a marker that says what the string is, not a secret)
 _KEY_ID = re.compile(r"[0-9a-f]{1,32}")

@@ -21,7 +21,7 @@ from store.errors import InvalidInput
 from store.text import check_principal, quoted
 
 if TYPE_CHECKING:
-    from store.models import Memory  # the ORM: not loaded by the read commands
+    from store.schema.models import Memory  # the ORM: not loaded by the read commands
 
 RELS: tuple[str, ...] = ("related", "derived_from", "supersedes")
 ScopeKind = Literal["owner", "global"]
@@ -142,7 +142,7 @@ class Note(Frozen):
     provenance: str
     source: dict[str, Any] | None
     confidence: float | None
-    # "instruction": the note reads as an instruction to the assistant (store.instructions);
+    # "instruction": the note reads as an instruction to the assistant (store.notes.instructions);
     # it is data all the same, never to be followed.
     flag: str | None = None
     # What the note rests on (harvested notes): quotes of its conversation with their speaker.

@@ -17,13 +17,13 @@ from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError, StatementErro
 from store.config import Settings
 from store.db import make_engine
 from store.errors import DataRefused, StorageFailure, StoreError
-from store.freshness import Freshness
+from store.recall.freshness import Freshness
 from store.settings import load_settings
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
-    from store.locks import TranscriptLock
+    from store.jobs.locks import TranscriptLock
     from store.schemas import Scope
 
 
@@ -86,7 +86,7 @@ class Sessions:
     def dispose(self) -> None:
         """Close the pooled connections and the transcript locks' own connection, which
         releases any lock still held (the store opens new ones if used again)."""
-        locks = sys.modules.get("store.locks")  # not imported: no lock connection was opened
+        locks = sys.modules.get("store.jobs.locks")  # not imported: no lock connection was opened
         if locks is not None:
             locks.close_for(self.engine)
         self.engine.dispose()
@@ -173,9 +173,9 @@ class Sessions:
 
     def transcript_lock(self, scope: Scope, digest: str) -> TranscriptLock:
         """This process's advisory lock on one transcript (its redacted hash) in ``scope``,
-        not taken yet (see ``store.locks``): held on a dedicated connection, never a pooled
+        not taken yet (see ``store.jobs.locks``): held on a dedicated connection, never a pooled
         one, so it may be held across a model call."""
-        from store.locks import transcript_lock
+        from store.jobs.locks import transcript_lock
 
         return transcript_lock(self.engine, scope, digest)
 

@@ -1,7 +1,7 @@
 """Pure text rules of the store: slugs, topics, hashes, snippets, refusals' quoting (the
 privacy strip is ``privacy.private``; its names are re-exported here for the store's modules).
 
-Similarity (content terms, Jaccard, the same-fact rule) lives in ``store.terms``.
+Similarity (content terms, Jaccard, the same-fact rule) lives in ``store.notes.terms``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from harvest.job import harvest_transcript
 from harvest.queue import record_jobs
 from harvest.transcript import Message, Transcript
 from store import Store
-from store.models import ImportBatch, Job, Memory
+from store.schema.models import ImportBatch, Job, Memory
 from tests.cli_harness import Cli, cli, redis_url_for
 from tests.llm_server import Behaviour, answer, first_user_line, llm_server, note
 from tests.samples import native, write_natives

@@ -13,7 +13,8 @@ import pytest
 from harvest.imports import plan_import
 from harvest.job import harvest_transcript
 from harvest.queue import run_job
-from store import Store, spend
+from store import Store
+from store.jobs import spend
 from tests.cli_harness import Cli
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.samples import native, write_natives

@@ -16,7 +16,7 @@ import redis
 from sqlalchemy import func, select
 
 from store import Store
-from store.models import ImportBatch, Job, Memory
+from store.schema.models import ImportBatch, Job, Memory
 from tests.cli_harness import (
     EXAMPLES,
     Cli,
@@ -100,7 +100,7 @@ def test_retry_with_the_broker_down_leaves_the_jobs_pending(
     from harvest.queue import record_jobs
     from harvest.queues import LIVE_QUEUE
     from harvest.transcript import Transcript
-    from store import jobs
+    from store.jobs import queue as jobs
     from tests.samples import native
 
     [job_id] = record_jobs(

@@ -15,9 +15,10 @@ from cli import main
 from harvest.batch import harvest_paths
 from harvest.job import harvest_transcript
 from harvest.queue import record_jobs, run_job
-from store import InvalidInput, job_reports
-from store import jobs as job_records
-from store.models import Job
+from store import InvalidInput
+from store.jobs import queue as job_records
+from store.jobs import reports as job_reports
+from store.schema.models import Job
 from tests.llm_server import LLMServer, answer, llm_server, note, server_error, truncated
 from tests.test_harvest_job import model_settings, transcript
 

@@ -10,7 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from store import Scope, Store, db
-from store.locks import locks_for
+from store.jobs.locks import locks_for
 from tests.conftest import test_settings
 
 SERVER = "SELECT name, setting::bigint FROM pg_settings WHERE name = ANY(:names) ORDER BY name"

@@ -19,8 +19,10 @@ from sqlalchemy import text
 
 from gleaner import Gleaner
 from gleaner.errors import InvalidRequest
-from store import InvalidInput, Scope, Store, notes, vectors
+from store import InvalidInput, Scope, Store
 from store.errors import BadExport
+from store.notes import notes
+from store.recall import vectors
 from tests.conftest import test_settings
 
 ALICE, BOB = Scope.owner("alice"), Scope.owner("bob")
@@ -632,7 +634,7 @@ def test_an_empty_file_is_refused(store: Store) -> None:
 
 def test_restore_is_one_transaction(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A failure while writing (after every line was checked) leaves nothing behind."""
-    from store import restore
+    from store.owners import restore
 
     fill(store, "alice")
     data = export(store, "alice")
@@ -647,7 +649,7 @@ def test_restore_is_one_transaction(store: Store, monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_schema_document_lists_every_key_the_code_writes_and_requires() -> None:
-    from store import export, restore
+    from store.owners import export, restore
 
     doc = (Path(__file__).parent.parent / "docs" / "EXPORT.md").read_text(encoding="utf-8")
 

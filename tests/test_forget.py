@@ -16,7 +16,7 @@ from harvest.llm import LLMAnswer
 from harvest.options import ModelOptions
 from harvest.queue import record_jobs
 from store import Scope, Store
-from store import jobs as job_records
+from store.jobs import queue as job_records
 from tests.test_harvest_job import transcript
 from tests.workers_harness import Cluster, cluster_env, redis_db_for, wait_for
 

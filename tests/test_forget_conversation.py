@@ -21,10 +21,18 @@ from harvest.llm import LLMAnswer
 from harvest.options import ModelOptions
 from harvest.queue import record_jobs, run_job_here
 from harvest.transcript import Message, Transcript
-from store import NotFound, Scope, Store, vectors
-from store import jobs as job_records
-from store.forget_conversation import RECEIPT
-from store.models import ForgottenTranscript, ImportBatch, Job, Memory, MemoryTerm, MemoryVersion
+from store import NotFound, Scope, Store
+from store.jobs import queue as job_records
+from store.owners.forget_conversation import RECEIPT
+from store.recall import vectors
+from store.schema.models import (
+    ForgottenTranscript,
+    ImportBatch,
+    Job,
+    Memory,
+    MemoryTerm,
+    MemoryVersion,
+)
 from tests.cli_harness import EXAMPLES, Cli, cli
 
 __all__ = ["cli"]  # the fixture, used by name
@@ -259,7 +267,7 @@ def test_the_latest_fact_by_when_it_was_said_is_restored(model_store: Store) -> 
 
 def test_a_person_written_version_counts_as_another_writers(store: Store) -> None:
     with store.transaction() as session:
-        from store import notes
+        from store.notes import notes
 
         notes.write(session, store.settings, SCOPE, {"title": "Editor", "body": "Uses vim."})
         notes.write(
@@ -278,7 +286,7 @@ def test_a_person_written_version_counts_as_another_writers(store: Store) -> Non
 def test_history_the_conversation_wrote_goes_from_every_note(store: Store) -> None:
     # A wrote, X rewrote, B rewrote: forgetting X drops X's text from history and keeps A's
     # (which X replaced: the text is A's) and B's live text.
-    from store import notes
+    from store.notes import notes
 
     with store.transaction() as session:
         for cid, body in (("c-a", "Uses vim."), ("c-x", "Uses nano."), ("c-b", "Uses emacs.")):
@@ -434,7 +442,7 @@ def test_a_harvest_of_another_conversation_during_the_forget_still_writes(
 
 def test_the_forget_is_one_transaction(model_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     # A failure after the first deletes leaves everything as it was.
-    from store import forget_conversation
+    from store.owners import forget_conversation
 
     store = model_store
     slug = two_writers(store)
@@ -610,7 +618,8 @@ def test_a_conversation_forget_committed_before_the_harvest_transaction_is_seen(
     # unchanged.
     from dataclasses import replace
 
-    from store import forget, ledger
+    from store.jobs import ledger
+    from store.owners import forget
     from tests.test_same_fact import ledger_entry
 
     harvest, operator = make_store("postgresql"), make_store("postgresql")

@@ -1,4 +1,4 @@
-"""The store keeps PostgreSQL's planner statistics fresh as notes pour in (store.freshness):
+"""The store keeps PostgreSQL's planner statistics fresh as notes pour in (store.recall.freshness):
 without them a write's slug lookup may walk its whole scope (autovacuum is off on the
 machines these tests run on, and waits for 10% of a table to change where it is on)."""
 
@@ -14,13 +14,15 @@ from sqlalchemy import create_engine, text
 
 from harvest.job import harvest_transcript
 from harvest.transcript import Transcript
-from store import Scope, Store, freshness, notes
+from store import Scope, Store
+from store.notes import notes
+from store.recall import freshness
 from tests.conftest import recreate_pg_database, test_settings
 
 pytestmark = pytest.mark.postgres
 
 ALICE = Scope.owner("alice")
-# The slug lookup a write sends (store.write_lookup._TAKEN_SLUGS), as the planner sees it.
+# The slug lookup a write sends (store.notes.write_lookup._TAKEN_SLUGS), as the planner sees it.
 LOOKUP = (
     "EXPLAIN SELECT slug FROM memories WHERE scope_kind = 'owner' AND scope_id = 'alice'"
     " AND slug = ANY('{note-17,note-18}'::varchar[])"
@@ -121,7 +123,7 @@ def test_a_failed_refresh_is_logged_and_the_write_stands(
 ) -> None:
     monkeypatch.setattr(freshness, "CHECK_EVERY", 1)
     monkeypatch.setattr(freshness, "_STALE", text("SELECT no_such_column FROM pg_class"))
-    with caplog.at_level(logging.WARNING, logger="store.freshness"):
+    with caplog.at_level(logging.WARNING, logger="store.recall.freshness"):
         result = fresh_pg.write(ALICE, {"title": "Uses vim", "body": "Vim."})
     assert result.created and fresh_pg.get(ALICE, result.memory.slug) is not None
     assert "could not refresh the planner statistics" in caplog.text

@@ -21,7 +21,7 @@ from sqlalchemy import select, update
 from harvest.job import harvest_transcript
 from harvest.transcript import Message, Transcript
 from store import Scope, Store
-from store.models import HarvestLedger, Memory
+from store.schema.models import HarvestLedger, Memory
 from tests.llm_server import (
     LLMServer,
     answer,
@@ -458,7 +458,7 @@ def test_a_transcript_recorded_meanwhile_rolls_the_notes_back(make_store, backen
     from harvest.job import plan_harvest
     from harvest.llm import LLMAnswer
     from harvest.options import ModelOptions
-    from store import ledger
+    from store.jobs import ledger
 
     store: Store = make_store(backend, harvest_model="test/model")
     chat = transcript("I like dark roast.")
@@ -502,7 +502,7 @@ def test_a_write_that_fails_after_the_model_answered_still_counts_its_calls(
     import harvest.job
     from harvest.queue import record_jobs, run_job
     from store import InvalidInput
-    from store.models import Job
+    from store.schema.models import Job
 
     def refuse(*_args: Any, **_kwargs: Any) -> Any:
         raise InvalidInput("refused for the test", reason="test_refusal")
@@ -541,7 +541,7 @@ def test_a_database_failure_after_the_model_answered_keeps_the_calls_on_the_job(
     import harvest.job
     from harvest.queue import record_jobs, run_job
     from store import StorageFailure
-    from store.models import Job
+    from store.schema.models import Job
 
     def lose_the_database(*_args: Any, **_kwargs: Any) -> Any:
         raise StorageFailure("the database went away", reason="test_database")
@@ -652,7 +652,7 @@ def _paid_run_raising(
 
 
 def _job_cost(store: Store, job_id: str) -> tuple[str, int, int, int]:
-    from store.models import Job
+    from store.schema.models import Job
 
     [job] = [j for j in rows(store, Job) if j.id == job_id]
     return job.state, job.model_calls, job.prompt_tokens, job.completion_tokens
@@ -726,7 +726,7 @@ def test_a_run_presumed_lost_that_commits_still_counts_its_calls(
     calls are on the job all the same."""
     import harvest.job
     from harvest.queue import run_job
-    from store.models import Job
+    from store.schema.models import Job
 
     store = make_store(backend, **model_settings(server))
     job_id = _one_job(store)
@@ -757,7 +757,7 @@ def test_a_failing_unlock_never_hides_the_error_on_its_way_out(
     from harvest.errors import UnrecordedHarvest
     from harvest.job import harvest_transcript
     from store import StorageFailure
-    from store.locks import TranscriptLock
+    from store.jobs.locks import TranscriptLock
 
     def lose_the_database(*_args: Any, **_kwargs: Any) -> Any:
         raise StorageFailure("the database went away", reason="test_database")

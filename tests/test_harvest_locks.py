@@ -15,9 +15,11 @@ from harvest.job import extract_notes, look_up, plan_harvest, record_harvest
 from harvest.outcome import HarvestOutcome
 from harvest.queue import record_jobs, run_job
 from harvest.transcript import Transcript
-from store import Scope, StorageFailure, Store, forget, ledger
-from store.locks import locks_for, transcript_key
-from store.models import HarvestLedger, Job
+from store import Scope, StorageFailure, Store
+from store.jobs import ledger
+from store.jobs.locks import locks_for, transcript_key
+from store.owners import forget
+from store.schema.models import HarvestLedger, Job
 from tests.conftest import test_settings
 from tests.llm_server import answer, llm_server, note
 from tests.samples import native

@@ -17,8 +17,9 @@ from harvest.llm import LLMAnswer
 from harvest.options import ModelOptions
 from harvest.queue import record_jobs, run_job
 from harvest.transcript import Message, Transcript
-from store import Scope, Store, write_plan
-from store.models import HarvestLedger, Job, Memory
+from store import Scope, Store
+from store.notes import write_plan
+from store.schema.models import HarvestLedger, Job, Memory
 from tests.llm_server import LLMServer, answer, llm_server, note
 
 pytestmark = pytest.mark.postgres
@@ -111,7 +112,7 @@ def test_a_job_writing_new_notes_sends_a_bounded_number_of_statements(
         "SELECT memories.slug FROM",
         # ... the notes, their terms and search rows, the ledger row, the job's outcome (its
         # cost is added apart only when another delivery holds the job now:
-        # store.jobs.add_cost_if_not_held)
+        # store.jobs.queue.add_cost_if_not_held)
         "INSERT INTO memories",
         "INSERT INTO memory_terms",
         "INSERT INTO search_postings",

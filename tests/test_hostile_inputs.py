@@ -29,7 +29,7 @@ from harvest.errors import TranscriptFormatError, UnparseableAnswer
 from harvest.job import harvest_transcript
 from harvest.readers import read_bytes, read_path
 from store import Store
-from store.models import HarvestLedger, Memory
+from store.schema.models import HarvestLedger, Memory
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note, text_answer
 from tests.test_claude_code import ROLLOUT, SESSION, lines

@@ -17,8 +17,8 @@ from harvest.redact import redact_messages, redact_text
 from harvest.transcript import Message
 from privacy import redact_private
 from store import InvalidInput, Scope, Store, format_error
-from store import index as index_mod
-from store.index import strip_index_text
+from store.recall import index as index_mod
+from store.recall.index import strip_index_text
 
 ALICE = Scope.owner("alice")
 OPEN, CLOSE = "<gleaner-memory-index", "</gleaner-memory-index>"

@@ -21,7 +21,7 @@ from harvest.openai_http import openai_call
 from harvest.options import ModelOptions
 from harvest.transcript import Message, Transcript
 from store import Store
-from store.models import Job, Memory
+from store.schema.models import Job, Memory
 from tests.llm_server import LLMServer, answer, llm_server, note, trickling
 from tests.samples import write_natives
 from tests.workers_harness import Cluster, cluster_store, fresh_cluster, wait_for

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, event, func, insert, select, text
 
-from store import Scope, Store, dedupe, dedupe_settle
-from store.dedupe import DedupeResult
-from store.models import HousekeepingState, Memory, MemoryTerm
-from store.overlap import Candidates, similar_groups
-from store.terms import FactText, covers, disagreement, same_fact, similarity_terms
+from store import Scope, Store
+from store.housekeeping import dedupe, dedupe_settle
+from store.housekeeping.dedupe import DedupeResult
+from store.notes.overlap import Candidates, similar_groups
+from store.notes.terms import FactText, covers, disagreement, same_fact, similarity_terms
+from store.schema.models import HousekeepingState, Memory, MemoryTerm
 from store.text import content_hash
 from tests.conftest import PG_BASE_URL
 

@@ -24,9 +24,10 @@ from sqlalchemy import select, text, update
 from harvest.queue import record_jobs
 from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
 from harvest.transcript import Transcript
-from store import Store, job_leases
-from store import jobs as job_records
-from store.models import HarvestLedger, Job, Memory, utcnow
+from store import Store
+from store.jobs import leases as job_leases
+from store.jobs import queue as job_records
+from store.schema.models import HarvestLedger, Job, Memory, utcnow
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, hang, llm_server, note
 from tests.samples import native
@@ -202,15 +203,15 @@ def test_leases_are_measured_by_postgresql_s_clock_not_the_workers(
     """Workers whose clocks disagree still agree on whose lease ran out: a worker an hour
     slow claims and renews, and neither a worker with a true clock nor a sweep an hour fast
     takes its job over (by the workers' clocks, its heartbeat would be an hour old)."""
-    import store.job_leases
-    import store.sql
+    import store.jobs.leases
+    import store.schema.sql
 
     store_: Store = make_store("postgresql")
     [job_id] = record(store_, 1)
     lease = timedelta(seconds=60)
 
     def clock(offset: timedelta) -> None:
-        for module in (job_records, store.job_leases, store.sql):
+        for module in (job_records, store.jobs.leases, store.schema.sql):
             monkeypatch.setattr(module, "utcnow", lambda: datetime.now(UTC) + offset)
 
     clock(-LONG_AGO)  # the holder's host

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from store import SaveResult, Scope, StorageFailure, Store
-from store.models import Memory, MemSession
+from store.schema.models import Memory, MemSession
 
 ALICE = Scope.owner("alice")
 

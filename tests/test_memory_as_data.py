@@ -24,8 +24,8 @@ from harvest.job import harvest_transcript
 from harvest.transcript import Message, Transcript
 from store import InvalidInput, Store
 from store.db import alembic_config
-from store.index import LEGEND
-from store.instructions import instruction_flag
+from store.notes.instructions import instruction_flag
+from store.recall.index import LEGEND
 from tests.cli_harness import Cli, cli
 from tests.conftest import recreate_pg_database, test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note

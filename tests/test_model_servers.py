@@ -36,7 +36,7 @@ from harvest.prompt import (
 )
 from harvest.transcript import Message, Transcript
 from store import ConfigError, Scope, Settings, load_settings
-from store.models import HarvestLedger, Memory
+from store.schema.models import HarvestLedger, Memory
 from tests.conftest import test_settings
 from tests.llm_server import (
     LLAMA_CPP_SCHEMA_ERROR,

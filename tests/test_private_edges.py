@@ -14,9 +14,10 @@ from harvest.errors import HarvestError
 from harvest.imports import plan_import
 from harvest.readers import read_path
 from harvest.redact import redact_transcript
-from store import InvalidInput, Scope, Store, notes
+from store import InvalidInput, Scope, Store
 from store.errors import ReasonedError
-from store.tables import IMPORTS
+from store.notes import notes
+from store.schema.tables import IMPORTS
 from store.text import check_principal
 from tests.cli_harness import Cli, cli
 

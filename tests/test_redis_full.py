@@ -15,7 +15,7 @@ import redis
 from sqlalchemy import func, select, update
 
 from store import Store
-from store.models import Job
+from store.schema.models import Job
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, llm_server, note, slow
 from tests.reliability.services import Redis
@@ -260,7 +260,7 @@ def test_after_losses_the_sweep_keeps_the_short_wait_until_every_lost_job_is_sen
     from harvest.queue import record_jobs
     from harvest.queues import LIVE_QUEUE
     from harvest.transcript import Transcript
-    from store.models import utcnow
+    from store.schema.models import utcnow
     from tests.samples import native
     from workers.app import make_celery
     from workers.enqueue import requeue_stale

@@ -25,8 +25,7 @@ from harvest.job import harvest_transcript
 from harvest.queue import record_jobs
 from harvest.readers.load import read_path
 from store import Scope, Store
-from store.models import Job, Memory, MemoryVersion
-from store.terms import (
+from store.notes.terms import (
     FactText,
     content_terms,
     disagreement,
@@ -34,6 +33,7 @@ from store.terms import (
     score,
     similarity_terms,
 )
+from store.schema.models import Job, Memory, MemoryVersion
 from store.text import normalize_topics
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.test_harvest_job import model_settings, transcript
@@ -75,7 +75,7 @@ def test_content_terms_are_the_same_from_threads_sharing_the_cache(
     # Dedupe reads ahead on a thread; the HTTP service runs requests on threads. A shared
     # stemmer gave wrong stems or IndexError there, and a cache cleared by one thread a
     # KeyError in another: a small cache and frequent switches make both show at once.
-    from store import fact_terms
+    from store.notes import fact_terms
 
     monkeypatch.setattr(fact_terms, "TERM_CACHE_SIZE", 300)
     rng = random.Random(7)
@@ -284,7 +284,7 @@ def test_every_change_of_title_or_body_keeps_the_text_it_replaces(store: Store) 
 
 
 def test_a_batch_that_rewrites_a_note_twice_keeps_both_earlier_texts(store: Store) -> None:
-    from store import notes
+    from store.notes import notes
 
     store.mem_save("alice", "nano", type="preference", title="Editor", topic_key="ed")
     with store.transaction() as session:
@@ -433,8 +433,8 @@ def test_write_lists_as_similar_only_notes_from_the_similar_threshold(make_store
 
 
 def test_the_ledger_check_reads_the_keys_only_while_there_is_work(store: Store) -> None:
-    from store import ledger
-    from store.keyed import KeyedNote
+    from store.jobs import ledger
+    from store.notes.keyed import KeyedNote
 
     for n in range(3):
         store.mem_save("alice", f"fact {n}", type="profile", title=f"Fact {n}", topic_key=f"k/{n}")
@@ -450,7 +450,7 @@ def test_the_ledger_check_reads_the_keys_only_while_there_is_work(store: Store) 
 
 
 def ledger_entry(digest: str, version: str) -> Any:
-    from store.ledger import LedgerEntry
+    from store.jobs.ledger import LedgerEntry
 
     counts = dict.fromkeys(
         ("notes_written", "notes_updated", "notes_skipped", "items_dropped", "model_calls"), 0
@@ -472,7 +472,7 @@ def test_harvest_never_rewrites_a_pinned_or_person_written_note_through_its_key(
     make_store, backend, server
 ) -> None:
     store = make_store(backend, **model_settings(server))
-    from store import notes
+    from store.notes import notes
 
     with store.transaction() as session:
         notes.write(
@@ -634,7 +634,8 @@ def test_a_blank_topic_key_from_the_model_is_no_key(make_store, backend, server)
 
 @pytest.mark.parametrize("key", ["", "   "])
 def test_a_blank_topic_key_is_refused_by_the_store(store: Store, key: str) -> None:
-    from store import InvalidInput, notes
+    from store import InvalidInput
+    from store.notes import notes
 
     with pytest.raises(InvalidInput) as refused, store.transaction() as session:
         notes.write(session, store.settings, ALICE, {"title": "t", "body": "b"}, topic_key=key)

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from store import InvalidInput, Scope, StorageFailure, Store
-from store.search_terms import note_terms, query_terms
+from store.recall.search_terms import note_terms, query_terms
 
 ALICE = Scope.owner("alice")
 

@@ -36,7 +36,7 @@ from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Message, Transcript
 from privacy import REDACTED, redact, strip_private
 from store import Scope, Store
-from store.models import Job
+from store.schema.models import Job
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.service_harness import service_env, start_http

@@ -17,7 +17,7 @@ import pytest
 from cli import main
 from gleaner import Gleaner
 from store import Scope, Store
-from store import vectors as note_vectors
+from store.recall import vectors as note_vectors
 from tests.embed_server import EmbedServer, Reply, embed_server, hang, server_error
 
 ALICE = Scope.owner("alice")

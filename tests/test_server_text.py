@@ -24,7 +24,7 @@ from harvest.candidate import NoteCandidate
 from harvest.job import harvest_transcript
 from harvest.queue import record_jobs, run_job
 from store import Store
-from store.models import HarvestLedger, Job, Memory
+from store.schema.models import HarvestLedger, Job, Memory
 from store.text import MODEL_MAX_CHARS, storable
 from tests.llm_server import Behaviour, LLMServer, answer, llm_server, note
 from tests.test_harvest_job import model_settings, rows, transcript

@@ -13,7 +13,7 @@ import pytest
 
 from cli import main
 from store import InvalidInput, NotFound, Scope, Store
-from store.search import content_words
+from store.recall.search import content_words
 
 ALICE = Scope.owner("alice")
 BOB = Scope.owner("bob")

@@ -19,12 +19,12 @@ from store import Scope, Store
 from tests.conftest import test_settings
 
 # Loaded by a read command on SQLite, none of these would be used: the ORM and the models
-# (reads go through Core, store.tables), the write path, migrations, the PostgreSQL dialect
+# (reads go through Core, store.schema.tables), the write path, migrations, the PostgreSQL dialect
 # and driver, the harvester, the model client, the broker, the terminal UI.
 NEVER_LOADED = (
     "sqlalchemy.orm",
-    "store.models",
-    "store.writer",
+    "store.schema.models",
+    "store.notes.writer",
     "alembic",
     "sqlalchemy.dialects.postgresql",
     "psycopg",
@@ -116,9 +116,11 @@ def loads(code: str, *modules: str) -> list[str]:
 
 def test_importing_the_store_loads_only_what_is_asked_for() -> None:
     assert loads("import store", "pydantic", "sqlalchemy") == []
-    assert loads("import store.search", "sqlalchemy.orm", "store.models", "store.api") == []
+    searching = loads("import store.recall.search", "sqlalchemy.orm", "store.schema.models")
+    assert searching == []
+    assert loads("import store.recall.search", "store.api") == []
     assert loads("from store import Store", "sqlalchemy.orm") == []  # a session: the ORM
-    assert loads("from store import Scope", "store.models", "store.api") == []
+    assert loads("from store import Scope", "store.schema.models", "store.api") == []
 
 
 def test_every_public_name_of_the_store_is_there() -> None:

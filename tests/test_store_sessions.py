@@ -11,7 +11,7 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.exc import DBAPIError
 
 from store import Executor, StorageFailure, Store, StoreError
-from store.models import HousekeepingState
+from store.schema.models import HousekeepingState
 
 # An opening statement for ``Store.connection``: one that does nothing.
 OPEN = [(text("SELECT 1"), {})]

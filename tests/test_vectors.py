@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from store import Scope, Store
-from store import vectors as note_vectors
+from store.recall import vectors as note_vectors
 
 ALICE = Scope.owner("alice")
 BOB = Scope.owner("bob")

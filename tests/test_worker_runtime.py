@@ -34,7 +34,7 @@ from workers import runtime
 assert "harvest.queue" not in sys.modules and "psycopg" not in sys.modules
 worker_init.send(sender=None)
 # The task's import chain and the database driver are paid before forking.
-assert {"harvest.queue", "store.models", "psycopg"} <= set(sys.modules), "not warmed"
+assert {"harvest.queue", "store.schema.models", "psycopg"} <= set(sys.modules), "not warmed"
 parent = runtime.store()
 with parent.engine.connect() as conn:  # the main process holds a pooled connection
     parent_backend = conn.execute(text("select pg_backend_pid()")).scalar()
@@ -92,7 +92,7 @@ from celery.signals import worker_init
 import workers.app  # noqa: F401  (as `gleaner worker` does before starting Celery)
 from harvest.queue import record_jobs, run_job
 from harvest.transcript import Transcript
-from store.models import Base
+from store.schema.models import Base
 from workers import runtime
 
 worker_init.send(sender=None)
@@ -106,7 +106,13 @@ transcript = Transcript.model_validate({
 (job_id,) = record_jobs(store, [transcript], owner=None, provenance="compaction", queue="x")
 imported = set(sys.modules)  # the producer's modules are not the worker's
 print(run_job(store, job_id)["status"])
-write_path = ("store.jobs", "store.locks", "store.ledger", "store.forget", "store.write")
+write_path = (
+    "store.jobs.queue",
+    "store.jobs.locks",
+    "store.jobs.ledger",
+    "store.owners.forget",
+    "store.notes.write",
+)
 for name in sorted(set(sys.modules) - imported):
     if name.startswith(write_path):
         print("imported by the job:", name)

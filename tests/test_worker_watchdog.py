@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from store import Settings, Store
-from store.models import Job
+from store.schema.models import Job
 from tests.llm_server import LLMServer, answer, llm_server, note, slowly
 from tests.samples import write_natives
 from tests.workers_harness import Cluster, cluster_store, fresh_cluster, wait_for

@@ -13,7 +13,7 @@ from sqlalchemy import func, select, text
 
 from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
 from store import Store
-from store.models import HarvestLedger, Job, Memory
+from store.schema.models import HarvestLedger, Job, Memory
 from tests.conftest import test_settings
 from tests.llm_server import Behaviour, LLMServer, answer, llm_server, note, unauthorized
 from tests.samples import native, write_chatgpt_export, write_natives
@@ -310,7 +310,7 @@ def test_notes_harvested_by_a_worker_get_their_vectors_on_the_embed_queue(
 ) -> None:
     """After a harvest commits, its owner's notes are embedded by an embed task on their own
     queue (here a separate worker): searchable lexically at once, by meaning once done."""
-    from store import vectors as note_vectors
+    from store.recall import vectors as note_vectors
     from tests.embed_server import embed_server
 
     with embed_server() as server:

@@ -30,7 +30,7 @@ from harvest.outcome import Counts
 from harvest.queue import record_jobs, run_job
 from harvest.transcript import Message, Transcript
 from store import Store
-from store.models import Job, Memory
+from store.schema.models import Job, Memory
 from tests.llm_server import LLMServer, ModelModes, llm_server
 from tests.samples import native
 from tests.workers_harness import Cluster, cluster_store, fresh_cluster, wait_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from store import InvalidInput, Scope, StorageFailure, Store, format_error
-from store import notes as notes_mod
+from store.notes import notes as notes_mod
 
 ALICE = Scope.owner("alice")
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from store import Settings, Store, job_leases
+from store import Settings, Store
+from store.jobs import leases as job_leases
 from workers.waiting import (
     REDIS_SCHEMES,
     SCAN_LIMIT,

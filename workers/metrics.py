@@ -52,7 +52,8 @@ class StateCollector(Collector):
     def _database(self) -> Iterator[Metric]:
         from datetime import UTC, datetime
 
-        from store import StorageFailure, job_reports
+        from store import StorageFailure
+        from store.jobs import reports as job_reports
 
         up = GaugeMetricFamily("gleaner_database_up", "1 when the database answered the scrape.")
         try:

@@ -49,7 +49,7 @@ def harvest(self: Task, job_id: str, answer: dict[str, Any] | None = None) -> st
 
     from harvest.kept import KeptAnswer
     from harvest.queue import fail_run, run_job
-    from store import jobs
+    from store.jobs import queue as jobs
 
     request = self.request
     redelivered = bool((request.delivery_info or {}).get("redelivered"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from store.models import Base
+from store.schema.models import Base
 
 target_metadata = Base.metadata
 

@@ -21,8 +21,8 @@ import pytest
 from sqlalchemy import text
 
 from store import Scope
-from store import notes as store_notes
-from store.models import utcnow
+from store.notes import notes as store_notes
+from store.schema.models import utcnow
 from tests.conftest import test_settings
 from tests.llm_server import note
 from tests.reliability.conftest import OpenScenario

@@ -1,7 +1,7 @@
 """Note history, and the term index rebuilt over content terms.
 
 ``memory_versions`` keeps every note text a change replaced. The similarity term index
-(``memory_terms``, ``memories.term_count``) is rebuilt with ``store.terms.similarity_terms``:
+(``memory_terms``, ``memories.term_count``) is rebuilt with ``store.notes.terms.similarity_terms``:
 stop words out, Snowball stems in, so the stored sets are exactly the ones compared.
 
 Revision ID: 0006
@@ -56,7 +56,7 @@ def upgrade() -> None:
 
 
 def _rebuild_terms() -> None:
-    from store.terms import similarity_terms
+    from store.notes.terms import similarity_terms
 
     bind = op.get_bind()
     after = -1

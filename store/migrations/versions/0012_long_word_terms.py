@@ -2,7 +2,7 @@
 
 Before, such a word (a token, a long identifier) was no term at all, so two notes differing
 only in one were the same fact. The notes holding one in their title or topics get their
-``memory_terms`` and ``memories.term_count`` rebuilt with ``store.terms.similarity_terms``;
+``memory_terms`` and ``memories.term_count`` rebuilt with ``store.notes.terms.similarity_terms``;
 every other note's terms are as that function gives them already.
 
 Revision ID: 0012
@@ -29,7 +29,7 @@ _LONG_WORD = re.compile(r"\w{65}")
 
 
 def upgrade() -> None:
-    from store.terms import similarity_terms
+    from store.notes.terms import similarity_terms
 
     bind = op.get_bind()
     after = -1

@@ -5,7 +5,7 @@ Before, ``C++``, ``C#`` and ``C`` were all the term ``c`` and ``3.10.10`` the te
 ``10``, so two notes differing only there were the same fact (the newer hid the older). The
 notes whose title or topics hold a ``+``, a ``#`` or a digit after ``.``, ``,``, ``:`` or ``-`` get
 their ``memory_terms`` and ``memories.term_count`` rebuilt with
-``store.terms.similarity_terms`` (a note among them whose terms do not change is written as it
+``store.notes.terms.similarity_terms`` (a note among them whose terms do not change is written as it
 was); every other note's terms are as that function gives them already.
 
 Revision ID: 0013
@@ -27,12 +27,12 @@ depends_on = None
 
 # Notes read per statement: bounded memory on a store of millions.
 BATCH = 5_000
-# The notes whose terms may change (a cheap first test, as store.terms makes it).
+# The notes whose terms may change (a cheap first test, as store.notes.terms makes it).
 _SIGNED = re.compile(r"[+#]|[.,:-]\d")
 
 
 def upgrade() -> None:
-    from store.terms import similarity_terms
+    from store.notes.terms import similarity_terms
 
     bind = op.get_bind()
     after = -1

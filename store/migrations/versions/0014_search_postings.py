@@ -9,7 +9,7 @@ databases. The full-text structures are dropped (the writes no longer pay for th
 
 ``memories.search_length`` is NULL until a note is in the new index; this migration adds
 the empty table only, and ``gleaner db upgrade`` then indexes the existing notes
-(``store.search_index.reindex``, in batches): a migration never runs the live tokenizer.
+(``store.recall.search_index.reindex``, in batches): a migration never runs the live tokenizer.
 ``memories.keywords`` (and ``memory_versions.keywords``) hold the harvest model's search
 keywords.
 

@@ -1,7 +1,7 @@
 """Notes marked as data: ``memories.flag`` says a note reads as an instruction to the assistant.
 
 ``memories.flag`` is ``instruction`` for a note whose title or body reads as an instruction
-(``store.instructions``), else NULL; notes already stored are checked here once.
+(``store.notes.instructions``), else NULL; notes already stored are checked here once.
 ``harvest_ledger.items_instructions`` counts a harvest's candidates that read so (flagged, or
 dropped under ``GLEANER_INSTRUCTION_NOTES=drop``).
 
@@ -25,7 +25,7 @@ BATCH = 5_000
 
 
 def upgrade() -> None:
-    from store.instructions import instruction_flag
+    from store.notes.instructions import instruction_flag
 
     op.add_column("memories", sa.Column("flag", sa.String(32), nullable=True))
     op.add_column(
