@@ -36,6 +36,17 @@ if TYPE_CHECKING:
 # Core connection: the read commands never import the ORM (tests/test_startup_imports.py).
 
 
+# What a harvest job runs: imported by ``warm_up`` before a worker's pool forks.
+WARMED_MODULES = (
+    "store.jobs.queue",
+    "store.jobs.locks",
+    "store.jobs.ledger",
+    "store.owners.forget",
+    "store.notes.similar",
+    "store.notes.writer",
+)
+
+
 class Store(Sessions):
     """The note store on one database (PostgreSQL or SQLite).
 
@@ -72,8 +83,12 @@ class Store(Sessions):
         """Do once what a process would otherwise do on its first harvest job: import the
         modules a job runs and configure the ORM's mappers. A worker calls it before its
         pool forks, so each child inherits the work. Connects to nothing."""
+        from importlib import import_module
+
         from sqlalchemy.orm import configure_mappers
 
+        for module in WARMED_MODULES:
+            import_module(module)
         configure_mappers()
 
     def write(
