@@ -120,7 +120,13 @@ def test_a_failed_refresh_is_logged_and_the_write_stands(
     fresh_pg: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(freshness, "CHECK_EVERY", 1)
-    monkeypatch.setattr(freshness, "_STALE", text("SELECT no_such_column FROM pg_class"))
+
+    def refused(engine: Any) -> list[str]:  # the database refuses the refresh's query
+        with engine.connect() as conn:
+            conn.execute(text("SELECT no_such_column FROM pg_class"))
+        return []
+
+    fresh_pg.freshness = freshness.Freshness(fresh_pg.engine, refresh=refused)
     with caplog.at_level(logging.WARNING, logger="store.freshness"):
         result = fresh_pg.write(ALICE, {"title": "Uses vim", "body": "Vim."})
     assert result.created and fresh_pg.get(ALICE, result.memory.slug) is not None

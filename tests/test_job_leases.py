@@ -315,7 +315,7 @@ def test_a_message_given_back_while_its_run_goes_on_here_leaves_the_run_alone(
 
 
 def test_a_harvest_that_raises_a_defect_is_failed_with_it_and_not_run_again(
-    make_store: Any, monkeypatch: pytest.MonkeyPatch
+    make_store: Any, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """Not left running for its lease to call it a lost worker and run it (and its model
     calls) again up to GLEANER_JOB_MAX_CRASHES times."""
@@ -325,7 +325,8 @@ def test_a_harvest_that_raises_a_defect_is_failed_with_it_and_not_run_again(
 
     store: Store = make_store("postgresql")
     [job_id] = record(store, 1)
-    monkeypatch.setattr(runtime, "_store", store)
+    previous = runtime.use(store)
+    request.addfinalizer(lambda: runtime.use(previous))
 
     def defect(*_args: object, **_kwargs: object) -> None:
         raise KeyError("speaker")
