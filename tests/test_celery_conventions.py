@@ -273,8 +273,14 @@ print(json.dumps({"tokenizer": loaded, "litellm": int("litellm" in sys.modules)}
     [
         # The lean client: the tokenizer is loaded for the children to inherit, litellm is not.
         ({"GLEANER_HARVEST_MODEL": "openai/m", "GLEANER_HARVEST_API_BASE": "http://h/v1"}, 1, 0),
-        # A model only litellm routes: both.
-        ({"GLEANER_HARVEST_MODEL": "openai/m", "GLEANER_HARVEST_LLM": "litellm"}, 1, 1),
+        # A model only litellm routes: both. Slow (litellm's import is seconds in the probe);
+        # the fast tier keeps the warm-up's two other branches.
+        pytest.param(
+            {"GLEANER_HARVEST_MODEL": "openai/m", "GLEANER_HARVEST_LLM": "litellm"},
+            1,
+            1,
+            marks=pytest.mark.slow,
+        ),
         # The offline harvester: neither.
         ({}, 0, 0),
     ],

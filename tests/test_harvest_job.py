@@ -426,6 +426,10 @@ def _harvest_in_child(url: str, settings: dict[str, object], barrier: Any, out: 
 
 
 @pytest.mark.postgres
+# Two spawned interpreters and a delayed answer: slow. The fast tier holds the same promise
+# with two stores' connections in one process (test_harvest_locks: a job whose transcript
+# is held elsewhere waits, then finds the other's ledger row and makes no call).
+@pytest.mark.slow
 def test_two_processes_harvesting_one_transcript_make_one_call(
     pg_url: str, make_store, server
 ) -> None:

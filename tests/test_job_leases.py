@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select, text, update
+from sqlalchemy.engine import make_url
 
 from harvest.queue import record_jobs
 from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
@@ -344,7 +345,10 @@ def test_a_harvest_that_raises_a_defect_is_failed_with_it_and_not_run_again(
 def test_a_claim_on_postgresql_does_not_wait_for_the_disk_and_what_follows_does(
     make_store: Any,
 ) -> None:
-    store: Store = make_store("postgresql")
+    made: Store = make_store("postgresql")
+    # The test databases do not wait for the disk at all (conftest): this store's sessions do.
+    waits = make_url(made.database_url).update_query_dict({"options": "-csynchronous_commit=on"})
+    store = Store(waits.render_as_string(hide_password=False), settings=made.settings)
     [job_id] = record(store, 1)
     lease = timedelta(seconds=60)
     with store.transaction() as session:  # seen inside a transaction: it is that one's alone
@@ -356,6 +360,7 @@ def test_a_claim_on_postgresql_does_not_wait_for_the_disk_and_what_follows_does(
     with store.transaction() as session:  # the same pooled connection: back to waiting
         assert session.execute(text("SHOW synchronous_commit")).scalar() == "on"
     assert row(store, job_id)["attempts"] == 2
+    store.dispose()
 
 
 # --- status --------------------------------------------------------------------------------
