@@ -560,6 +560,8 @@ def test_a_whole_worker_killed_mid_model_call_is_recovered_and_harvested_once(
 
     # The model call outlasts the lease: the heartbeat keeps the job its worker's.
     wait_for(lambda: "requeue_stale" in cluster.workers[1].text(), 10)
+    # Past the lease (3 s, the setting made short): only its heartbeat keeps the job its
+    # worker's, and that the lease has not expired is what is tested; no event marks it.
     time.sleep(4.5)
     status = json.loads(cluster.gleaner("status", "--json").stdout)
     [running] = status["running"]
