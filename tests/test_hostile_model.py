@@ -1,7 +1,10 @@
 """Hostile model servers: an answer trickled a byte at a time is cut off at
 GLEANER_HARVEST_TIMEOUT_SECONDS, one deadline over the whole call, on both clients, in
 process and through a real worker with ``--pool threads``; template and placeholder text the
-model sends is never a note, nor a topic key."""
+model sends is never a note, nor a topic key.
+
+The deadline is the promise, so its tests read the clock: the call's end is awaited (it
+raises), and its time is checked against the timeout (2 s, the setting made short)."""
 
 from __future__ import annotations
 
