@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from store import Store
-from tests.conftest import recreate_pg_database, test_settings
+from tests.conftest import migrated_pg_database, recreate_pg_database
 from tests.reliability.services import Redis, free_port
 from tests.workers_harness import Cluster, Worker, cluster_env, wait_ready
 
@@ -39,11 +38,7 @@ def broker() -> Iterator[Redis]:
 @pytest.fixture(scope="module")
 def database(worker_id: str) -> str:
     """A migrated database the module's tests only read (no test here runs a task)."""
-    url = recreate_pg_database(f"gleaner_conventions_{worker_id}")
-    store = Store(url, settings=test_settings())
-    store.migrate()
-    store.dispose()
-    return url
+    return migrated_pg_database(f"gleaner_conventions_{worker_id}")
 
 
 @pytest.fixture

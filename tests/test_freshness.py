@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 from harvest.job import harvest_transcript
 from harvest.transcript import Transcript
 from store import Scope, Store, freshness, notes
-from tests.conftest import recreate_pg_database, test_settings
+from tests.conftest import migrated_pg_database, test_settings
 
 pytestmark = pytest.mark.postgres
 
@@ -30,9 +30,7 @@ LOOKUP = (
 @pytest.fixture
 def fresh_pg(worker_id: str) -> Iterator[Store]:
     """A new database: no table analyzed yet (the shared test database keeps its history)."""
-    url = recreate_pg_database(f"gleaner_fresh_{worker_id}")
-    store = Store(url, settings=test_settings())
-    store.migrate()
+    store = Store(migrated_pg_database(f"gleaner_fresh_{worker_id}"), settings=test_settings())
     yield store
     store.dispose()
 
