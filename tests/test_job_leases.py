@@ -28,6 +28,7 @@ from harvest.transcript import Transcript
 from store import Store, job_leases
 from store import jobs as job_records
 from store.models import HarvestLedger, Job, Memory, utcnow
+from tests.cli_harness import Cli
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, hang, llm_server, note
 from tests.samples import native
@@ -367,16 +368,22 @@ def test_a_claim_on_postgresql_does_not_wait_for_the_disk_and_what_follows_does(
 
 
 def test_status_shows_how_long_each_running_job_has_run_and_its_heartbeat(
-    cluster: Cluster, jobs_store: Store
+    cluster: Cluster,
+    jobs_store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     live, lost = record(jobs_store, 2)
     hold(jobs_store, live, "a", heartbeat_age=0.0)
     set_columns(jobs_store, [live], started_at=utcnow() - timedelta(seconds=42))
     hold(jobs_store, lost, "b", heartbeat_age=600.0)  # default lease: 120 s
 
-    out = cluster.gleaner("status", "--json")
-    assert out.returncode == 0, out.stderr
-    running = json.loads(out.stdout)["running"]
+    # The command in this process (what is tested is what it prints, not its start-up).
+    cli = Cli(monkeypatch, capsys)
+    cli.env(**{k: v for k, v in cluster.env.items() if k.startswith("GLEANER_")})
+    out = cli("status", "--json")
+    assert out.code == 0, out.err
+    running = out.json()["running"]
     assert [r["id"] for r in running] == [lost, live]  # longest-running first
     assert {tuple(sorted(r)) for r in running} == {
         ("heartbeat_age_seconds", "id", "lease_expired", "queue", "running_seconds")
@@ -386,7 +393,7 @@ def test_status_shows_how_long_each_running_job_has_run_and_its_heartbeat(
     assert not by_id[live]["lease_expired"] and by_id[lost]["lease_expired"]
     assert by_id[lost]["heartbeat_age_seconds"] >= 600 and by_id[lost]["queue"] == LIVE_QUEUE
 
-    text = cluster.gleaner("status").stdout
+    text = cli("status").out
     assert f"RUNNING {live} on harvest for " in text and "last heartbeat" in text
     assert f"RUNNING {lost}" in text and "lease expired" in text
     assert "alice" not in text and "conv-" not in text  # no owner, no conversation
