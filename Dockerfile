@@ -7,9 +7,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
+COPY privacy privacy
 COPY store store
 COPY harvest harvest
 COPY workers workers
+COPY gleaner gleaner
+COPY service service
+COPY cli cli
 COPY beat_schedule.py ./
 RUN pip install --no-cache-dir -c constraints.txt . \
     && useradd --system --uid 10001 --user-group --create-home --home-dir /home/gleaner gleaner \

@@ -13,8 +13,9 @@ def schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     (more often when GLEANER_JOB_LEASE_SECONDS or GLEANER_REQUEUE_AFTER_SECONDS is shorter,
     so a lost job waits at most about one lease more); with GLEANER_EMBED_MODEL set, the
     embedding sweep every 5 minutes."""
-    from workers.app import WORKER_LIMITS
-    from workers.tasks import decay, dedupe, embed_sweep, requeue_stale
+    from workers.housekeeping import decay, dedupe, requeue_stale
+    from workers.routing import WORKER_LIMITS
+    from workers.tasks import embed_sweep
 
     every = {
         "decay": {"task": decay.name, "schedule": timedelta(hours=1)},

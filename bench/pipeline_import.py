@@ -24,7 +24,7 @@ from bench.pipeline_support import (
     note_count,
     wait_jobs,
 )
-from workers.cli.run import default_concurrency
+from cli.run import default_concurrency
 
 NAME = "pipe-import"
 # Why the ratio is missed, filled in from the run's own profile.

@@ -32,7 +32,7 @@ from bench.pipeline_support import (
     raw_http_cpu_ms,
     wait_jobs,
 )
-from workers.cli.run import default_concurrency
+from cli.run import default_concurrency
 
 NAME = "pipe-live"
 TARGET = 150  # transcripts per second on a 2-core host
@@ -43,12 +43,12 @@ FINDING = (
     "consumer: broker, acks, handing tasks to the pool) spends more on a harvest task than on "
     "a no-op one (the ceiling's split above): Celery's cost, outside the job, which the no-op "
     "ceiling does not show. One job in process (harvest.queue.run_job, "
-    "no broker) costs {job:.1f} ms of CPU, and PostgreSQL {database:.1f} ms serving it: 5 "
-    "round trips (the claim, committed on its own without waiting for the disk; the "
-    "transcript lock with the ledger check and the known keys; then one transaction of two: "
-    "its BEGIN, the forget lock and count and the slug lookup sent ahead with the same-fact "
-    "lookup, then the notes with their terms, the ledger row, the job's cost should "
-    "another delivery hold it now, and the outcome with the COMMIT; and the unlock). The "
+    "no broker) costs {job:.1f} ms of CPU, and PostgreSQL {database:.1f} ms serving it: a "
+    "statement a round trip (the claim, committed on its own without waiting for the disk; "
+    "the transcript lock, then the ledger check with the known keys, and their notes' term "
+    "counts; then one transaction: its BEGIN, the forget lock, the same-fact and slug "
+    "lookups, the notes with their terms and search rows, the ledger row, the job's cost "
+    "should another delivery hold it now, the outcome and the COMMIT; and the unlock). The "
     "ceiling's parts do none of that: a no-op task, one POST "
     "({raw:.1f} ms of CPU with the lean client at {lean:.1f} ms; litellm.completion "
     "{litellm:.1f} ms) and a raw INSERT of the notes. On {cores} cores {target}/s leaves "

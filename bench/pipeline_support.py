@@ -120,7 +120,7 @@ class Cluster:
             [
                 sys.executable,
                 "-m",
-                "workers.cli",
+                "cli",
                 "worker",
                 "--queues",
                 queues,
@@ -321,7 +321,7 @@ def cpu_by_role() -> dict[str, float]:
             role = "PostgreSQL"
         elif name == "redis-server":
             role = "Redis"
-        elif "workers.cli" in command:
+        elif "cli" in command:
             workers[int(entry.name)] = (int(fields[1]), sum(int(v) for v in fields[11:15]) / _TICK)
             continue
         elif "bench.model_server" in command:

@@ -22,7 +22,7 @@ HOSTILE = {
     "<private> openers with attributes, no `>`": ("<private ", False),
     "unclosed <private> openers": ("<private>", False),
     "stray </private> closers": ("</private ", False),
-    # Secret detection (store.secrets) scans only near a credential word or a long token:
+    # Secret detection (privacy.secrets) scans only near a credential word or a long token:
     # text made of nothing else is its worst case.
     "credential-word flood (`password: `)": ("password: ", False),
     "token-shaped words": ("Zq8Lr2Vx9Kp4Ws6Ty1N ", False),

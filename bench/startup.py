@@ -27,7 +27,7 @@ READ_COMMANDS = {
 }
 TARGET_SECONDS = 0.5
 PROBE = (
-    "import json, sys; from workers.cli import main; never = json.loads(sys.argv[1]); "
+    "import json, sys; from cli import main; never = json.loads(sys.argv[1]); "
     "code = main(sys.argv[2:]); print(json.dumps(sorted(m for m in sys.modules "
     "if any(m == n or m.startswith(n + '.') for n in never))))"
 )
@@ -52,7 +52,7 @@ def read_startup(ctx: Context) -> None:
     what it does not use (tests/test_startup_imports.py holds the same list to none)."""
     db = ctx.workdir / "startup.db"
     env = _env(GLEANER_DATABASE_URL=f"sqlite:///{db}")
-    gleaner = [sys.executable, "-m", "workers.cli"]
+    gleaner = [sys.executable, "-m", "cli"]
     subprocess.run([*gleaner, "db", "upgrade"], env=env, check=True, capture_output=True)
     subprocess.run(
         [*gleaner, "harvest", str(EXAMPLES), "--owner", "alice"],

@@ -7,17 +7,23 @@ queue when GLEANER_BROKER_URL is set, or harvested right away in this process wh
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from datetime import datetime
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from gleaner import params
 from gleaner.conversation import Conversation, ConversationInput, read_conversation
-from gleaner.errors import InvalidRequest, NotFound, Unavailable, translated
+from gleaner.errors import InvalidRequest, NotFound, translated
+from gleaner.params import (
+    checked,
+    checked_conversation_id,
+    checked_job_id,
+    checked_query,
+    checked_slug,
+)
+from gleaner.sending import JobSender
 from store import Note, NoteVersion
 from store.schemas import LinkedNote
 from store.text import quoted
@@ -67,8 +73,7 @@ class Gleaner:
             if self.store.dialect == "sqlite":
                 self.store.ensure_schema()
         self.settings = self.store.settings
-        self._celery: Any = None
-        self._celery_lock = threading.Lock()
+        self._sender = JobSender(self.settings)
 
     # --- lifetime --------------------------------------------------------------------
 
@@ -166,7 +171,7 @@ class Gleaner:
                 reassign_owner=True,  # the owner was settled by read()
             )
         if self.queued:
-            self._send(LIVE_QUEUE, job_id)
+            self._sender.send(LIVE_QUEUE, job_id)
         else:
             from harvest.queue import run_job_here
 
@@ -181,36 +186,11 @@ class Gleaner:
                 embed_after_harvest(self.store, [Scope.owner(str(result["owner"]))])
         return job_id
 
-    def _send(self, queue: str, job_id: str) -> None:
-        """Put the job on its queue. A broker that cannot be reached leaves the job pending;
-        the sweep (``gleaner beat``) sends it again once the broker is back."""
-        from workers.app import WORKER_LIMITS
-        from workers.enqueue import HARVEST_TASK
-
-        with self._celery_lock:
-            if self._celery is None:
-                from workers.app import make_celery
-
-                self._celery = make_celery(self.settings)
-        try:
-            # The task as bound to this object's app (as workers.enqueue.send_jobs sends it
-            # on the current app): two Gleaners on two brokers in one process stay apart.
-            self._celery.tasks[HARVEST_TASK].apply_async(
-                args=[job_id], queue=queue, **WORKER_LIMITS
-            )
-        except Exception as exc:
-            # kombu and redis raise their own trees; the job itself is safe in the database.
-            raise Unavailable(
-                f"job {job_id} is recorded but the broker could not be reached "
-                f"({type(exc).__name__}); it will be sent again by the sweep",
-                reason="broker_unavailable",
-            ) from exc
-
     def job(self, job_id: str, *, owner: str | None = None) -> JobStatus:
         """A job's state, outcome and cost (model calls and tokens over every run). With
         ``owner``, a job of another owner is NotFound, like one that does not exist; an id
         no job can have (NUL, ...) is InvalidRequest (``bad_job_id``)."""
-        job_id = params.job_id(job_id)
+        job_id = checked_job_id(job_id)
         with translated():
             found = self.store.job(job_id)
             name = None if owner is None else self.owner_name(owner)
@@ -239,7 +219,7 @@ class Gleaner:
             raise InvalidRequest(f"limit must be 1..100, got {quoted(limit)}", reason="bad_limit")
         from gleaner.metrics import SEARCH_SECONDS
 
-        query = params.query(query)
+        query = checked_query(query)
         with translated(), SEARCH_SECONDS.time():
             vector, model = self._query_vector(query)
             return self.store.search(
@@ -267,7 +247,7 @@ class Gleaner:
         transaction; NotFound when the owner has no such note."""
         from store import Scope, history, links
 
-        slug = params.slug(slug)
+        slug = checked_slug(slug)
         with translated():
             scope = Scope.owner(owner)
             with self.store.transaction() as session:
@@ -288,7 +268,7 @@ class Gleaner:
         from store import Scope
 
         if query is not None:
-            query = params.query(query)
+            query = checked_query(query)
         with translated():
             vector, model = self._query_vector(query)
             return self.store.index_text(
@@ -312,7 +292,7 @@ class Gleaner:
         NotFound when nothing of the owner names the conversation (another owner's
         conversation with the same id is never touched). A conversation id no conversation
         can have (NUL, ...) is InvalidRequest (``bad_conversation_id``)."""
-        conversation_id = params.conversation_id(conversation_id)
+        conversation_id = checked_conversation_id(conversation_id)
         with translated():
             return self.store.forget_conversation(self.owner_name(owner), conversation_id)
 
@@ -386,7 +366,7 @@ class Gleaner:
 
     def revoke_api_key(self, key_id: str) -> ApiKey:
         """Delete an API key; NotFound when there is none with that id."""
-        params.checked(key_id, "key id", reason="bad_key_id", max_chars=32)
+        checked(key_id, "key id", reason="bad_key_id", max_chars=32)
         try:
             with translated():
                 return self.store.revoke_api_key(key_id)

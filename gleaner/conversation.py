@@ -54,7 +54,7 @@ def read_conversation(
     InvalidRequest (``bad_transcript``, ``no_owner``, ``bad_owner``,
     ``not_one_conversation``) or TooLarge when it cannot be taken as it is.
     """
-    from harvest.job import resolve_owner
+    from harvest.plan import resolve_owner
     from harvest.readers import read_bytes
     from harvest.redact import redact_transcript
     from harvest.transcript import Limits

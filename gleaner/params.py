@@ -43,15 +43,15 @@ def checked(value: object, field: str, *, reason: str, max_chars: int | None = N
     return value
 
 
-def slug(value: object) -> str:
+def checked_slug(value: object) -> str:
     return checked(value, "slug", reason="bad_slug", max_chars=SLUG_MAX_CHARS)
 
 
-def job_id(value: object) -> str:
+def checked_job_id(value: object) -> str:
     return checked(value, "job id", reason="bad_job_id", max_chars=JOB_ID_MAX_CHARS)
 
 
-def conversation_id(value: object) -> str:
+def checked_conversation_id(value: object) -> str:
     return checked(
         value,
         "conversation id",
@@ -60,5 +60,5 @@ def conversation_id(value: object) -> str:
     )
 
 
-def query(value: object, field: str = "query") -> str:
+def checked_query(value: object, field: str = "query") -> str:
     return checked(value, field, reason="bad_query")

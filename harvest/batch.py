@@ -10,9 +10,10 @@ from pydantic import ConfigDict, Field
 
 from harvest.embed_notes import embed_after_harvest
 from harvest.errors import HarvestError, UnrecordedHarvest
-from harvest.job import harvest_transcript, resolve_owner
+from harvest.job import harvest_transcript
 from harvest.llm import HarvestLLM
 from harvest.outcome import Counts, HarvestOutcome
+from harvest.plan import resolve_owner
 from harvest.readers import iter_paths, read_path
 from harvest.redact import redact_text
 from harvest.transcript import Limits, Transcript, check_storable

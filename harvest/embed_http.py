@@ -10,7 +10,7 @@ too long :class:`~harvest.errors.ContextWindowExceeded`, every other 4xx permane
 It asks for ``encoding_format: float`` and also reads base64 vectors (a server that answers
 so anyway). A 200 whose body is no embeddings answer at all (a proxy's page, a server
 restarting) is transient; an answer with the wrong vectors is checked by
-:class:`~harvest.embedding.BatchEmbedder` (``EmbeddingRejected``). The cost is None: what a
+:class:`~harvest.embed_batch.BatchEmbedder` (``EmbeddingRejected``). The cost is None: what a
 model behind a custom base URL costs is not in litellm's table.
 """
 
@@ -20,7 +20,7 @@ import http.client
 import json
 from typing import Any
 
-from harvest.embedding import BatchEmbedder, RawEmbeddings, ordered, token_count
+from harvest.embed_batch import BatchEmbedder, RawEmbeddings, ordered, token_count
 from harvest.errors import PermanentModelError, TransientModelError
 from harvest.openai_http import error_for, error_text, post, served_model
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harvest.embedding import BatchEmbedder, RawEmbeddings, ordered, token_count
+from harvest.embed_batch import BatchEmbedder, RawEmbeddings, ordered, token_count
 from harvest.errors import ContextWindowExceeded, ModelError, PermanentModelError
 from harvest.litellm_client import load_litellm, map_litellm_error, stop_signal
 from harvest.openai_http import CONTEXT_WORDS

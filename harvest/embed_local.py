@@ -9,7 +9,7 @@ vectors would not compare with those stored) is an error, not a silent change.
 
 The pipeline is sentence-transformers' for this model: WordPiece tokens (uncased, at most 256
 with ``[CLS]`` and ``[SEP]``, longer texts cut), the transformer, mean pooling over the real
-tokens; :class:`~harvest.embedding.BatchEmbedder` normalises. Its vectors are within cosine
+tokens; :class:`~harvest.embed_batch.BatchEmbedder` normalises. Its vectors are within cosine
 0.999 of sentence-transformers' fp32 ones (docs/EMBEDDINGS.md has the figures and the
 commands). A batch goes through the model sorted by length, in passes of at most
 ``TOKENS_PER_RUN`` padded tokens, so memory stays bounded (about 330 MB of the process at
@@ -30,7 +30,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from harvest.embedding import BatchEmbedder, EmbedOptions, RawEmbeddings
+from harvest.embed_batch import BatchEmbedder, EmbedOptions, RawEmbeddings
 from harvest.errors import PermanentModelError
 from store import ConfigError
 

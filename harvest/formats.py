@@ -8,23 +8,19 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from harvest.errors import ResponseFormatRejected
+from harvest.options import FORMATS, ModelOptions, ResponseFormat
 from harvest.prompt import response_schema
 from harvest.retry import call_with_retries
 
 if TYPE_CHECKING:
     from harvest.llm import HarvestLLM, LLMAnswer, Messages
-    from harvest.options import ModelOptions
+
 
 log = logging.getLogger(__name__)
 
-# Strongest first: ``auto`` falls back along this order when the server refuses one.
-# ``json_object_schema`` is ``{"type": "json_object", "schema": ...}``, the form
-# llama-cpp-python's server takes (it answers HTTP 500 to ``json_schema``).
-ResponseFormat = Literal["json_schema", "json_object_schema", "json_object", "none"]
-FORMATS: tuple[ResponseFormat, ...] = ("json_schema", "json_object_schema", "json_object", "none")
 
 # A refusal names what it refuses: OpenAI ("'response_format' of type 'json_schema' is not
 # supported"), LM Studio ("'response_format.type' must be 'json_schema' or 'text'"), llama.cpp

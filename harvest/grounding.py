@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from harvest.candidate import NoteCandidate
 from harvest.transcript import Message
-from store.text import strip_private
+from privacy import strip_private
 
 # Facts about the user: they must rest on the user's own words.
 USER_FACT_TYPES = frozenset({"profile", "preference"})

@@ -343,7 +343,8 @@ def _to_harvest(
 ) -> Transcript | None:
     """The redacted transcript a harvest would run, or None when the ledger or a tombstone
     says it is done (only asked with a ``session``)."""
-    from harvest.job import harvested_before, plan_harvest
+    from harvest.ledger_check import harvested_before
+    from harvest.plan import plan_harvest
     from harvest.redact import redact_transcript
 
     if session is None:

@@ -10,250 +10,28 @@ immutable ``HarvestOutcome`` goes.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from harvest.budget import budget_for
-from harvest.errors import HarvestError, UnrecordedHarvest
-from harvest.extraction import Extraction, run_extraction, uses_model
+from harvest.errors import HarvestError
+from harvest.extraction import Extraction, run_extraction
 from harvest.kept import KeptAnswer, write_retries
+from harvest.ledger_check import Ready, look_up
 from harvest.llm import HarvestLLM
 from harvest.model import Usage
-from harvest.outcome import Counts, HarvestOutcome, Status
-from harvest.redact import redact_transcript, transcript_hash
-from harvest.transcript import Limits, Transcript, check_size, check_storable
+from harvest.outcome import Counts, HarvestOutcome
+from harvest.plan import Plan, plan_harvest
+from harvest.steps import HarvestSteps, Nothing_co, failed_after, model_named, raise_unrecorded
+from harvest.transcript import Transcript
 from harvest.write import write_candidates
-from store import Scope, Settings, StorageFailure, Store, forget, keyed, ledger, search_terms
-from store.errors import AlreadyRecorded, InvalidInput, NoteChanged, SlugTaken, format_error
-from store.terms import content_terms
-from store.text import check_principal, quoted
-
-# Bump when extraction changes enough that old transcripts deserve a new harvest.
-HARVESTER_VERSION = "1"
-PROVENANCES = ("compaction", "import")
-# Transcript terms matched against the owner's keyed notes: the most frequent ones.
-RECALL_TERMS = 200
+from store import Settings, StorageFailure, Store, forget, ledger
+from store.errors import NoteChanged
 
 if TYPE_CHECKING:
     from store import Executor, TranscriptLock
 
 log = logging.getLogger(__name__)
-
-
-def harvester_version(settings: Settings) -> str:
-    """The ledger's version key: the extractor's version and which model ran it."""
-    return f"{HARVESTER_VERSION}:{settings.harvest_model or 'offline'}"
-
-
-def resolve_owner(
-    transcript: Transcript, owner: str | None, *, reassign_owner: bool = False
-) -> str:
-    """Whose scope the transcript's notes go to; HarvestError when nobody's.
-
-    A transcript that names its owner keeps it: ``owner`` only fills in one that names none
-    (exports), unless ``reassign_owner`` says to put every transcript in ``owner``'s scope.
-    """
-    if reassign_owner and not owner:
-        raise HarvestError("reassigning needs the owner to reassign to", reason="no_owner")
-    chosen = owner if reassign_owner else (transcript.owner or owner)
-    if not chosen:
-        raise HarvestError(
-            f"conversation {transcript.conversation_id!r} has no owner: pass --owner NAME",
-            reason="no_owner",
-        )
-    try:
-        return check_principal(chosen)  # the one owner rule (store.text)
-    except InvalidInput as exc:
-        raise HarvestError(str(exc), reason="bad_owner") from None
-
-
-# --- plan -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One transcript made ready to harvest: its scope, redacted text and hash."""
-
-    scope: Scope
-    transcript: Transcript  # redacted
-    digest: str
-    version: str
-    provenance: str
-    import_id: str | None = None  # the queued import it came in with: its budget counts it
-
-    def outcome(
-        self, status: Status, counts: Counts | None = None, **rest: object
-    ) -> HarvestOutcome:
-        """This transcript's outcome, with ``counts`` (none: all zero) and the other fields;
-        the secrets redacted from the transcript when it came in are added to its count."""
-        counted = counts if counts is not None else Counts()
-        redacted = counted.secrets_redacted + self.transcript.secrets_redacted
-        return HarvestOutcome.model_validate(
-            {
-                **counted.counts(),
-                "secrets_redacted": redacted,
-                "status": status,
-                "conversation_id": self.transcript.conversation_id,
-                "owner": self.scope.id,
-                **rest,
-            }
-        )
-
-
-def plan_harvest(
-    settings: Settings,
-    transcript: Transcript,
-    *,
-    owner: str | None,
-    provenance: str,
-    reassign_owner: bool = False,
-    import_id: str | None = None,
-) -> Plan:
-    """Check the provenance, the size and the values (``check_storable``), resolve the owner
-    (``resolve_owner``) and redact (HarvestError when one is bad)."""
-    if provenance not in PROVENANCES:
-        raise HarvestError(
-            f"provenance must be compaction or import, got {quoted(provenance)}",
-            reason="bad_provenance",
-        )
-    # Bounded before anything reads it all (a transcript from Python, or for the offline
-    # extractor, meets the limits here); then redacted, so the owner error and the outcome
-    # (logged, stored as the job's result) see only the redacted conversation id.
-    check_size(transcript.messages, Limits.from_settings(settings))
-    check_storable(transcript)  # before any model call: the record would refuse it after
-    redacted = redact_transcript(transcript)
-    name = resolve_owner(redacted, owner, reassign_owner=reassign_owner)
-    return Plan(
-        scope=Scope.owner(name),
-        transcript=redacted,
-        digest=transcript_hash(redacted),
-        version=harvester_version(settings),
-        provenance=provenance,
-        import_id=import_id,
-    )
-
-
-# --- the ledger check -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Ready:
-    """A transcript the ledger check left to harvest: the owner's ``(topic_key, title)``
-    pairs the model is shown, and how many times the owner and this conversation were
-    forgotten when it was checked (a forget of either since then means the harvest writes
-    nothing)."""
-
-    known_keys: tuple[tuple[str, str], ...]
-    forget_generation: int
-    # The owner's notes the transcript bears on, shown to the model under refs its marks
-    # name (a model only; the keyed ones first, then the best of a search).
-    shown: tuple[keyed.ShownNote, ...] = ()
-
-
-def harvested_before(session: Executor, plan: Plan) -> bool:
-    """True when there is nothing to do: the ledger says this scope already harvested this
-    transcript, or the owner forgot it (a tombstone)."""
-    return ledger.state(
-        session,
-        plan.scope,
-        plan.digest,
-        plan.version,
-        conversation_id=plan.transcript.conversation_id,
-    )[1]
-
-
-def look_up(
-    session: Executor,
-    settings: Settings,
-    plan: Plan,
-    llm: HarvestLLM | None = None,
-    *,
-    lock: TranscriptLock | None = None,
-) -> Ready | None:
-    """The ledger check under the transcript's lock: None when it was harvested (or
-    forgotten) before, else what extraction needs.
-
-    With ``lock`` (the transcript's, not taken yet) the lock is taken with the check, in one
-    round trip on PostgreSQL (``store.ledger.check_locked``); when another worker holds it,
-    nothing is checked: None, and ``lock.held`` stays False. Without, the caller holds the
-    lock already.
-
-    What extraction needs is at most ``harvest_known_keys`` of the owner's ``(topic_key,
-    title)`` pairs, those whose notes share the transcript's words (``recall_terms``) first,
-    then the most recently changed, read with the check (``store.ledger.check``). Shown to
-    the model so a fact that changes (a move, a new editor) reuses its key and replaces the
-    old note, whose text goes to history. None are read for the offline extractor, which
-    keeps its own fixed keys.
-    """
-    keys = settings.harvest_known_keys if uses_model(settings, llm) else 0
-    terms = recall_terms(plan) if keys else []
-    conversation = plan.transcript.conversation_id
-    if lock is None:
-        checked = ledger.check(
-            session,
-            plan.scope,
-            plan.digest,
-            plan.version,
-            terms,
-            keys=keys,
-            conversation_id=conversation,
-        )
-    else:
-        found = ledger.check_locked(
-            session,
-            lock,
-            plan.scope,
-            plan.digest,
-            plan.version,
-            terms=terms,
-            keys=keys,
-            conversation_id=conversation,
-        )
-        if found is None:
-            return None
-        checked = found
-    generation, done, notes = checked
-    if done:
-        return None
-    shown: list[keyed.ShownNote] = []
-    if keys:
-        shown = keyed.shown_notes(
-            _core(session),
-            settings,
-            plan.scope,
-            keys=[note.topic_key for note in notes],
-            terms=search_query_terms(plan),
-            limit=keys,
-        )
-    return Ready(tuple((note.topic_key, note.title) for note in notes), generation, tuple(shown))
-
-
-def _core(session: Executor) -> Connection:
-    """The Core connection under ``session`` (an ORM session's, or the connection itself)."""
-    return session if isinstance(session, Connection) else session.connection()
-
-
-def search_query_terms(plan: Plan) -> list[str]:
-    """The search terms (``store.search_terms``) of what the user said, most frequent first:
-    the notes a conversation bears on are searched with them."""
-    counts: Counter[str] = Counter()
-    for message in plan.transcript.messages:
-        if message.role == "user":
-            counts.update(search_terms.terms(message.content))
-    return [term for term, _ in counts.most_common(32)]
-
-
-def recall_terms(plan: Plan) -> list[str]:
-    """The transcript's words the owner's keyed notes are ranked by: the most frequent
-    content terms of what the user said."""
-    counts: Counter[str] = Counter()
-    for message in plan.transcript.messages:
-        if message.role == "user":
-            counts.update(content_terms(message.content))
-    return [term for term, _ in counts.most_common(RECALL_TERMS)]
 
 
 # --- extraction and the record ----------------------------------------------------------
@@ -290,18 +68,13 @@ def record_harvest(
     plan: Plan,
     ready: Ready,
     found: Extraction,
-    *,
-    at_commit: bool = False,
 ) -> HarvestOutcome:
     """Write the notes, then the ledger row with the final counts, in the caller's
     transaction; raise RecordedElsewhere when the ledger row cannot be written (another
     worker recorded this transcript, or the owner was forgotten since the check), so the
-    caller rolls the notes back. On PostgreSQL the row is written with the COMMIT, where a
-    row another worker wrote first raises ``AlreadyRecorded`` instead, with nothing written.
-    With ``at_commit`` the new notes go with the COMMIT too (``write_candidates``), where a
-    slug another writer took since the lookup raises ``SlugTaken``, nothing written.
+    caller rolls the notes back.
 
-    The transaction is ``forget.held_off(store, plan.scope, conversation_id)``'s: a forget
+    The transaction is ``forget.held_off(store, plan.scope)``'s: a forget
     of the owner (or of one of its conversations) cannot commit from its start to its end,
     and the ledger row is written only while the forget count of the owner and this
     conversation is the one the check read.
@@ -315,7 +88,6 @@ def record_harvest(
         found.notes,
         transcript=plan.transcript,
         provenance=plan.provenance,
-        at_commit=at_commit,
         shown=ready.shown,
     )
     counts = found.cost + written.counts
@@ -335,34 +107,6 @@ def record_harvest(
 
 
 # --- the one harvest path ---------------------------------------------------------------
-
-
-# What a caller's ``begin`` returns when there is nothing to do (a job's: None).
-Nothing_co = TypeVar("Nothing_co", covariant=True)
-
-
-class HarvestSteps(Protocol[Nothing_co]):
-    """What a caller of ``run_harvest`` does around the shared steps."""
-
-    def begin(self, session: Executor) -> Plan | HarvestOutcome | Nothing_co:
-        """In the first transaction: the plan, the outcome already settled, or nothing
-        to do."""
-
-    def begun(self) -> None:
-        """The first transaction committed and the harvest goes on."""
-
-    def end(self, session: Executor, outcome: HarvestOutcome) -> None:
-        """In the transaction that settles the outcome (the one that writes the notes)."""
-
-    def broke(self, plan: Plan, error: HarvestError | ValueError, paid: Usage) -> HarvestOutcome:
-        """Extraction or the record raised: the outcome to return instead, or raise;
-        ``paid`` is what the model calls made so far cost (they are paid for)."""
-
-    def unrecorded(self, plan: Plan, paid: Counts) -> bool:
-        """The run paid for model calls and then failed before its outcome was recorded (the
-        database, an interrupt): keep what they cost where it can still be kept (on a
-        database failure ``UnrecordedHarvest`` also carries it to the caller); True when
-        the job counts them now (a retry writing the kept answer then adds none)."""
 
 
 def run_harvest(
@@ -415,6 +159,61 @@ def _harvest(
 ) -> HarvestOutcome | Nothing_co:
     """``run_harvest``'s steps; the transcript lock it takes goes into ``locks``, for the
     caller to release."""
+    started = _lock_and_check(store, steps, llm, locks)
+    if not isinstance(started, _Checked):
+        return started
+    plan, checked = started.plan, started.ready
+    # What the model calls cost so far, filled in as they are made: a run that fails or is
+    # interrupted after them still has them counted (``steps.unrecorded``).
+    usage = Usage(guard=budget_for(store, plan.scope.id, plan.import_id))
+    # The answer in hand, kept until its notes are written (harvest.kept).
+    answer: KeptAnswer | None = None
+    try:
+        checked, found, answer = _answer(
+            plan, checked, store.settings, llm=llm, usage=usage, kept=kept
+        )
+        if isinstance(found, HarvestOutcome):
+            with store.transaction() as session:
+                return _settle(steps, session, found)
+        try:
+            recorded = _record_retrying(store, steps, plan, checked, found)
+        except RecordedElsewhere:  # rolled back: nothing was written
+            with store.transaction() as session:
+                skipped = plan.outcome("skipped", found.cost, model=found.model)
+                return _settle(steps, session, skipped)
+    except StorageFailure as exc:
+        raise_unrecorded(steps, plan, usage.counts, exc, answer)
+    except (HarvestError, ValueError) as exc:
+        try:
+            return steps.broke(plan, exc, usage)
+        except StorageFailure as failure:
+            raise_unrecorded(steps, plan, usage.counts, failure)
+    except Exception:
+        # Interrupted (a time limit, say) or a defect: not settled here, but the calls made
+        # were paid for.
+        if usage.counts.model_calls:
+            steps.unrecorded(plan, usage.counts)
+        raise
+    store.freshness.wrote(recorded.notes_written + recorded.notes_updated)
+    return recorded
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A planned transcript the ledger check, under its lock, left to harvest."""
+
+    plan: Plan
+    ready: Ready
+
+
+def _lock_and_check(
+    store: Store,
+    steps: HarvestSteps[Nothing_co],
+    llm: HarvestLLM | None,
+    locks: list[TranscriptLock],
+) -> _Checked | HarvestOutcome | Nothing_co:
+    """Plan, take the transcript's lock (waiting for another worker harvesting the same
+    transcript) and check the ledger; what ``begin`` or the check settled, else the plan."""
     settings = store.settings
     # Each write here (the claim, a job settled at once) is one statement: on PostgreSQL
     # they commit on their own, without a BEGIN and a COMMIT round trip.
@@ -437,66 +236,27 @@ def _harvest(
             checked = _settled(steps, session, plan, look_up(session, settings, plan, llm))
             if isinstance(checked, HarvestOutcome):
                 return checked
-    # What the model calls cost so far, filled in as they are made: a run that fails or is
-    # interrupted after them still has them counted (``steps.unrecorded``).
-    usage = Usage(guard=budget_for(store, plan.scope.id, plan.import_id))
-    # The answer in hand, kept until its notes are written (harvest.kept).
-    answer: KeptAnswer | None = None
-    try:
-        if kept is not None and kept.fits(plan.digest, plan.version):
-            answer = kept
-            found: Extraction | HarvestOutcome = kept.extraction()
-            checked = replace(checked, shown=kept.shown)  # the notes its marks' refs name
-        else:
-            found = extract_notes(plan, checked, settings, llm, usage)
-        if isinstance(found, HarvestOutcome):
-            with store.transaction() as session:
-                return _settle(steps, session, found)
-        if answer is None:
-            answer = KeptAnswer(plan.digest, plan.version, found, checked.shown)
-        try:
-            recorded = _record_retrying(store, steps, plan, checked, found)
-        except (RecordedElsewhere, AlreadyRecorded):  # rolled back: nothing was written
-            with store.transaction() as session:
-                skipped = plan.outcome("skipped", found.cost, model=found.model)
-                return _settle(steps, session, skipped)
-    except StorageFailure as exc:
-        _raise_unrecorded(steps, plan, usage.counts, exc, answer)
-    except (HarvestError, ValueError) as exc:
-        try:
-            return steps.broke(plan, exc, usage)
-        except StorageFailure as failure:
-            _raise_unrecorded(steps, plan, usage.counts, failure)
-    except Exception:
-        # Interrupted (a time limit, say) or a defect: not settled here, but the calls made
-        # were paid for.
-        if usage.counts.model_calls:
-            steps.unrecorded(plan, usage.counts)
-        raise
-    store.freshness.wrote(recorded.notes_written + recorded.notes_updated)
-    return recorded
+    return _Checked(plan, checked)
 
 
-def _raise_unrecorded(
-    steps: HarvestSteps[object],
+def _answer(
     plan: Plan,
-    paid: Counts,
-    failure: StorageFailure,
-    answer: KeptAnswer | None = None,
-) -> NoReturn:
-    """Raise on a database failure before the outcome was recorded: the failure itself when
-    no model call was made and no answer is in hand, else ``UnrecordedHarvest`` carrying
-    what the calls cost, once ``steps.unrecorded`` kept it where it still could, and the
-    answer, to be written by a retry instead of calling the model again."""
-    if not paid.model_calls and answer is None:
-        raise failure
-    counted = steps.unrecorded(plan, paid) if paid.model_calls else False
-    if answer is not None and counted:
-        answer = replace(answer, counted=True)
-    kept = answer.as_json() if answer is not None and answer.keepable() else None
-    if kept is None and not paid.model_calls:
-        raise failure
-    raise UnrecordedHarvest(failure, paid, kept) from failure
+    checked: Ready,
+    settings: Settings,
+    *,
+    llm: HarvestLLM | None,
+    usage: Usage,
+    kept: KeptAnswer | None,
+) -> tuple[Ready, Extraction | HarvestOutcome, KeptAnswer | None]:
+    """The model's answer: the one a failed write kept, when it is this transcript's (with
+    the notes its marks' refs name), else a fresh extraction (or its ``failed`` outcome);
+    and the answer to keep until its notes are written."""
+    if kept is not None and kept.fits(plan.digest, plan.version):
+        return replace(checked, shown=kept.shown), kept.extraction(), kept
+    found = extract_notes(plan, checked, settings, llm, usage)
+    if isinstance(found, HarvestOutcome):
+        return checked, found, None
+    return checked, found, KeptAnswer(plan.digest, plan.version, found, checked.shown)
 
 
 def _record_retrying(
@@ -510,21 +270,20 @@ def _record_retrying(
     raise AssertionError("unreachable: write_retries re-raises the last failure")
 
 
-# How often in a row one harvest's write may lose a race with another writer (a slug taken
-# at the COMMIT, a note changed under a rewrite) before the job is left to a retry later.
+# How often in a row one harvest's write may lose a race with another writer (a note changed
+# under a rewrite) before the job is left to a retry later.
 WRITE_RACES = 3
 
 
 def _record_racing(
     store: Store, steps: HarvestSteps[object], plan: Plan, ready: Ready, found: Extraction
 ) -> HarvestOutcome:
-    """``_record``, first with the new notes sent with the COMMIT (one round trip fewer),
-    again at once when another writer won a race (rolled back, nothing written): new notes
-    then take free slugs, and every rewrite is decided again on what is stored now."""
-    for attempt in range(WRITE_RACES):
+    """``_record``, again at once when another writer won a race (rolled back, nothing
+    written): every rewrite is decided again on what is stored now."""
+    for _ in range(WRITE_RACES):
         try:
-            return _record(store, steps, plan, ready, found, at_commit=attempt == 0)
-        except (SlugTaken, NoteChanged) as exc:
+            return _record(store, steps, plan, ready, found)
+        except NoteChanged as exc:
             lost = exc
     raise StorageFailure(
         f"the harvest's notes lost {WRITE_RACES} races with other writers in a row ({lost})",
@@ -538,13 +297,11 @@ def _record(
     plan: Plan,
     ready: Ready,
     found: Extraction,
-    *,
-    at_commit: bool,
 ) -> HarvestOutcome:
     """``record_harvest`` and the outcome settled in one transaction that holds off a forget
     of the owner."""
-    with forget.held_off(store, plan.scope, plan.transcript.conversation_id) as session:
-        outcome = record_harvest(session, store.settings, plan, ready, found, at_commit=at_commit)
+    with forget.held_off(store, plan.scope) as session:
+        outcome = record_harvest(session, store.settings, plan, ready, found)
         return _settle(steps, session, outcome)
 
 
@@ -593,21 +350,6 @@ class _InProcess:
 
     def unrecorded(self, plan: Plan, paid: Counts) -> bool:
         return False  # the caller gets the cost on the UnrecordedHarvest raised
-
-
-def failed_after(
-    plan: Plan, error: HarvestError | ValueError, paid: Usage, settings: Settings
-) -> HarvestOutcome:
-    """The ``failed`` outcome of a harvest that raised once planned: the reason, and what the
-    model calls already made cost (an error while writing, or while settling a failed
-    extraction, comes after them)."""
-    model = model_named(paid, settings)
-    return plan.outcome("failed", paid.counts, model=model, error=format_error(error))
-
-
-def model_named(usage: Usage, settings: Settings) -> str:
-    """The model an outcome names: the one the server said answered, else the setting's."""
-    return usage.model or str(settings.harvest_model or "offline")
 
 
 def harvest_transcript(

@@ -22,8 +22,9 @@ from harvest.errors import (
     TransientModelError,
     server_text,
 )
-from harvest.formats import ResponseFormat, format_payload, known_format, refuses_format
+from harvest.formats import format_payload, known_format, refuses_format
 from harvest.llm import LLMAnswer, content_text
+from harvest.options import ResponseFormat
 from harvest.retry import retry_after_from
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import importlib
 import logging
 import sys
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -28,12 +28,11 @@ from harvest.errors import ContextWindowExceeded, TruncatedAnswer, UnparseableAn
 from harvest.formats import call_with_fallback
 from harvest.litellm_client import litellm_call, litellm_format, load_litellm
 from harvest.llm import HarvestLLM, LLMAnswer, Messages
+from harvest.merge import merge_notes, spelled_as_known
 from harvest.options import MIN_CONTEXT_TOKENS, ModelOptions
 from harvest.outcome import Counts
 from harvest.prompt import KnownNote, build_messages, reask_messages, render_message
 from harvest.transcript import Limits, Transcript, check_size, too_large
-from store import judge
-from store.terms import FactText
 
 # The call contract, the options and token counting live in the modules named for them.
 __all__ = [
@@ -362,55 +361,3 @@ def _final(answer: LLMAnswer, options: ModelOptions, max_facts: int | None = Non
             "GLEANER_HARVEST_MAX_FACTS"
         )
     return parse_answer(answer.text, options.types)
-
-
-def _title_key(title: str) -> str:
-    # Case, spacing and closing punctuation aside: "Uses C++" and "Uses C#" stay two titles.
-    return " ".join(title.casefold().split()).rstrip(".!?;:, ")
-
-
-def spelled_as_known(
-    notes: Iterable[NoteCandidate], known_keys: Sequence[tuple[str, str]]
-) -> list[NoteCandidate]:
-    """The notes, each topic key that is a shown key but for case or surrounding space taken
-    as the owner spells it: keys match exactly, and "Profile/City" for "profile/city" would
-    be a second note of the fact (a keyed note, so dedupe would never merge the two)."""
-    spelling = {key.strip().casefold(): key for key, _ in known_keys}
-    spelled = []
-    for note in notes:
-        key = note.topic_key
-        known = spelling.get(key.strip().casefold()) if key else None
-        same = known is None or known == key
-        spelled.append(note if same else note.model_copy(update={"topic_key": known}))
-    return spelled
-
-
-def merge_notes(notes: Iterable[NoteCandidate], max_facts: int) -> list[NoteCandidate]:
-    """Deduplicate notes of one title (normalized) that hold one fact, keeping the most
-    confident; sort by confidence (highest first, ties in order of appearance) and keep at
-    most ``max_facts``.
-
-    Two notes of one title whose titles or bodies disagree (``store.judge.contradiction``:
-    "Editor preference" as Vim for Python and as VS Code for TypeScript, or "Uses C++" and
-    "Uses C#") are both kept: the title alone does not make them one fact, and the store's
-    same-fact rule then judges each as it judges notes from two conversations.
-    """
-    kept: list[NoteCandidate] = []
-    by_title: dict[str, list[int]] = {}  # normalized title -> its notes' places in kept
-    for note in notes:
-        same_title = by_title.setdefault(_title_key(note.title) or note.title, [])
-        twin = next(
-            (i for i in same_title if judge.contradiction(_fact(kept[i]), _fact(note)) is None),
-            None,
-        )
-        if twin is None:
-            same_title.append(len(kept))
-            kept.append(note)
-        elif note.confidence > kept[twin].confidence:
-            kept[twin] = note
-    ranked = sorted(kept, key=lambda n: -n.confidence)
-    return ranked[:max_facts]
-
-
-def _fact(note: NoteCandidate) -> FactText:
-    return FactText(title=note.title, body=note.body)

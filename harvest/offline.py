@@ -46,10 +46,10 @@ from harvest.offline_cues import (
 )
 from harvest.redact import redact_text
 from harvest.transcript import Message, Transcript
+from privacy import REDACTED
 from store import judge
 from store.settings import DEFAULT_OBSERVATION_TYPES
 from store.terms import FactText
-from store.text import REDACTED
 
 
 @dataclass

@@ -11,9 +11,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from harvest.formats import ResponseFormat
 from store import ConfigError, Settings
 from store.settings import DEFAULT_OBSERVATION_TYPES, setting_field
+
+# Strongest first: ``auto`` falls back along this order when the server refuses one
+# (``harvest.formats``). Defined here, with the option that names them, so the options sit
+# below the clients that read them. ``json_object_schema`` is ``{"type": "json_object",
+# "schema": ...}``, the form llama-cpp-python's server takes (it answers HTTP 500 to
+# ``json_schema``).
+ResponseFormat = Literal["json_schema", "json_object_schema", "json_object", "none"]
+FORMATS: tuple[ResponseFormat, ...] = ("json_schema", "json_object_schema", "json_object", "none")
 
 # Each option that mirrors a setting, and the setting it mirrors (its GLEANER_* variable is
 # the upper-cased name).

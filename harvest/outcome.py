@@ -36,7 +36,7 @@ class Counts(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     # Secrets replaced with [REDACTED]: in the transcript when it came in, and in the model's
-    # answer (store.secrets). Reported with the outcome; not a ledger column.
+    # answer (privacy.secrets). Reported with the outcome; not a ledger column.
     secrets_redacted: int = 0
 
     def counts(self) -> dict[str, int]:

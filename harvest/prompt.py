@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from harvest.transcript import Message
+from privacy import strip_private
 from store.settings import DEFAULT_OBSERVATION_TYPES
-from store.text import strip_private
 
 # One line of guidance per known type; a configured type without one is listed bare.
 TYPE_GUIDE: dict[str, str] = {

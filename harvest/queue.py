@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from harvest import metrics
 from harvest.errors import HarvestError
-from harvest.job import Plan, failed_after, plan_harvest, resolve_owner, run_harvest
+from harvest.job import run_harvest
 from harvest.kept import KeptAnswer
 from harvest.model import Usage
 from harvest.outcome import Counts, HarvestOutcome
+from harvest.plan import Plan, plan_harvest, resolve_owner
 from harvest.redact import redact_transcript, transcript_hash
+from harvest.steps import failed_after
 from harvest.transcript import Transcript, check_storable
 from store import StorageFailure, Store, format_error, job_leases
 from store import jobs as job_records

@@ -7,8 +7,8 @@ import json
 from collections.abc import Sequence
 
 from harvest.transcript import Message, Transcript
+from privacy import REDACTED, redact_private, redact_secrets, strip_private
 from store.index import strip_index_text
-from store.text import REDACTED, redact_private, redact_secrets, strip_private
 
 # Bump when the canonical form changes, so old and new hashes cannot collide by accident.
 _HASH_VERSION = 1
@@ -39,7 +39,7 @@ def redact_messages_counted(messages: Sequence[Message]) -> tuple[list[Message],
     A span a message leaves open goes on into the next messages: they are private up to the
     closing tag, and the message that closes it keeps only its text after the close. A span
     still open at the last message redacts to the end (fails closed). Memory-index blocks are
-    removed from each message first; secrets (``store.secrets``) after the private spans,
+    removed from each message first; secrets (``privacy.secrets``) after the private spans,
     and a secret found in one message is redacted wherever a later message repeats it.
     """
     kept: list[Message] = []

@@ -10,12 +10,12 @@ from harvest import grounding
 from harvest.candidate import NoteCandidate
 from harvest.outcome import Counts
 from harvest.transcript import Transcript
+from privacy import redact
 from store import Scope, Settings, judge, keyed, normalize_topics, notes, similar, strip_private
 from store.instructions import instruction_flag
 from store.keyed import ShownNote
 from store.similar import Twin
 from store.terms import FactText, jaccard, similarity_terms
-from store.text import redact
 
 if TYPE_CHECKING:
     from store import Executor
@@ -38,7 +38,6 @@ def write_candidates(
     *,
     transcript: Transcript,
     provenance: str,
-    at_commit: bool = False,
     shown: Sequence[ShownNote] = (),
 ) -> Written:
     """Write grounded candidates as unpinned notes; one holding a fact the scope already
@@ -69,9 +68,7 @@ def write_candidates(
       ``NoteChanged`` and nothing is written; the caller decides again.
 
     Candidates go through ``notes.write_batch`` in segments that give the same outcome as
-    writing them one by one. ``at_commit``: the caller reads nothing after this in its
-    transaction, so the last segment's new notes may go with its COMMIT (``SlugTaken`` there
-    when another writer took one of their slugs meanwhile).
+    writing them one by one.
     """
     writer = _SegmentWriter(session, settings, scope, transcript=transcript, provenance=provenance)
     writer.kept = writer.keep(candidates)
@@ -85,44 +82,18 @@ def write_candidates(
     shown_ids = {note.id for note in shown}
     protected = writer.prepare(by_ref, shown_ids)
     for position, (candidate, text) in enumerate(writer.kept):
-        attrs = _attrs(candidate, text)
-        reason = None
-        # What the decision below reads is read without a lock; the writer checks it again
-        # on the locked row (a person may pin or rewrite the note meanwhile).
-        expect: notes.Expect | None = None
         target = by_ref.get(candidate.ref or "") if candidate.mark in ("same", "update") else None
-        if target is not None:
-            if candidate.mark == "same" or target.untouchable:
-                writer.skipped += 1
-                continue
-            writer.flush()  # the rewrite must see what this segment wrote
-            attrs["slug"], reason = target.slug, "harvest_update"
-            expect = notes.Expect(text=(target.title, target.body, target.topics))
-        elif candidate.topic_key is not None:
-            if candidate.topic_key in protected:
-                writer.skipped += 1
-                continue
-            expect = notes.Expect()  # the key's note, if any, still neither pinned nor a person's
-        else:
-            decided = writer.untwinned(position, candidate, text, shown_ids)
-            if decided is None:
-                writer.skipped += 1
-                continue
-            if decided.slug is not None:
-                attrs["slug"], reason, expect = decided.slug, "harvest_same_fact", decided.expect
-        writer.items.append(
-            notes.BatchItem(
-                attrs=attrs,
-                note_type=candidate.type,
-                topic_key=None if target is not None else candidate.topic_key,
-                reason=reason,
-                expect=expect,
-            )
+        item = writer.decide(
+            position, candidate, text, target=target, protected=protected, shown_ids=shown_ids
         )
+        if item is None:
+            writer.skipped += 1
+            continue
+        writer.items.append(item)
         if candidate.topic_key is not None or target is not None:
             writer.flush()  # its upsert may rewrite any note: later lookups must see the result
     if writer.items:
-        writer.flush(at_commit=at_commit)  # nothing looks at the store after this one
+        writer.flush()
     return writer.written()
 
 
@@ -253,7 +224,7 @@ class _SegmentWriter:
             )
         return kept
 
-    def flush(self, *, at_commit: bool = False) -> None:
+    def flush(self) -> None:
         self.stale = True
         for result in notes.write_batch(
             self.session,
@@ -263,7 +234,6 @@ class _SegmentWriter:
             provenance=self.provenance,
             conversation_id=self.transcript.conversation_id,
             occurred_at=self.transcript.happened_at,
-            at_commit=at_commit,
         ):
             if result.outcome == "invalid":
                 self.dropped += 1  # e.g. a body over max_body_bytes: drop it
@@ -278,18 +248,9 @@ class _SegmentWriter:
         self.targets.clear()
 
     def prepare(self, by_ref: Mapping[str, ShownNote], shown_ids: set[int]) -> set[str]:
-        """Before the first write: send the first segment's slug lookup ahead, decide each
-        keyed candidate's key (``_hinted``: a hint, decided for all first, so the twin
-        lookups see which go on without theirs); returns the keys no harvest may write
-        through (held by a pinned or person-written note)."""
-        # The first segment's slug lookup as it will most likely be (the kept candidates up
-        # to the first topic key, none a twin's rewrite) goes with the first round trip.
-        first: list[tuple[str, str | None]] = []
-        for candidate, text in self.kept:
-            first.append((text.title, candidate.topic_key))
-            if candidate.topic_key is not None:
-                break
-        notes.look_ahead(self.session, self.scope, first)
+        """Before the first write: decide each keyed candidate's key (``_hinted``: a hint,
+        decided for all first, so the twin lookups see which go on without theirs); returns
+        the keys no harvest may write through (held by a pinned or person-written note)."""
         names = [c.topic_key for c, _ in self.kept if c.topic_key is not None]
         if not names:
             return set()
@@ -316,6 +277,47 @@ class _SegmentWriter:
             for candidate, text in self.kept
         ]
         return protected
+
+    def decide(
+        self,
+        position: int,
+        candidate: NoteCandidate,
+        text: FactText,
+        *,
+        target: ShownNote | None,
+        protected: set[str],
+        shown_ids: set[int],
+    ) -> notes.BatchItem | None:
+        """The batch item ``candidate`` is written as, or None when it is skipped. ``target``:
+        the shown note the model marked it the same as, or an update of."""
+        attrs = _attrs(candidate, text)
+        reason = None
+        # What the decision below reads is read without a lock; the writer checks it again
+        # on the locked row (a person may pin or rewrite the note meanwhile).
+        expect: notes.Expect | None = None
+        if target is not None:
+            if candidate.mark == "same" or target.untouchable:
+                return None
+            self.flush()  # the rewrite must see what this segment wrote
+            attrs["slug"], reason = target.slug, "harvest_update"
+            expect = notes.Expect(text=(target.title, target.body, target.topics))
+        elif candidate.topic_key is not None:
+            if candidate.topic_key in protected:
+                return None
+            expect = notes.Expect()  # the key's note, if any, still neither pinned nor a person's
+        else:
+            decided = self.untwinned(position, candidate, text, shown_ids)
+            if decided is None:
+                return None
+            if decided.slug is not None:
+                attrs["slug"], reason, expect = decided.slug, "harvest_same_fact", decided.expect
+        return notes.BatchItem(
+            attrs=attrs,
+            note_type=candidate.type,
+            topic_key=None if target is not None else candidate.topic_key,
+            reason=reason,
+            expect=expect,
+        )
 
     def untwinned(
         self, position: int, candidate: NoteCandidate, text: FactText, shown_ids: set[int]

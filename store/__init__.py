@@ -18,18 +18,24 @@ owner's JSON Lines export and loading it back), ``terms``, ``text``, ``schemas``
 ``errors``, ``settings`` and ``db`` (migrations and revisions).
 
 Everything else is internal and may change without notice: the one writer (``writer``,
-``write_lookup``, ``term_index``, ``search_index``, ``drafts``), dialect SQL (``sql``),
+``write_plan``, ``write_item``, ``write_lookup``, ``term_index``, ``search_index``,
+``drafts``), dialect SQL (``sql``),
 advisory locks (``locks``, reached through ``Store.transcript_lock``, whose ``TranscriptLock`` is
 exported here), superseding (``supersede``), dedupe and its join (``dedupe``, ``overlap``,
 ``housekeeping``), forgetting one conversation (``forget_conversation``, reached through
 ``Store.forget_conversation``), ``mem``, ``tending``, ``api`` (``Store`` is exported here),
-``models``, ``tables`` (the Core tables the read commands use) and ``migrations``.
+``models`` (with ``orm_base`` and ``records``), ``tables`` (the Core tables the read
+commands use), ``migrations``, and the pieces public modules are split into and re-export:
+``sessions`` (``Store``'s transactions), ``config`` and ``config_embed`` (the ``Settings``
+model), ``job_intake``, ``fact_terms``, ``term_lookup``, ``search_sql``, ``fusion``,
+``dedupe_run``, ``dedupe_settle``, ``keepers``, ``export_records`` and ``restore_check``.
 ``tests/test_layout.py`` holds every package to this and to the direction
 ``workers -> harvest -> store``.
 """
 
 from typing import TYPE_CHECKING
 
+from privacy import strip_private
 from store.errors import (
     ConfigError,
     DataRefused,
@@ -40,7 +46,7 @@ from store.errors import (
     StoreError,
     format_error,
 )
-from store.text import normalize_topics, slugify, snippet, strip_private, topics
+from store.text import normalize_topics, slugify, snippet, topics
 
 # The rest is imported from its module when first asked for (PEP 562): importing one module
 # of the store (`gleaner search` imports ``store.search``) does not pay for them all, and
@@ -61,7 +67,7 @@ _LAZY = {
         ),
         "store.schemas",
     ),
-    "Settings": "store.settings",
+    "Settings": "store.config",
     "load_settings": "store.settings",
     "Executor": "store.sql",
     "TranscriptLock": "store.locks",
@@ -69,6 +75,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from store.api import Store
+    from store.config import Settings
     from store.locks import TranscriptLock
     from store.schemas import (
         LinkResult,
@@ -81,7 +88,7 @@ if TYPE_CHECKING:
         Similar,
         WriteResult,
     )
-    from store.settings import Settings, load_settings
+    from store.settings import load_settings
     from store.sql import Executor
 else:
 

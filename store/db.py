@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
 
+from store.errors import StorageFailure
+
 if TYPE_CHECKING:
     from alembic.config import Config
 
@@ -51,6 +53,10 @@ _SHORTEN_SERVER_KEEPALIVES = (
 )
 
 
+# Runs of one statement on a connection before psycopg prepares it there (psycopg's default).
+PREPARE_THRESHOLD = 5
+
+
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     """Create an engine for a ``sqlite:///`` or ``postgresql+psycopg://`` URL.
 
@@ -67,18 +73,18 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         parsed = parsed.update_query_dict(
             {key: value for key, value in CLIENT_KEEPALIVES.items() if key not in parsed.query}
         )
-        # psycopg's own automatic preparation is off: once it has prepared a statement, a
-        # rollback makes it DEALLOCATE ALL on the connection, which would drop the hot
-        # statements ``store.prepared`` keeps prepared there too (those are the ones run
-        # often enough to be worth preparing).
+        # psycopg prepares a statement on a connection once it has run PREPARE_THRESHOLD
+        # times there: a harvest's statements are the same every job (their parameters
+        # change), so the server parses and plans each once per connection.
         engine = create_engine(
             parsed,
             pool_size=pool_size,
             max_overflow=pool_size,
-            connect_args={"prepare_threshold": None},
+            connect_args={"prepare_threshold": PREPARE_THRESHOLD},
             hide_parameters=True,
         )
         _ping_when_idle(engine)
+        event.listen(engine, "commit", _refuse_aborted_commit)
         event.listen(
             engine.pool, "connect", lambda dbapi_connection, _: shorten_keepalives(dbapi_connection)
         )
@@ -123,6 +129,21 @@ def shorten_keepalives(connection: Any) -> None:
         )
     if not connection.autocommit:
         connection.commit()  # set_config of a rolled-back transaction would not hold
+
+
+def _refuse_aborted_commit(connection: Any) -> None:
+    """Raise instead of committing a transaction a failed statement aborted (its error
+    caught and let go): PostgreSQL answers that COMMIT with ROLLBACK and psycopg raises
+    nothing, so the caller would take what was rolled back for committed. The pool rolls
+    the connection back when it is returned."""
+    from psycopg.pq import TransactionStatus
+
+    driver = connection.connection.driver_connection
+    if driver is not None and driver.info.transaction_status == TransactionStatus.INERROR:
+        raise StorageFailure(_NOT_COMMITTED)
+
+
+_NOT_COMMITTED = "the transaction was rolled back, not committed: a statement in it failed"
 
 
 def _ping_when_idle(engine: Engine) -> None:

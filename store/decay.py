@@ -18,15 +18,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from store.config import Settings
 from store.housekeeping import DECAY, Transactions, elapsed, record
-from store.models import ARCHIVED, LIVE, Memory, utcnow
+from store.models import Memory
 from store.schemas import Frozen
-from store.settings import Settings
 from store.sql import (
     decayed_weight,
     dialect_name,
     next_seq,
 )
+from store.tables import ARCHIVED, LIVE, utcnow
 
 # A weight moving by less than this is not worth a row write (a fresh note moves ~3e-7 a
 # second at a 30-day half-life).

@@ -21,9 +21,9 @@ from pydantic import (
     ValidationInfo,
 )
 
+from store.config import Settings
 from store.errors import InvalidInput
 from store.instructions import instruction_flag
-from store.settings import Settings
 from store.text import (
     MAX_BODY_BYTES_SETTING,
     check_text,

@@ -10,8 +10,6 @@ stable, machine-readable ``reason`` beside a human message::
         │   ├── LinkRefused a link would break the supersedes rules (cycle, second superseder)
         │   └── BadExport   a line of an export file to restore is not valid; nothing restored
         ├── NotFound        the scope holds no note with that slug (also LookupError)
-        ├── AlreadyRecorded another harvest recorded the transcript first; nothing was written
-        ├── SlugTaken       a new note's slug or topic key was taken at the commit; nothing written
         ├── NoteChanged     a note a harvest would rewrite changed since it was read; none written
         └── StorageFailure  the database failed; the transaction was rolled back (RuntimeError)
             └── DataRefused the database refused a value sent (too long, NUL): again fails too
@@ -93,21 +91,6 @@ class NotFound(StoreError, LookupError):
     """Raised when a slug names no note in the scope."""
 
     reason = "not_found"
-
-
-class AlreadyRecorded(StoreError):
-    """Raised when a harvest's commit finds the ledger row of its transcript written by
-    another harvest first; the transaction was rolled back, notes and all."""
-
-    reason = "already_recorded"
-
-
-class SlugTaken(StoreError):
-    """Raised when a harvest's commit finds a slug or topic key of its new notes taken by
-    another writer since the harvest looked them up (``store.writer``'s ``at_commit``); the
-    transaction was rolled back, notes and all, and the harvest writes them again."""
-
-    reason = "slug_taken"
 
 
 class StorageFailure(StoreError, RuntimeError):

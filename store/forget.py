@@ -17,9 +17,9 @@ it writing nothing, and a forget of another conversation of the owner does not s
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol, cast
 
 from sqlalchemy import (
     Connection,
@@ -34,8 +34,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from store import prepared, spend
-from store.models import (
+from store.models import Memory, MemoryVersion, MemSession
+from store.records import (
     ApiKey,
     ForgottenConversation,
     ForgottenOwner,
@@ -44,16 +44,24 @@ from store.models import (
     HousekeepingState,
     ImportBatch,
     Job,
-    Memory,
-    MemoryVersion,
-    MemSession,
-    utcnow,
 )
 from store.schemas import Scope
+from store.spend import forget_owner as forget_spending
 from store.sql import Executor, advisory_key, dialect_insert, dialect_name
+from store.tables import utcnow
 
-if TYPE_CHECKING:
-    from store.api import Store
+
+class Connecting(Protocol):
+    """What ``held_off`` uses of a ``Store``: typed by shape, so this module need not import
+    the facade (which imports it)."""
+
+    @property
+    def dialect(self) -> str: ...
+
+    def connection(
+        self, *, opening: Sequence[tuple[Executable, Mapping[str, Any]]] | None = None
+    ) -> AbstractContextManager[Connection]: ...
+
 
 # Tables whose dead rows a PostgreSQL forget vacuums right after its commit.
 VACUUMED = (
@@ -109,7 +117,7 @@ def count(session: Session, statement: Executable) -> int:
     return int(cast("CursorResult[Any]", session.execute(statement)).rowcount)
 
 
-_SHARED_LOCK = prepared.hot(text("SELECT pg_advisory_xact_lock_shared(:k)"))  # a job takes it
+_SHARED_LOCK = text("SELECT pg_advisory_xact_lock_shared(:k)")  # a job takes it
 _EXCLUSIVE_LOCK = text("SELECT pg_advisory_xact_lock(:k)")  # a forget takes it
 # How many times the owner of ``:owner_key`` was forgotten, plus how many times its
 # conversation of ``:conversation_key`` was (0: never). Both only grow, so the sum is the
@@ -125,54 +133,29 @@ GENERATION = func.coalesce(
     .scalar_subquery(),
     0,
 )
-_GENERATION = prepared.hot(select(GENERATION.label("generation")))
 
 
 # Where ``held_off`` marks its connection (``Connection.info``) while the transaction lasts:
-# a harvest checks it is in one, and that its forget count was read for its conversation.
+# a harvest checks it is in one.
 HELD_OFF = "gleaner.forget_held_off"
-HELD_OFF_CONVERSATION = "gleaner.forget_held_off_conversation"
 
 
 @contextmanager
-def held_off(
-    store: Store, scope: Scope, conversation_id: str | None = None
-) -> Iterator[Connection]:
+def held_off(store: Connecting, scope: Scope) -> Iterator[Connection]:
     """A transaction on a Core connection that opens holding off a forget of ``scope`` (or
-    of one of its conversations), as ``hold_off`` does (a harvest of ``conversation_id``
-    records its notes in one). On PostgreSQL it opens with the lock and then reads the
-    forget count of the owner and that conversation (``generation_at_open``), a statement
-    of its own so that it sees a forget that committed while the lock was awaited; both go
-    to the server with the transaction's first statement (``Store.connection``)."""
+    of one of its conversations), as ``hold_off`` does: a harvest records its notes in one,
+    its ledger row written only while the forget count it planned with still holds
+    (``store.ledger.record``), which no forget can change before the transaction ends."""
     opening: list[tuple[Executable, Mapping[str, Any]]] | None = None
     if store.dialect == "postgresql":
-        opening = [
-            (_SHARED_LOCK, {"k": lock_key(scope)}),
-            (_GENERATION, generation_params(scope, conversation_id)),
-        ]
+        opening = [(_SHARED_LOCK, {"k": lock_key(scope)})]
     with store.connection(opening=opening) as held:
         # The connection's info outlives the transaction (it goes back to the pool with it).
         held.info[HELD_OFF] = scope
-        held.info[HELD_OFF_CONVERSATION] = conversation_id
         try:
             yield held
         finally:
             held.info.pop(HELD_OFF, None)
-            held.info.pop(HELD_OFF_CONVERSATION, None)
-
-
-def generation_at_open(session: Connection) -> int:
-    """The forget count (``GENERATION``) of the owner and the conversation a ``held_off``
-    transaction on PostgreSQL was opened for, as it read it under the lock: no forget of
-    either can commit before the transaction ends, so it holds to the end."""
-    ((generation,),) = prepared.opened(session)  # a failed opening raised in opened()
-    return int(generation)
-
-
-def opened_for(session: Executor, conversation_id: str | None) -> bool:
-    """Whether a ``held_off`` transaction read the forget count of ``conversation_id``
-    (else ``generation_at_open`` is another conversation's)."""
-    return HELD_OFF in session.info and session.info.get(HELD_OFF_CONVERSATION) == (conversation_id)
 
 
 def is_held_off(session: Executor, scope: Scope) -> bool:
@@ -188,12 +171,12 @@ def lock_out(session: Session, scope: Scope) -> None:
         session.execute(_EXCLUSIVE_LOCK, {"k": lock_key(scope)})
 
 
-def hold_off(session: Session, scope: Scope) -> None:
+def hold_off(session: Executor, scope: Scope) -> None:
     """Keep a forget of the owner from committing until this transaction ends (PostgreSQL:
     the forget lock, shared). A harvest takes it before it writes, then writes its ledger row
     only if the owner's forget count is still the planned one (``store.ledger.record``)."""
     if dialect_name(session) == "postgresql":
-        prepared.execute(session, _SHARED_LOCK, {"k": lock_key(scope)})
+        session.execute(_SHARED_LOCK, {"k": lock_key(scope)})
 
 
 def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -> dict[str, int]:
@@ -258,7 +241,7 @@ def forget_owner(session: Session, principal: str, *, tombstones: bool = True) -
         # A key allowed only this owner is no use once the owner is gone, and holds the name.
         "api_keys": count(session, delete(ApiKey).where(ApiKey.owner == principal)),
         # The daily budget's ledger is keyed by the owner's name.
-        "spend": spend.forget_owner(session, principal),
+        "spend": forget_spending(session, principal),
         "tombstones": buried,
     }
     scrub_housekeeping(session)

@@ -33,28 +33,30 @@ from typing import Any
 from sqlalchemy import bindparam, delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from store import forget, supersede
 from store.errors import InvalidInput, NotFound
-from store.models import (
-    LIVE,
-    SUPERSEDED,
+from store.fact_terms import similarity_terms
+from store.forget import (
+    conversation_key,
+    count,
+    lock_out,
+    owner_key,
+    scrub_housekeeping,
+    transcript_key,
+)
+from store.models import Link, Memory, MemoryTerm, MemoryVersion
+from store.records import (
     ForgottenConversation,
     ForgottenTranscript,
     HarvestLedger,
     ImportBatch,
     Job,
-    Link,
-    Memory,
-    MemoryTerm,
-    MemoryVersion,
-    utcnow,
 )
 from store.schemas import Scope
 from store.search_index import Postings, delete_postings, insert_postings, postings_of
 from store.sql import ID_CHUNK, dialect_insert, next_seqs
-from store.tables import MEMORIES, MEMORY_VECTORS
+from store.supersede import lock_scopes
+from store.tables import LIVE, MEMORIES, MEMORY_VECTORS, SUPERSEDED, utcnow
 from store.term_index import insert_terms
-from store.terms import similarity_terms
 from store.text import check_text, content_hash, quoted
 
 # The receipt's counts, in the order they are shown.
@@ -104,10 +106,10 @@ def forget_conversation(session: Session, principal: str, conversation_id: str) 
     row of the owner names the conversation."""
     scope = Scope.owner(principal)
     conversation_id = check_conversation_id(conversation_id)
-    forget.lock_out(session, scope)
+    lock_out(session, scope)
     # Dedupe and links check a pair under this lock before they supersede: none pairs a note
     # with one deleted here.
-    supersede.lock_scopes(session, [scope])
+    lock_scopes(session, [scope])
     if not _known(session, scope, conversation_id):
         raise NotFound(
             f"owner {quoted(scope.id)} has no conversation {quoted(conversation_id)} "
@@ -125,7 +127,7 @@ def forget_conversation(session: Session, principal: str, conversation_id: str) 
         session, MEMORY_VECTORS, MEMORY_VECTORS.c.memory_id, [r.note_id for r in restores] + doomed
     )
     # Its own history entries, on any note, and the versions now live again.
-    counts["versions"] = forget.count(
+    counts["versions"] = count(
         session,
         delete(MemoryVersion).where(
             MemoryVersion.scope_kind == scope.kind,
@@ -145,13 +147,13 @@ def forget_conversation(session: Session, principal: str, conversation_id: str) 
     counts["notes_deleted"] = _delete_in(session, Memory, Memory.id, doomed)
 
     counts["jobs"] = _delete_jobs(session, scope, conversation_id)
-    counts["ledger"] = forget.count(
+    counts["ledger"] = count(
         session,
         delete(HarvestLedger).where(
             *_in_ledger(scope), HarvestLedger.conversation_id == conversation_id
         ),
     )
-    forget.scrub_housekeeping(session)
+    scrub_housekeeping(session)
     return counts
 
 
@@ -195,10 +197,9 @@ def _bury(session: Session, scope: Scope, conversation_id: str, now: datetime) -
         )
     ).scalars()
     digests = sorted({str(d) for d in (*harvested, *waiting)})
-    owner = forget.owner_key(scope)
+    owner = owner_key(scope)
     rows = [
-        {"key": forget.transcript_key(scope, d), "owner_key": owner, "forgotten_at": now}
-        for d in digests
+        {"key": transcript_key(scope, d), "owner_key": owner, "forgotten_at": now} for d in digests
     ]
     if rows:
         session.execute(dialect_insert(session, ForgottenTranscript).on_conflict_do_nothing(), rows)
@@ -209,7 +210,7 @@ def _count_forget(session: Session, scope: Scope, conversation_id: str, now: dat
     """One more forget of the conversation: a harvest of it planned before writes nothing."""
     session.execute(
         dialect_insert(session, ForgottenConversation)
-        .values(key=forget.conversation_key(scope, conversation_id), generation=1, forgotten_at=now)
+        .values(key=conversation_key(scope, conversation_id), generation=1, forgotten_at=now)
         .on_conflict_do_update(
             index_elements=["key"],
             set_={"generation": ForgottenConversation.generation + 1, "forgotten_at": now},
@@ -384,7 +385,7 @@ def _delete_jobs(session: Session, scope: Scope, conversation_id: str) -> int:
             .where(ImportBatch.id == import_id)
             .values(total=ImportBatch.total - n)
         )
-    return forget.count(session, delete(Job).where(*mine))
+    return count(session, delete(Job).where(*mine))
 
 
 def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
@@ -395,6 +396,4 @@ def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
 def _delete_in(session: Session, table: Any, column: Any, ids: Iterable[int]) -> int:
     """Delete the rows of ``table`` whose ``column`` is one of ``ids``; how many."""
     found = sorted(set(ids))
-    return sum(
-        forget.count(session, delete(table).where(column.in_(chunk))) for chunk in _chunks(found)
-    )
+    return sum(count(session, delete(table).where(column.in_(chunk))) for chunk in _chunks(found))

@@ -16,11 +16,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from store.models import HousekeepingState, utcnow
+from store.records import HousekeepingState
 from store.sql import (
     advisory_key,
     dialect_insert,
 )
+from store.tables import utcnow
 
 DECAY, DEDUPE = "decay", "dedupe"
 # Results (and housekeeping_state.last_result) list at most this many pairs.

@@ -8,16 +8,17 @@ import html
 import re
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, Row, func, select
 
+from privacy import redact_private
 from store.schemas import Scope
 from store.tables import LIVE, MEMORIES
-from store.text import redact_private
 
 if TYPE_CHECKING:
-    from store.settings import Settings
+    from store.config import Settings
+    from store.schemas import SearchHit
 
 INDEX_OPEN = "<gleaner-memory-index"
 INDEX_CLOSE = "</gleaner-memory-index>"
@@ -34,6 +35,10 @@ TOKEN_CHARS = 16
 # one's body is shown.
 RELEVANT_NOTES = 10
 RELEVANT_BODY_BYTES = 240
+
+# What index_text reads of a live note: pinned, slug, title, body, said, provenance,
+# confidence, flag.
+NoteRow = Row[Any, Any, Any, Any, Any, Any, Any, Any]
 
 
 def estimate_tokens(text: str) -> int:
@@ -127,38 +132,58 @@ def index_text(
         return ""
     head = _head(scope, count, "0" * TOKEN_CHARS)  # as long as the real one
     budget = _Budget(token_budget - estimate_tokens(head) - estimate_tokens(LEGEND + INDEX_CLOSE))
-    shown: set[str] = set()
-    for pinned, slug, title, body, when, provenance, confidence, flag in rows:
-        if not pinned:
-            break
-        mark = _mark(slug, _aware(when), provenance, confidence, flag)
-        entry = _defused(f"## {_line(title)} {mark}\n{_cut_bytes(body, pinned_body_bytes)}\n")
-        if not budget.take(entry):
-            return _block(scope, count, budget.lines)
-        shown.add(slug)
-    if query is not None and settings is not None:
+    shown: set[str] = set()  # slugs already given an entry: each note is shown once
+    room = _take_pinned(budget, rows, pinned_body_bytes, shown)
+    if room and query is not None and settings is not None:
         from store.search import search
 
         found = search(
             conn, settings, scope, query, RELEVANT_NOTES, vector=vector, vector_model=vector_model
         )
-        for hit in found:
-            note = hit.memory
-            if note.slug in shown:
-                continue
-            body = _cut_bytes(" ".join(note.body.split()), RELEVANT_BODY_BYTES)
-            mark = _mark(note.slug, note.said_at, note.provenance, note.confidence, note.flag)
-            entry = _defused(f"- {_line(note.title)} {mark}: {body}\n")
-            if not budget.take(entry):
-                return _block(scope, count, budget.lines)
-            shown.add(note.slug)
+        room = _take_relevant(budget, found, shown)
+    if room:
+        _take_titles(budget, rows, shown)
+    return _block(scope, count, budget.lines)
+
+
+def _take_pinned(
+    budget: _Budget, rows: Sequence[NoteRow], body_bytes: int, shown: set[str]
+) -> bool:
+    """Give each pinned note (they come first in ``rows``) an entry with its body cut to
+    ``body_bytes``; False when the budget ran out."""
+    for pinned, slug, title, body, when, provenance, confidence, flag in rows:
+        if not pinned:
+            break
+        mark = _mark(slug, _aware(when), provenance, confidence, flag)
+        if not budget.take(_defused(f"## {_line(title)} {mark}\n{_cut_bytes(body, body_bytes)}\n")):
+            return False
+        shown.add(slug)
+    return True
+
+
+def _take_relevant(budget: _Budget, found: Sequence[SearchHit], shown: set[str]) -> bool:
+    """Give each search hit not shown yet an entry with the start of its body; False when
+    the budget ran out."""
+    for hit in found:
+        note = hit.memory
+        if note.slug in shown:
+            continue
+        body = _cut_bytes(" ".join(note.body.split()), RELEVANT_BODY_BYTES)
+        mark = _mark(note.slug, note.said_at, note.provenance, note.confidence, note.flag)
+        if not budget.take(_defused(f"- {_line(note.title)} {mark}: {body}\n")):
+            return False
+        shown.add(note.slug)
+    return True
+
+
+def _take_titles(budget: _Budget, rows: Sequence[NoteRow], shown: set[str]) -> None:
+    """Give the other live notes a title line each, newest first, while the budget lasts."""
     for pinned, slug, title, _body, when, provenance, confidence, flag in rows:
         if pinned or slug in shown:
             continue
         mark = _mark(slug, _aware(when), provenance, confidence, flag)
         if not budget.take(_defused(f"- {_line(title)} {mark}\n")):
-            break
-    return _block(scope, count, budget.lines)
+            return
 
 
 def _head(scope: Scope, count: int, token: str) -> str:

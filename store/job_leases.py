@@ -22,8 +22,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from store.jobs import IS_RUNNING, JOBS, RELEASED, lease_ran_out, worker_lost_error
-from store.models import FAILED, PENDING, Job, utcnow
+from store.records import Job
 from store.sql import lease_expired, lease_now
+from store.tables import FAILED, PENDING, utcnow
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import field_validator
 from sqlalchemy.orm import Session
 
-from store.models import Job
+from store.records import Job
 from store.schemas import Frozen
 
 

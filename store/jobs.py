@@ -12,17 +12,14 @@ back to ``pending``, never a stray message.
 
 from __future__ import annotations
 
-import functools
 import logging
-import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import (
     Boolean,
-    Insert,
     Interval,
     Table,
     Update,
@@ -30,7 +27,6 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
-    insert,
     not_,
     or_,
     select,
@@ -40,26 +36,16 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from store import prepared
-from store.models import DONE, FAILED, PENDING, RUNNING, ImportBatch, Job, utcnow
+from store.job_intake import NewJob, add_jobs, create_import, new_id
+from store.records import Job
 from store.sql import dialect_name, lease_expired
+from store.tables import DONE, FAILED, PENDING, RUNNING, utcnow
 from store.text import storable
 
 if TYPE_CHECKING:
     from store.sql import Executor
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class NewJob:
-    """A transcript to record as a job; ``transcript`` is its redacted JSON form."""
-
-    owner: str
-    provenance: str
-    conversation_id: str
-    transcript: dict[str, Any]
-    transcript_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,70 +62,6 @@ class ClaimedJob:
     import_id: str | None = None
 
 
-def new_id() -> str:
-    return uuid.uuid4().hex
-
-
-def create_import(
-    session: Session, *, source: str, owner: str, provenance: str, unreadable: int = 0
-) -> str:
-    """Record a bulk import; its jobs are added with ``add_jobs(import_id=...)``."""
-    import_id = new_id()
-    session.add(
-        ImportBatch(
-            id=import_id,
-            source=source,
-            owner=owner,
-            provenance=provenance,
-            total=0,
-            unreadable=unreadable,
-            created_at=utcnow(),
-        )
-    )
-    session.flush()
-    return import_id
-
-
-def add_jobs(
-    session: Executor, queue: str, jobs: Sequence[NewJob], *, import_id: str | None = None
-) -> list[str]:
-    """Record pending jobs in one statement; returns their ids (to enqueue after commit)."""
-    now = utcnow()
-    rows = [
-        {
-            "id": new_id(),
-            "queue": queue,
-            "state": PENDING,
-            "owner": job.owner,
-            "provenance": job.provenance,
-            "conversation_id": job.conversation_id[:255],
-            "transcript": job.transcript,
-            "transcript_hash": job.transcript_hash,
-            "import_id": import_id,
-            "attempts": 0,
-            # Given, not left to the column defaults: the prepared INSERT applies none.
-            "crashes": 0,
-            "model_calls": 0,
-            "prompt_tokens": 0,
-            "completion_tokens": 0,
-            "created_at": now,
-            "enqueued_at": now,
-        }
-        for job in jobs
-    ]
-    if len(rows) == 1:  # a conversation posted to the service: built once and prepared
-        prepared.execute(session, _insert_one(tuple(rows[0])), rows[0])
-    elif rows:
-        session.execute(insert(Job), rows)
-    if import_id is not None:
-        session.execute(
-            update(ImportBatch)
-            .where(ImportBatch.id == import_id)
-            .values(total=ImportBatch.total + len(rows))
-        )
-    return [str(row["id"]) for row in rows]
-
-
 JOBS = cast(Table, Job.__table__)
 IS_RUNNING = JOBS.c.state == RUNNING
 
@@ -153,14 +75,6 @@ def lease_ran_out(expired: ColumnElement[datetime]) -> ColumnElement[bool]:
 
 # The longest error a failed job keeps.
 MAX_ERROR_CHARS = 4000
-
-
-@functools.cache
-def _insert_one(columns: tuple[str, ...]) -> Insert:
-    """One job row with exactly these ``columns``, each bound with its column's type (the
-    transcript's JSON): add_jobs gives every column that has a Python default, which the
-    prepared INSERT would not apply."""
-    return insert(JOBS).values({name: bindparam(name, type_=JOBS.c[name].type) for name in columns})
 
 
 def _claim(now: ColumnElement[datetime], expired: ColumnElement[datetime]) -> Update:
@@ -228,10 +142,8 @@ _CLAIM = _claim(bindparam("now"), bindparam("expired"))
 # the job again; the flush of the harvest's write transaction, which waits as every
 # write's does, makes the claim durable with it. Each job no longer waits on a flush of
 # the disk (330 µs against 130 µs for such an UPDATE here: BENCHMARKS.md, session 12).
-_CLAIM_PG = prepared.hot(
-    _claim(func.now(), func.now() - bindparam("lease", type_=Interval)).where(
-        func.set_config("synchronous_commit", "off", True).is_not(None)
-    )
+_CLAIM_PG = _claim(func.now(), func.now() - bindparam("lease", type_=Interval)).where(
+    func.set_config("synchronous_commit", "off", True).is_not(None)
 )
 # The job's usage columns plus a run's, bound as ``_cost`` names them: for the statements
 # built once (``_cost_added`` is the same for one built per call).
@@ -253,7 +165,7 @@ _FINISH = (
 )
 # Only while this delivery holds the running job: a run presumed lost records nothing, and
 # an outcome already recorded (done or failed) is never turned into another.
-_FINISH_HELD = prepared.hot(_FINISH.where(JOBS.c.lease_token == bindparam("token"), IS_RUNNING))
+_FINISH_HELD = _FINISH.where(JOBS.c.lease_token == bindparam("token"), IS_RUNNING)
 RELEASED = {"lease_token": None, "claimed_by": None, "heartbeat_at": None}
 
 
@@ -306,10 +218,10 @@ def claim(
         "redelivered": redelivered,
     }
     if dialect_name(session) == "postgresql":
-        found = prepared.execute(session, _CLAIM_PG, {**params, "lease": lease})
+        found = session.execute(_CLAIM_PG, {**params, "lease": lease}).all()
     else:
         now = utcnow()
-        found = prepared.execute(session, _CLAIM, {**params, "now": now, "expired": now - lease})
+        found = session.execute(_CLAIM, {**params, "now": now, "expired": now - lease}).all()
     if not found:
         return None
     found_id, owner, provenance, transcript, attempts, crashes, import_id = found[0]
@@ -343,10 +255,8 @@ def finish(
     values = {"job_id": job_id, "outcome": result, "now": utcnow(), **_cost(result)}
     if token is None:
         session.execute(_FINISH, values)
-    elif prepared.deferring(session):  # a harvest's write transaction: with its COMMIT
-        prepared.later(session, _FINISH_HELD, {**values, "token": token})
     else:  # built once, like the claim: a statement made per call costs its construction
-        prepared.execute(session, _FINISH_HELD, {**values, "token": token})
+        session.execute(_FINISH_HELD, {**values, "token": token})
 
 
 def _cost_added(result: dict[str, Any] | None) -> dict[str, Any]:
@@ -369,7 +279,7 @@ def add_cost(session: Executor, job_id: str, result: dict[str, Any], token: str)
 
 
 # A run's usage added to a job its delivery no longer holds (``add_cost_if_not_held``).
-_ADD_COST_NOT_HELD = prepared.hot(
+_ADD_COST_NOT_HELD = (
     update(JOBS)
     .where(
         JOBS.c.id == bindparam("job_id"),
@@ -388,10 +298,7 @@ def add_cost_if_not_held(
     values = {"job_id": job_id, "token": token, **_cost(result)}
     if not values["calls"] and not values["prompt"] and not values["completion"]:
         return
-    if prepared.deferring(session):  # with the COMMIT, before the finish sent after it
-        prepared.later(session, _ADD_COST_NOT_HELD, values)
-    else:
-        prepared.execute(session, _ADD_COST_NOT_HELD, values)
+    session.execute(_ADD_COST_NOT_HELD, values)
 
 
 def fail(
@@ -453,3 +360,27 @@ def reset(session: Session, job_ids: Iterable[str] | None = None) -> list[tuple[
             .values(state=PENDING, enqueued_at=utcnow(), finished_at=None, crashes=0, **RELEASED)
         )
     return found
+
+
+# The public names; callers import those of store.job_intake from here too.
+__all__ = [
+    "IS_RUNNING",
+    "JOBS",
+    "MAX_ERROR_CHARS",
+    "RELEASED",
+    "ClaimedJob",
+    "Holder",
+    "NewJob",
+    "add_cost",
+    "add_cost_if_not_held",
+    "add_jobs",
+    "claim",
+    "create_import",
+    "fail",
+    "finish",
+    "holder",
+    "lease_ran_out",
+    "new_id",
+    "reset",
+    "worker_lost_error",
+]

@@ -10,17 +10,16 @@ from typing import TYPE_CHECKING, cast
 
 from sqlalchemy import Connection, Integer, bindparam, func, select
 
-from store import prepared
-from store.models import LIVE, SUPERSEDED, Memory, MemoryTerm
+from store.models import Memory, MemoryTerm
 from store.schemas import Note, Scope
-from store.similar import TERM_CHUNK
 from store.sql import ID_CHUNK, one_of
-from store.tables import MEMORIES
+from store.tables import LIVE, MEMORIES, SUPERSEDED
+from store.term_lookup import TERM_CHUNK
 from store.terms import FactText
 
 if TYPE_CHECKING:
+    from store.config import Settings
     from store.models import Memory
-    from store.settings import Settings
     from store.sql import Executor
 
 _KEY_HOLDERS = select(Memory.topic_key, Memory.pinned, Memory.provenance, Memory.status).where(
@@ -99,7 +98,7 @@ def keyed_notes(
     often shares no word with the note it replaces, "Based in Lisbon")."""
     if limit <= 0:
         return []
-    rows = prepared.execute(session, KEYED, keyed_params(scope, terms, limit))
+    rows = session.execute(KEYED, keyed_params(scope, terms, limit))
     return [KeyedNote(str(row.topic_key), row.title) for row in rows]
 
 

@@ -19,11 +19,10 @@ from pydantic import computed_field, field_validator
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
 
-from store import prepared
 from store.errors import InvalidInput
-from store.models import ApiKey as ApiKeyRow
-from store.models import utcnow
+from store.records import ApiKey as ApiKeyRow
 from store.schemas import Frozen
+from store.tables import utcnow
 from store.text import check_principal, quoted
 
 if TYPE_CHECKING:
@@ -112,8 +111,8 @@ def verify_key(session: Executor, token: str) -> ApiKey | None:
     """The key this token is, or None (unknown, revoked, or not a token at all)."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > MAX_TOKEN_CHARS:
         return None
-    # Built once and prepared: this runs on every request of the HTTP service.
-    found = prepared.execute(session, _BY_HASH, {"hash": token_hash(token)})
+    # Built once: this runs on every request of the HTTP service.
+    found = session.execute(_BY_HASH, {"hash": token_hash(token)}).all()
     if not found:
         return None
     row = found[0]

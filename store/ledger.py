@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection, Executable, Table, bindparam, exists, select, true
+from sqlalchemy import Executable, Table, bindparam, exists, select, true
 from sqlalchemy.dialects import postgresql, sqlite
 
-from store import forget, keyed, prepared
-from store.errors import AlreadyRecorded
-from store.models import ForgottenTranscript, HarvestLedger, utcnow
+from store.forget import GENERATION, generation_params, transcript_key
+from store.keyed import KEYED, KeyedNote, keyed_notes, keyed_params
+from store.records import ForgottenTranscript, HarvestLedger
 from store.schemas import Scope
 from store.sql import dialect_name
+from store.tables import utcnow
 
 if TYPE_CHECKING:
     from store.locks import TranscriptLock
@@ -50,18 +51,16 @@ _KEY = (
     _LEDGER.c.harvester_version == bindparam("version"),
 )
 # What a harvest checks under the transcript's lock, in one statement.
-_STATE = prepared.hot(
-    select(
-        forget.GENERATION.label("generation"),
-        exists().where(ForgottenTranscript.key == bindparam("tombstone")).label("tombstoned"),
-        exists().where(*_KEY).label("harvested"),
-    )
+_STATE = select(
+    GENERATION.label("generation"),
+    exists().where(ForgottenTranscript.key == bindparam("tombstone")).label("tombstoned"),
+    exists().where(*_KEY).label("harvested"),
 )
-# The same, with the keyed notes the model is shown (``keyed.KEYED``) joined on: one row per
+# The same, with the keyed notes the model is shown (``KEYED``) joined on: one row per
 # note, in their order (one row of nulls when there are none). PostgreSQL only (LATERAL).
 _CHECKED = _STATE.subquery("checked")
-_KEYS = keyed.KEYED.lateral("keys")
-_CHECK = prepared.hot(
+_KEYS = KEYED.lateral("keys")
+_CHECK = (
     select(_CHECKED, _KEYS.c.topic_key, _KEYS.c.title)
     .select_from(_CHECKED.outerjoin(_KEYS, true()))
     .order_by(_KEYS.c.shared.desc(), _KEYS.c.seq.desc())
@@ -75,19 +74,13 @@ _RECORD = {
     .from_select(
         _COLUMNS,
         select(*(bindparam(c.name, type_=c.type) for c in _COLUMNS)).where(
-            bindparam("generation") == forget.GENERATION
+            bindparam("generation") == GENERATION
         ),
     )
     .on_conflict_do_nothing()
     .returning(_LEDGER.c.id)
     for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
 }
-# The row as the COMMIT of a ``forget.held_off`` transaction writes it on PostgreSQL: the
-# forget count was checked under the lock, and a row already there (another harvest's)
-# breaks the unique key, which rolls the whole transaction back (``AlreadyRecorded``).
-_RECORD_AT_COMMIT = prepared.hot(
-    postgresql.insert(_LEDGER).values({c.name: bindparam(c.name, type_=c.type) for c in _COLUMNS})
-)
 
 
 def state(
@@ -99,16 +92,16 @@ def state(
     conversation_id: str | None = None,
 ) -> tuple[int, bool]:
     """``(generation, done)``: how many times the owner and its conversation
-    ``conversation_id`` were forgotten (``forget.GENERATION``), and whether there is nothing
+    ``conversation_id`` were forgotten (``GENERATION``), and whether there is nothing
     to do for this transcript (forgotten: a tombstone; or this scope's ledger holds it at
     this harvester version). What a harvest checks under the transcript's lock."""
-    ((found, tombstoned, harvested),) = prepared.execute(
-        session, _STATE, _state_params(scope, digest, version, conversation_id)
-    )
+    ((found, tombstoned, harvested),) = session.execute(
+        _STATE, _state_params(scope, digest, version, conversation_id)
+    ).all()
     return int(found), bool(tombstoned or harvested)
 
 
-Checked = tuple[int, bool, list[keyed.KeyedNote]]
+Checked = tuple[int, bool, list[KeyedNote]]
 
 
 def check(
@@ -122,16 +115,16 @@ def check(
     conversation_id: str | None = None,
 ) -> Checked:
     """``state``, and when there is something to do, at most ``keys`` of the scope's keyed
-    notes ranked by ``terms`` (``keyed.keyed_notes``). On PostgreSQL one statement: the
+    notes ranked by ``terms`` (``keyed_notes``). On PostgreSQL one statement: the
     harvest asks this under the transcript's lock, each round trip paid on every job."""
     if dialect_name(session) != "postgresql":
         generation, done = state(session, scope, digest, version, conversation_id=conversation_id)
-        found = [] if done else keyed.keyed_notes(session, scope, terms, limit=keys)
+        found = [] if done else keyed_notes(session, scope, terms, limit=keys)
         return generation, done, found
     statement = _check_statement(
         scope, digest, version, terms, keys, conversation_id=conversation_id
     )
-    return _checked(prepared.execute(session, *statement), keys)
+    return _checked(session.execute(*statement).all(), keys)
 
 
 def check_locked(
@@ -146,19 +139,11 @@ def check_locked(
     conversation_id: str | None = None,
 ) -> Checked | None:
     """``check`` once ``lock`` (the transcript's, not held yet) is taken here, or None when
-    someone else holds it (nothing checked). On PostgreSQL the lock and the check are one
-    round trip, on the lock's own connection: the check runs after the lock was granted, so
+    someone else holds it (nothing checked). The check runs after the lock was granted, so
     it sees any harvest of the transcript committed before."""
-    if not lock.pipelined:
-        if not lock.try_acquire():
-            return None
-        return check(
-            session, scope, digest, version, terms, keys=keys, conversation_id=conversation_id
-        )
-    rows = lock.try_acquire_reading(
-        *_check_statement(scope, digest, version, terms, keys, conversation_id=conversation_id)
-    )
-    return None if rows is None else _checked(rows, keys)
+    if not lock.try_acquire():
+        return None
+    return check(session, scope, digest, version, terms, keys=keys, conversation_id=conversation_id)
 
 
 def _check_statement(
@@ -176,7 +161,7 @@ def _check_statement(
         return _STATE, params
     return _CHECK, {
         **params,
-        **keyed.keyed_params(scope, terms, keys),
+        **keyed_params(scope, terms, keys),
     }
 
 
@@ -187,7 +172,7 @@ def _checked(rows: Sequence[Any], keys: int) -> Checked:
         return int(generation), True, []
     if keys <= 0:  # ``_STATE``'s one row
         return int(generation), False, []
-    found = [keyed.KeyedNote(str(row.topic_key), row.title) for row in rows if row.topic_key]
+    found = [KeyedNote(str(row.topic_key), row.title) for row in rows if row.topic_key]
     return int(generation), False, found
 
 
@@ -195,8 +180,8 @@ def _state_params(
     scope: Scope, digest: str, version: str, conversation_id: str | None
 ) -> dict[str, str]:
     return {
-        **forget.generation_params(scope, conversation_id),
-        "tombstone": forget.transcript_key(scope, digest),
+        **generation_params(scope, conversation_id),
+        "tombstone": transcript_key(scope, digest),
         "kind": scope.kind,
         "sid": scope.id,
         "digest": digest,
@@ -209,41 +194,13 @@ def record(session: Executor, scope: Scope, entry: LedgerEntry, *, generation: i
     nothing written) when the owner or the entry's conversation was forgotten since
     ``generation`` (``state``'s first value, read for that conversation) or another harvest
     recorded this transcript first. The caller then rolls its transaction back, notes and
-    all.
-
-    In a ``forget.held_off`` transaction opened for the entry's conversation on PostgreSQL
-    the row goes with the COMMIT, in its round trip (``store.prepared.later``): a row another
-    harvest wrote meanwhile is found there, and the commit then raises ``AlreadyRecorded``
-    with nothing written."""
-    row = {
+    all."""
+    params = {
         "scope_kind": scope.kind,
         "scope_id": scope.id,
         "created_at": utcnow(),
         **vars(entry),  # its fields as they are (asdict would deep-copy each value)
-    }
-    if (
-        prepared.deferring(session)
-        and forget.is_held_off(session, scope)
-        and forget.opened_for(session, entry.conversation_id)
-    ):
-        if forget.generation_at_open(cast(Connection, session)) != generation:
-            return False
-        prepared.later(session, _RECORD_AT_COMMIT, row, conflict=_recorded(entry))
-        return True
-    stmt = _RECORD[dialect_name(session)]
-    params = {
-        **row,
-        **forget.generation_params(scope, entry.conversation_id),
+        **generation_params(scope, entry.conversation_id),
         "generation": generation,
     }
-    return bool(prepared.execute(session, stmt, params))
-
-
-def _recorded(entry: LedgerEntry) -> Callable[[], AlreadyRecorded]:
-    def error() -> AlreadyRecorded:
-        return AlreadyRecorded(
-            f"transcript {entry.transcript_hash[:12]} was recorded by another harvest first; "
-            "nothing of this one was written"
-        )
-
-    return error
+    return bool(session.execute(_RECORD[dialect_name(session)], params).all())

@@ -5,11 +5,13 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
-from store import supersede
 from store.errors import InvalidInput, LinkRefused, NotFound
-from store.models import Link, Memory, utcnow
+from store.models import Link, Memory
 from store.schemas import RELS, LinkedNote, LinkResult, Note, NoteWithLinks, Scope
 from store.sql import dialect_insert, scope_key
+from store.supersede import lock_scopes
+from store.supersede import write as write_supersedes
+from store.tables import utcnow
 from store.text import quoted
 
 # A supersedes chain longer than this is corrupt data, not a real history.
@@ -47,7 +49,7 @@ def link(
     if from_slug == to_slug:
         raise LinkRefused(f"a note cannot link to itself ({quoted(from_slug)})", reason="self_link")
     if rel == "supersedes":
-        supersede.lock_scopes(session, [scope])
+        lock_scopes(session, [scope])
     source = _note_row(session, scope, from_slug, lock=rel == "supersedes")
     target = _note_row(session, scope, to_slug, lock=rel == "supersedes")
 
@@ -67,7 +69,7 @@ def link(
                 reason="already_superseded",
             )
         _refuse_cycle(session, source, target)
-        supersede.write(session, [(source.id, target.id)])
+        write_supersedes(session, [(source.id, target.id)])
         session.refresh(target)
         return LinkResult(
             from_=Note.from_row(source), to=Note.from_row(target), rel=rel, created=True

@@ -22,13 +22,12 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import Engine, Executable, TextClause, text
+from sqlalchemy import Engine
 
-from store import db, prepared
+from store.db import shorten_keepalives
 from store.errors import StorageFailure
 from store.schemas import Scope
 from store.sql import scope_key
@@ -37,11 +36,10 @@ from store.sql import scope_key
 # connection); contention is rare, so the poll starts short and backs off.
 FIRST_POLL_SECONDS = 0.05
 MAX_POLL_SECONDS = 1.0
-# Sent on the driver's own connection, prepared (``store.prepared.on_driver``): two of these
-# run per harvest, and SQLAlchemy's statement handling would cost more CPU than the round
-# trip itself.
-_TRY_LOCK = prepared.hot(text("SELECT pg_try_advisory_lock(:key)"))
-_UNLOCK = prepared.hot(text("SELECT pg_advisory_unlock(:key)"))
+# Sent on the driver's own connection (not a pooled one: see the module's docstring), in
+# psycopg's parameter style; psycopg prepares them once they are used often.
+_TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
+_UNLOCK = "SELECT pg_advisory_unlock(%s)"
 
 
 class ProcessLocks:
@@ -55,14 +53,8 @@ class ProcessLocks:
         self._changed = threading.Condition()
         self.enabled = engine.dialect.name == "postgresql"
 
-    def _run(
-        self,
-        statement: TextClause,
-        key: int,
-        then: tuple[Executable, Mapping[str, Any]] | None = None,
-    ) -> tuple[bool, Sequence[Any]]:
-        """The lock statement's answer, and the rows of ``then`` sent right after it in the
-        same round trip (none without it)."""
+    def _run(self, statement: str, key: int) -> bool:
+        """The lock statement's answer."""
         try:
             if self._connection is None or self._connection.closed:
                 # Outside the store's pool: a caller may hold the last pooled connection
@@ -71,15 +63,9 @@ class ProcessLocks:
                 cargs, cparams = dialect.create_connect_args(self._engine.url)
                 self._connection = dialect.connect(*cargs, **cparams)
                 self._connection.autocommit = True
-                db.shorten_keepalives(self._connection)
-            dialect = self._engine.dialect
-            if then is None:
-                ((held,),) = prepared.on_driver(self._connection, dialect, statement, {"key": key})
-                return bool(held), ()
-            ((held,),), rows = prepared.on_driver_each(
-                self._connection, dialect, [(statement, {"key": key}), then]
-            )
-            return bool(held), rows
+                shorten_keepalives(self._connection)
+            ((held,),) = self._connection.execute(statement, (key,)).fetchall()
+            return bool(held)
         except self._engine.dialect.loaded_dbapi.Error as exc:
             # The session (and every lock on it) is gone; the next call reconnects.
             self._drop()
@@ -102,27 +88,10 @@ class ProcessLocks:
         if not self.enabled:
             return True
         with self._changed:
-            if key in self._held or not self._run(_TRY_LOCK, key)[0]:
+            if key in self._held or not self._run(_TRY_LOCK, key):
                 return False
             self._held.add(key)
             return True
-
-    def try_acquire_reading(
-        self, key: int, statement: Executable, params: Mapping[str, Any]
-    ) -> Sequence[Any] | None:
-        """``try_acquire``, with ``statement`` (a read) run on the lock's connection in the
-        same round trip, right after the lock was taken; its rows, or None when the lock
-        was not taken (the read's rows, from before, are dropped). PostgreSQL only."""
-        if not self.enabled:
-            raise RuntimeError("try_acquire_reading needs PostgreSQL's advisory locks")
-        with self._changed:
-            if key in self._held:
-                return None
-            held, rows = self._run(_TRY_LOCK, key, (statement, params))
-            if not held:
-                return None
-            self._held.add(key)
-            return rows
 
     def acquire(self, key: int) -> None:
         """Block until this process holds ``key`` (other threads and processes wait)."""
@@ -145,6 +114,13 @@ class ProcessLocks:
             finally:
                 self._held.discard(key)
                 self._changed.notify_all()
+
+    @property
+    def connection(self) -> Any:
+        """The dedicated driver connection (psycopg, autocommit): None before the first
+        lock, or after a failure dropped it. For looking at its session, never to run a
+        lock on it behind this holder's back."""
+        return self._connection
 
     def closed(self) -> bool:
         """Whether no dedicated connection is open (none yet, or closed)."""
@@ -202,22 +178,6 @@ class TranscriptLock:
     def try_acquire(self) -> bool:
         self.held = self.held or self._locks.try_acquire(self._key)
         return self.held
-
-    def try_acquire_reading(
-        self, statement: Executable, params: Mapping[str, Any]
-    ) -> Sequence[Any] | None:
-        """``try_acquire`` with a read in its round trip (``ProcessLocks.try_acquire_reading``):
-        the read's rows once the lock is taken, None when it is not."""
-        if self.held:
-            raise RuntimeError("the lock is held already: read on a connection of the store")
-        rows = self._locks.try_acquire_reading(self._key, statement, params)
-        self.held = rows is not None
-        return rows
-
-    @property
-    def pipelined(self) -> bool:
-        """True when ``try_acquire_reading`` works: the lock is PostgreSQL's."""
-        return self._locks.enabled
 
     def acquire(self) -> None:
         if not self.held:

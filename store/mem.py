@@ -9,13 +9,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, Val
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from privacy import strip_private
+from store.config import Settings
 from store.drafts import MAX_TITLE_BYTES, Draft, check_instruction, text_field
 from store.errors import InvalidInput
-from store.models import ARCHIVED, LIVE, Memory, MemSession, utcnow
+from store.models import Memory, MemSession
 from store.notes import save_draft
 from store.schemas import SaveResult, Scope
-from store.settings import Settings
 from store.sql import dialect_insert, seq_expression
+from store.tables import ARCHIVED, LIVE, utcnow
 from store.text import (
     MAX_BODY_BYTES_SETTING,
     MAX_TOPIC_KEY_BYTES,
@@ -23,7 +25,6 @@ from store.text import (
     check_text,
     check_topic_key,
     quoted,
-    strip_private,
 )
 
 SUMMARY_TYPE = "summary"

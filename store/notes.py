@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from store.config import Settings
 from store.drafts import (
     Draft,
     check_instruction,
@@ -26,12 +27,11 @@ from store.drafts import (
 from store.errors import InvalidInput
 from store.models import Memory
 from store.schemas import Note, Scope, WriteResult
-from store.settings import Settings
 from store.similar import similar_notes
 from store.text import check_text, check_topic_key
-from store.write_lookup import look_ahead as _look_ahead
-from store.writer import Expect as _Expect
-from store.writer import Item, Written, write_items
+from store.write_item import Expect as _Expect
+from store.write_item import Item, Written
+from store.writer import write_items
 
 # What a harvest's rewrite of a stored note assumed of it (``BatchItem.expect``).
 Expect = _Expect
@@ -148,14 +148,6 @@ class BatchResult:
     error: InvalidInput | None = None
 
 
-def look_ahead(session: Executor, scope: Scope, items: Sequence[tuple[str, str | None]]) -> None:
-    """Send the slug lookup of a ``write_batch`` of items with these ``(title, topic key)``
-    (none with an explicit slug) with the first round trip of the caller's transaction, one
-    ``store.forget.held_off`` opened on PostgreSQL: when the batch turns out so, its lookup
-    costs no round trip of its own (``store.prepared.ahead``); elsewhere nothing happens."""
-    _look_ahead(session, scope, items)
-
-
 def write_batch(
     session: Executor,
     settings: Settings,
@@ -166,14 +158,12 @@ def write_batch(
     conversation_id: str | None = None,
     occurred_at: datetime | None = None,
     allow_pin_untrusted: bool = False,
-    at_commit: bool = False,
 ) -> list[BatchResult]:
     """Write ``items`` as if by one ``write`` call each, in order, in a handful of statements.
 
     Every write rule holds per item (an invalid item is reported ``invalid`` and the rest are
     written); items interact as sequential writes would (``store.writer``). The caller owns
-    the transaction. ``similar`` is not computed. ``at_commit``: new notes may be inserted
-    with the transaction's COMMIT (``store.writer.write_items``), their ``id`` then None.
+    the transaction. ``similar`` is not computed.
     """
     scope = Scope.of(scope)
     if conversation_id is not None:
@@ -200,7 +190,6 @@ def write_batch(
         [item for _, item in valid],
         conversation_id=conversation_id,
         occurred_at=occurred_at,
-        at_commit=at_commit,
     )
     for (n, _), done in zip(valid, written, strict=True):
         outcome: Literal["created", "updated"] = (

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
-from store.sql import (
-    FLOAT_SLACK,
-)
+from store.sql import FLOAT_SLACK
 
 
 def min_shared(threshold: float, size: int) -> int:
@@ -131,15 +129,55 @@ def similar_groups(
     sizes = list(map(len, keys))
     lengths = {size: prefix_length(size, threshold) for size in set(sizes)}
     plans = {size: _probe_plan(size, threshold) for size in lengths}
-    # index[term][(set size, position in its prefix)] -> groups: a probe looks up only the
-    # sizes that can reach the threshold and the positions the positional filter allows, and
-    # one miss on a term skips all of them.
-    slots = {size: [(size, p) for p in range(n)] for size, n in lengths.items()}
-    index: dict[int, dict[tuple[int, int], list[int]]] = {}
+    index = _PrefixIndex(prefixes, sizes, lengths, shared_from)
+    # Probe, then insert: unchanged groups are indexed up front and each changed group joins
+    # after probing, so every pair is met once and two unchanged groups never meet.
+    for group, was_touched in enumerate(touched):
+        if not was_touched:
+            index.insert(group)
+    edges: defaultdict[int, list[tuple[int, float]]] = defaultdict(list)
+    checked = 0
+    for a, was_touched in enumerate(touched):
+        if not was_touched:
+            continue
+        if len(groups[a]) > 1:
+            edges[a].append((a, 1.0))
+        size = sizes[a]
+        if prefixes[a][lengths[size] - 1] < shared_from:
+            continue  # no term of its prefix is in another set: it pairs with nothing
+        candidates = index.candidates(a, plans[size])
+        checked += len(candidates)
+        for b, score in _reaching(a, candidates, keys, sizes, threshold):
+            edges[a].append((b, score))
+            edges[b].append((a, score))
+        index.insert(a)
+    return Candidates(
+        groups=groups, edges={g: sorted(found) for g, found in edges.items()}, checked=checked
+    )
 
-    def insert(group: int) -> None:
-        for slot, token in zip(slots[sizes[group]], prefixes[group], strict=False):
-            if token < shared_from:
+
+class _PrefixIndex:
+    """The groups' prefixes, indexed: ``index[term][(set size, position in its prefix)]``
+    lists the groups. A probe looks up only the sizes that can reach the threshold and the
+    positions the positional filter allows, and one miss on a term skips all of them."""
+
+    def __init__(
+        self,
+        prefixes: list[list[int]],
+        sizes: list[int],
+        lengths: dict[int, int],
+        shared_from: int,
+    ) -> None:
+        self.prefixes = prefixes
+        self.sizes = sizes
+        self.shared_from = shared_from
+        self.slots = {size: [(size, p) for p in range(n)] for size, n in lengths.items()}
+        self.index: dict[int, dict[tuple[int, int], list[int]]] = {}
+
+    def insert(self, group: int) -> None:
+        index = self.index
+        for slot, token in zip(self.slots[self.sizes[group]], self.prefixes[group], strict=False):
+            if token < self.shared_from:
                 continue
             entries = index.get(token)
             if entries is None:
@@ -149,43 +187,35 @@ def similar_groups(
             else:
                 members.append(group)
 
-    # Probe, then insert: unchanged groups are indexed up front and each changed group joins
-    # after probing, so every pair is met once and two unchanged groups never meet.
-    for group, was_touched in enumerate(touched):
-        if not was_touched:
-            insert(group)
-    edges: defaultdict[int, list[tuple[int, float]]] = defaultdict(list)
-    checked = 0
-    lookup = index.get
-    for a, key in enumerate(keys):
-        if not touched[a]:
-            continue
-        if len(groups[a]) > 1:
-            edges[a].append((a, 1.0))
-        size = sizes[a]
-        prefix = prefixes[a]
-        if prefix[lengths[size] - 1] < shared_from:
-            continue  # no term of its prefix is in another set: it pairs with nothing
-        candidates: set[int] | None = None
-        for i, wanted in plans[size]:
+    def candidates(self, group: int, plan: list[tuple[int, list[tuple[int, int]]]]) -> set[int]:
+        """The indexed groups ``group`` may reach the threshold with, looked up by its
+        ``_probe_plan``."""
+        prefix = self.prefixes[group]
+        shared_from = self.shared_from
+        lookup = self.index.get
+        found: set[int] = set()
+        for i, wanted in plan:
             if prefix[i] < shared_from or (entries := lookup(prefix[i])) is None:
                 continue
             for slot in wanted:
                 if (members := entries.get(slot)) is not None:
-                    if candidates is None:
-                        candidates = set(members)
-                    else:
-                        candidates.update(members)
-        for b in candidates or ():
-            checked += 1
-            # Exactly store.text.jaccard (|A | B| = |A| + |B| - |A & B|), without building
-            # the union set: this is the hot loop.
-            shared = len(key & keys[b])
-            score = shared / (size + sizes[b] - shared)
-            if score >= threshold:
-                edges[a].append((b, score))
-                edges[b].append((a, score))
-        insert(a)
-    return Candidates(
-        groups=groups, edges={g: sorted(found) for g, found in edges.items()}, checked=checked
-    )
+                    found.update(members)
+        return found
+
+
+def _reaching(
+    a: int,
+    candidates: set[int],
+    keys: Sequence[frozenset[str]],
+    sizes: Sequence[int],
+    threshold: float,
+) -> Iterator[tuple[int, float]]:
+    """Each candidate ``b`` whose Jaccard score with ``a`` reaches ``threshold``, with it."""
+    key, size = keys[a], sizes[a]
+    for b in candidates:
+        # Exactly store.text.jaccard (|A | B| = |A| + |B| - |A & B|), without building
+        # the union set: this is the hot loop.
+        shared = len(key & keys[b])
+        score = shared / (size + sizes[b] - shared)
+        if score >= threshold:
+            yield b, score

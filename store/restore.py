@@ -20,42 +20,35 @@ written: restored notes wait for ``gleaner embed --backfill``.
 
 from __future__ import annotations
 
-import json
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Annotated, Any, Literal, cast
+from typing import IO, Any, cast
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-)
 from sqlalchemy import Connection, Table, bindparam, func, insert, select, text, update
 
-from store import export, history
-from store.drafts import Draft, validate_attrs
+from store.config import Settings
 from store.errors import BadExport, InvalidInput
-from store.instructions import instruction_flag
+from store.export_records import (
+    REQUIRED,
+    LinkRecord,
+    json_object,
+    link_record,
+    note_row,
+    version_row,
+)
+from store.fact_terms import similarity_terms
 from store.models import Link, MemoryVersion
-from store.schemas import RELS, Scope
+from store.restore_check import check_records, raw_lines, read_header
+from store.schemas import Scope
 from store.search_index import Postings, insert_postings, postings_of
-from store.settings import Settings
 from store.sql import dialect_name, next_seqs
-from store.tables import ARCHIVED, LIVE, MEMORIES, SUPERSEDED
+from store.tables import MEMORIES
 from store.term_index import insert_terms
-from store.terms import similarity_terms
-from store.text import check_principal, check_text, check_topic_key, content_hash, quoted
+from store.text import check_principal, quoted
 
-# Provenances a stored note (or version) can have: ``web``/``agent`` from attrs, the rest
-# passed by code (store.drafts).
-PROVENANCES = ("agent", "web", "user", "compaction", "import")
-STATUSES = (LIVE, SUPERSEDED, ARCHIVED)
 # Rows per multi-row INSERT: well under SQLite's bound-parameter limit.
 WRITE_CHUNK = 400
 # Records between two progress reports.
@@ -81,435 +74,6 @@ class RestoreResult:
     links: int
     exported_owner: str
     exported_at: datetime
-
-
-# --- the records' schema ---------------------------------------------------------------
-
-
-def _when(value: object) -> object:
-    """An ISO 8601 time with its UTC offset, as a UTC datetime."""
-    if not isinstance(value, str):
-        raise InvalidInput(f"a time is an ISO 8601 string, got {quoted(value)}")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidInput(f"{quoted(value)} is not an ISO 8601 time") from None
-    if parsed.tzinfo is None:
-        raise InvalidInput(f"the time {quoted(value)} has no UTC offset (write +00:00)")
-    return parsed.astimezone(UTC)
-
-
-def _text(name: str, max_bytes: int) -> Any:
-    """A before-validator: optional text under ``check_text``'s rules (no NUL, UTF-8)."""
-
-    def check(value: object) -> object:
-        return None if value is None else check_text(value, name, max_bytes=max_bytes)
-
-    return BeforeValidator(check)
-
-
-def _one_of(allowed: Sequence[str]) -> Any:
-    def check(value: str) -> str:
-        if value not in allowed:
-            raise InvalidInput(f"{quoted(value)} is not one of {', '.join(allowed)}")
-        return value
-
-    return AfterValidator(check)
-
-
-def _topic_key(value: object) -> object:
-    return None if value is None else check_topic_key(cast(str, value))
-
-
-When = Annotated[datetime, BeforeValidator(_when)]
-NoteType = Annotated[str | None, _text("type", 32)]
-Provenance = Annotated[str, _one_of(PROVENANCES)]
-ConversationId = Annotated[str | None, _text("conversation_id", 255)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class _Counts(_Strict):
-    notes: int = Field(ge=0)
-    versions: int = Field(ge=0)
-    links: int = Field(ge=0)
-
-
-class _Header(_Strict):
-    kind: str
-    version: int
-    owner: str
-    exported_at: When
-    counts: _Counts
-
-
-class _NoteFields(_Strict):
-    """A note record's keys besides those ``validate_attrs`` checks."""
-
-    kind: Literal["note"]
-    type: NoteType = None
-    topic_key: Annotated[str | None, BeforeValidator(_topic_key)] = None
-    provenance: Provenance
-    status: Annotated[str, _one_of(STATUSES)] = LIVE
-    conversation_id: ConversationId = None
-    session_id: Annotated[str | None, _text("session_id", 64)] = None
-    occurred_at: When | None = None
-    created_at: When
-    updated_at: When
-    weight: float = Field(default=1.0, ge=0, allow_inf_nan=False)
-
-
-class _VersionFields(_Strict):
-    """A version record's keys besides those ``validate_attrs`` checks."""
-
-    kind: Literal["version"]
-    slug: str
-    type: NoteType = None
-    occurred_at: When | None = None
-    written_provenance: Provenance
-    written_conversation_id: ConversationId = None
-    written_at: When
-    reason: Annotated[str, _one_of(history.REASONS)]
-    changed_provenance: Provenance
-    changed_conversation_id: ConversationId = None
-    changed_at: When
-
-
-class _LinkRecord(_Strict):
-    kind: Literal["link"]
-    from_: str = Field(alias="from")
-    to: str
-    rel: Annotated[str, _one_of(RELS)]
-    created_at: When | None = None
-
-
-# The keys ``validate_attrs`` checks (the write rules of a note's content), per record kind.
-_NOTE_ATTRS = (
-    "slug",
-    "title",
-    "body",
-    "topics",
-    "keywords",
-    "pinned",
-    "confidence",
-    "source",
-    "evidence",
-)
-_VERSION_ATTRS = ("title", "body", "topics", "keywords", "pinned", "confidence", "evidence")
-REQUIRED = {
-    "note": ("slug", "title", "body", "provenance", "created_at", "updated_at"),
-    "version": (
-        "slug",
-        "title",
-        "body",
-        "written_provenance",
-        "written_at",
-        "reason",
-        "changed_provenance",
-        "changed_at",
-    ),
-    "link": ("from", "to", "rel"),
-}
-
-
-def _fields_error(exc: ValidationError, what: str) -> tuple[str, str | None]:
-    """The first problem pydantic found, as a message and the rule's reason if one said."""
-    errors = exc.errors(include_url=False)
-    extra = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
-    if extra:
-        return f"unknown key(s) {', '.join(extra)} (docs/EXPORT.md lists each record's)", None
-    first = errors[0]
-    cause = (first.get("ctx") or {}).get("error")
-    name = ".".join(str(part) for part in first["loc"])
-    if isinstance(cause, InvalidInput):
-        reason = cause.reason if cause.reason != InvalidInput.reason else None
-        # A rule's message names its field, or else is told which.
-        named = cause.message.startswith(name)
-        return cause.message if named else f"{name}: {cause.message}", reason
-    return f"{name}: {first['msg']}" if name else first["msg"], None
-
-
-def _model(model: type[_Strict], data: Mapping[str, Any], what: str, number: int) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        message, rule = _fields_error(exc, what)
-        raise BadExport(f"{what}: {message}", line=number, rule=rule) from None
-
-
-def _attrs(
-    data: Mapping[str, Any], keys: Sequence[str], settings: Settings, what: str, n: int
-) -> Draft:
-    """``data``'s note content checked by the write rules (``store.drafts.validate_attrs``);
-    a version has no slug of its own, so it is checked as a draft without one."""
-    attrs = {key: data[key] for key in keys if key in data}
-    try:
-        return validate_attrs(attrs, settings)
-    except InvalidInput as exc:
-        raise BadExport(f"{what}: {exc.message} ({exc.reason})", line=n, rule=exc.reason) from None
-
-
-def _require(data: Mapping[str, Any], kind: str, what: str, number: int) -> None:
-    missing = [key for key in REQUIRED[kind] if key not in data]
-    if missing:
-        raise BadExport(f"{what} has no {', '.join(map(repr, missing))}", line=number)
-
-
-def _note_row(data: Mapping[str, Any], settings: Settings, number: int) -> dict[str, Any]:
-    """A note record as the ``memories`` columns a restore writes (no id, seq or indexes)."""
-    what = f"note {quoted(data.get('slug'))}"
-    _require(data, "note", what, number)
-    draft = _attrs(data, _NOTE_ATTRS, settings, what, number)
-    rest = {key: value for key, value in data.items() if key not in _NOTE_ATTRS}
-    fields = cast(_NoteFields, _model(_NoteFields, rest, what, number))
-    return {
-        "slug": draft.slug,
-        "title": draft.title,
-        "body": draft.body,
-        "type": fields.type,
-        "topics": draft.topics,
-        "keywords": draft.keywords,
-        "topic_key": fields.topic_key,
-        "session_id": fields.session_id,
-        "provenance": fields.provenance,
-        "source": draft.source,
-        "evidence": None if draft.evidence is None else list(draft.evidence),
-        "confidence": draft.confidence,
-        "flag": instruction_flag(draft.title, draft.body),
-        "pinned": draft.pinned,
-        "status": fields.status,
-        "conversation_id": fields.conversation_id,
-        "content_hash": content_hash(draft.body),
-        "occurred_at": fields.occurred_at,
-        "created_at": fields.created_at,
-        "updated_at": fields.updated_at,
-        "weight": fields.weight,
-    }
-
-
-def _version_row(data: Mapping[str, Any], settings: Settings, number: int) -> dict[str, Any]:
-    """A version record as ``memory_versions`` columns, ``slug`` naming its note."""
-    what = f"version of {quoted(data.get('slug'))}"
-    _require(data, "version", what, number)
-    draft = _attrs(data, _VERSION_ATTRS, settings, what, number)
-    rest = {key: value for key, value in data.items() if key not in _VERSION_ATTRS}
-    fields = cast(_VersionFields, _model(_VersionFields, rest, what, number))
-    return {
-        "slug": fields.slug,
-        "title": draft.title,
-        "body": draft.body,
-        "topics": draft.topics,
-        "keywords": draft.keywords,
-        "type": fields.type,
-        "pinned": draft.pinned,
-        "confidence": draft.confidence,
-        "evidence": None if draft.evidence is None else list(draft.evidence),
-        "occurred_at": fields.occurred_at,
-        "written_provenance": fields.written_provenance,
-        "written_conversation_id": fields.written_conversation_id,
-        "written_at": fields.written_at,
-        "reason": fields.reason,
-        "changed_provenance": fields.changed_provenance,
-        "changed_conversation_id": fields.changed_conversation_id,
-        "changed_at": fields.changed_at,
-    }
-
-
-def _link(data: Mapping[str, Any], number: int) -> _LinkRecord:
-    what = f"link {quoted(data.get('from'))} {quoted(data.get('rel'))} {quoted(data.get('to'))}"
-    _require(data, "link", what, number)
-    return cast(_LinkRecord, _model(_LinkRecord, data, what, number))
-
-
-# --- reading lines ---------------------------------------------------------------------
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in found:
-            raise ValueError(f"the key {key!r} appears twice")
-        found[key] = value
-    return found
-
-
-def _object(raw: bytes, number: int) -> dict[str, Any]:
-    """One line as a JSON object."""
-    try:
-        line = raw.removesuffix(b"\n").decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadExport(f"not UTF-8 (byte {exc.start})", line=number) from None
-    if not line.strip():
-        raise BadExport("the line is empty: every line is one JSON object", line=number)
-    try:
-        found = json.loads(line, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
-    except json.JSONDecodeError as exc:
-        raise BadExport(f"not JSON ({exc.msg}, column {exc.colno})", line=number) from None
-    except ValueError as exc:
-        raise BadExport(f"not valid JSON here: {exc}", line=number) from None
-    if not isinstance(found, dict):
-        raise BadExport("not a JSON object: every line is one", line=number)
-    return found
-
-
-def _raw_lines(fp: IO[bytes] | IO[str], limit: int) -> Iterator[bytes]:
-    """The file's lines as bytes, none over ``limit`` bytes (nor read whole into memory)."""
-    number = 0
-    while True:
-        chunk = fp.readline(limit + 1)
-        if not chunk:
-            return
-        number += 1
-        raw = chunk.encode("utf-8", "surrogatepass") if isinstance(chunk, str) else chunk
-        if len(raw) > limit and not raw.endswith(b"\n"):
-            raise BadExport(
-                f"the line is over {limit:,} bytes: no record of this store is that long",
-                line=number,
-            )
-        yield raw
-
-
-# --- the first pass ----------------------------------------------------------------------
-
-
-@dataclass
-class _Check:
-    """What the first pass learns: the header, and what later lines are checked against."""
-
-    header: _Header
-    slugs: dict[str, int] = field(default_factory=dict)  # slug -> its line
-    topic_keys: dict[str, int] = field(default_factory=dict)
-    session_hashes: dict[tuple[str, str], int] = field(default_factory=dict)
-    edges: set[tuple[str, str, str]] = field(default_factory=set)
-    superseded_by: dict[str, str] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=lambda: {"note": 0, "version": 0, "link": 0})
-
-
-def read_header(raw: bytes | None) -> _Header:
-    """The first line, checked: a Gleaner export of a version this Gleaner reads."""
-    if raw is None:
-        raise BadExport("the file is empty: an export starts with its header line", line=1)
-    data = _object(raw, 1)
-    if data.get("kind") != export.FORMAT:
-        raise BadExport(
-            "not a Gleaner export: its first line must be the header "
-            f'{{"kind": "{export.FORMAT}", "version": {export.VERSION}, ...}}',
-            line=1,
-        )
-    version = data.get("version")
-    if isinstance(version, int) and not isinstance(version, bool) and version > export.VERSION:
-        raise BadExport(
-            f"the file is export version {version}, written by a newer Gleaner; this one "
-            f"reads version {export.VERSION}: restore it with that Gleaner",
-            line=1,
-        )
-    found = cast(_Header, _model(_Header, data, "the header", 1))
-    if found.version != export.VERSION:
-        raise BadExport(f"unknown export version {found.version}", line=1)
-    try:
-        check_principal(found.owner)
-    except InvalidInput as exc:
-        raise BadExport(f"the header's owner: {exc.message}", line=1, rule=exc.reason) from None
-    return found
-
-
-def _check_record(state: _Check, data: dict[str, Any], settings: Settings, number: int) -> str:
-    """Check one record line against the schema, the write rules and the lines above it;
-    returns its kind."""
-    kind = data.get("kind")
-    if kind == "note":
-        row = _note_row(data, settings, number)
-        slug = row["slug"]
-        _unique(state.slugs, slug, number, f"the slug {quoted(slug)}")
-        if row["topic_key"] is not None:
-            key = row["topic_key"]
-            _unique(state.topic_keys, key, number, f"the topic key {quoted(key)}")
-        elif row["session_id"] is not None:
-            pair = (row["session_id"], row["content_hash"])
-            _unique(state.session_hashes, pair, number, "the same body in the same session")
-    elif kind == "version":
-        row = _version_row(data, settings, number)
-        _known(state, row["slug"], number, f"version of {quoted(row['slug'])}")
-    elif kind == "link":
-        _check_link(state, _link(data, number), number)
-    else:
-        raise BadExport(
-            f"unknown record kind {quoted(kind)}: a line is a note, version or link", line=number
-        )
-    state.counts[kind] += 1
-    return str(kind)
-
-
-def _unique(seen: dict[Any, int], key: Any, number: int, what: str) -> None:
-    if key in seen:
-        raise BadExport(f"{what} is on line {seen[key]} already", line=number)
-    seen[key] = number
-
-
-def _known(state: _Check, slug: str, number: int, what: str) -> None:
-    if slug not in state.slugs:
-        raise BadExport(
-            f"{what}: no note {quoted(slug)} above this line (notes come first)", line=number
-        )
-
-
-def _check_link(state: _Check, found: _LinkRecord, number: int) -> None:
-    """Both ends are notes above; no self-link, no edge twice; ``supersedes`` keeps rule 7."""
-    what = f"link {quoted(found.from_)} {found.rel} {quoted(found.to)}"
-    _known(state, found.from_, number, what)
-    _known(state, found.to, number, what)
-    if found.from_ == found.to:
-        raise BadExport(f"{what}: a note cannot link to itself", line=number, rule="self_link")
-    edge = (found.from_, found.to, found.rel)
-    if edge in state.edges:
-        raise BadExport(f"{what} is in the file twice", line=number)
-    if found.rel == "supersedes":
-        holder = state.superseded_by.get(found.to)
-        if holder is not None:
-            raise BadExport(
-                f"{what}: {quoted(found.to)} is already superseded by {quoted(holder)}",
-                line=number,
-                rule="already_superseded",
-            )
-        current: str | None = found.from_
-        while current is not None:
-            if current == found.to:
-                raise BadExport(f"{what} would form a cycle", line=number, rule="cycle")
-            current = state.superseded_by.get(current)
-        state.superseded_by[found.to] = found.from_
-    state.edges.add(edge)
-
-
-def check_records(
-    lines: Iterator[bytes],
-    header: _Header,
-    settings: Settings,
-    *,
-    on_record: Callable[[int], None] | None = None,
-) -> _Check:
-    """The first pass over the records (the lines after the header); ``on_record`` gets the
-    count checked so far. Ends by holding the records to the header's counts."""
-    state = _Check(header)
-    number = 1
-    for number, raw in enumerate(lines, start=2):
-        _check_record(state, _object(raw, number), settings, number)
-        if on_record is not None:
-            on_record(number - 1)
-    said = header.counts
-    for kind, expected in (("note", said.notes), ("version", said.versions), ("link", said.links)):
-        if state.counts[kind] != expected:
-            raise BadExport(
-                f"the header counts {expected} {kind}(s), the file holds {state.counts[kind]}: "
-                "it is incomplete or was edited (end of file)",
-                line=number + 1,
-            )
-    return state
 
 
 # --- the second pass ---------------------------------------------------------------------
@@ -588,7 +152,7 @@ class _Writer:
             ],
         )
 
-    def _links(self, links: list[tuple[_LinkRecord, datetime]]) -> None:
+    def _links(self, links: list[tuple[LinkRecord, datetime]]) -> None:
         self.conn.execute(
             insert(_LINKS),
             [
@@ -659,14 +223,14 @@ def write(
     written = {"note": 0, "version": 0, "link": 0}
     now = datetime.now(UTC)
     for number, raw in enumerate(lines, start=2):
-        data = _object(raw, number)
+        data = json_object(raw, number)
         kind = data.get("kind")
         if kind == "note":
-            writer.add("note", _note_row(data, settings, number))
+            writer.add("note", note_row(data, settings, number))
         elif kind == "version":
-            writer.add("version", _version_row(data, settings, number))
+            writer.add("version", version_row(data, settings, number))
         elif kind == "link":
-            writer.add("link", (_link(data, number), now))
+            writer.add("link", (link_record(data, number), now))
         else:  # the file changed since it was checked
             raise BadExport(f"unknown record kind {quoted(kind)}", line=number)
         written[str(kind)] += 1
@@ -698,7 +262,7 @@ def restore(
     """
     limit = max(MIN_LINE_LIMIT, 8 * settings.max_body_bytes)
     with ExitStack() as stack:
-        source = _raw_lines(fp, limit)
+        source = raw_lines(fp, limit)
         spool: IO[bytes] | None = None
         start = 0
         if fp.seekable():
@@ -717,7 +281,7 @@ def restore(
         report = _reporter(progress, total)
         checked = sum(check_records(source, header, settings, on_record=report).counts.values())
         (spool or fp).seek(start)
-        again = _raw_lines(spool or fp, limit)
+        again = raw_lines(spool or fp, limit)
         with begin() as conn:
             written = write(conn, target, again, settings, on_record=lambda n: report(checked + n))
         if progress is not None:
@@ -763,3 +327,17 @@ def _reporter(progress: Progress | None, total: int) -> Callable[[int], None]:
             progress(done, total)
 
     return report
+
+
+# The public names; callers import those of store.export_records from here too.
+__all__ = [
+    "MIN_LINE_LIMIT",
+    "PROGRESS_EVERY",
+    "REQUIRED",
+    "WRITE_CHUNK",
+    "Begin",
+    "Progress",
+    "RestoreResult",
+    "restore",
+    "write",
+]

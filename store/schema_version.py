@@ -9,25 +9,23 @@ transcript.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from store.db import MIGRATIONS
 from store.errors import StorageFailure
 
-if TYPE_CHECKING:
-    from store.api import Store
 
-
-def ensure_schema(store: Store) -> str | None:
-    """The revision a SQLite file was just migrated to, None when the schema was already the
-    newest; StorageFailure ``not_migrated`` (PostgreSQL behind) or ``schema_too_new``."""
+def ensure_schema(engine: Engine, migrate: Callable[[], None]) -> str | None:
+    """The revision a SQLite file was just migrated to by ``migrate`` (``Store.migrate``),
+    None when the schema was already the newest; StorageFailure ``not_migrated``
+    (PostgreSQL behind) or ``schema_too_new``."""
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory(str(MIGRATIONS))
     head = script.get_current_head()
-    with store.engine.connect() as connection:
+    with engine.connect() as connection:
         # The version table is absent from a database never migrated.
         if inspect(connection).has_table("alembic_version"):
             current = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
@@ -41,12 +39,12 @@ def ensure_schema(store: Store) -> str | None:
             f"(its newest is {head}): a newer Gleaner migrated it; run that version",
             reason="schema_too_new",
         )
-    if store.dialect != "sqlite":
+    if engine.dialect.name != "sqlite":
         found = "no schema" if current is None else f"schema revision {current}"
         raise StorageFailure(
             f"the database holds {found}, this Gleaner needs revision {head}: "
             "run `gleaner db upgrade` once, then this command again",
             reason="not_migrated",
         )
-    store.migrate()
+    migrate()
     return head

@@ -51,27 +51,33 @@ substrings of title, topics, keywords or body. A query with no content word (``t
 from __future__ import annotations
 
 import functools
-import math
-import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import BigInteger, Connection, Float, Row, TextClause, column, select, text
+from sqlalchemy import Connection, Row
 
-from store import vectors
 from store.errors import InvalidInput
+from store.fusion import FUSION, FUSION_DEPTH, fused_hits
 from store.schemas import Note, Scope, ScoreParts, SearchHit
+from store.search_sql import (
+    bm25_query,
+    idf,
+    like_query,
+    ranked_rows,
+    stats_and_frequencies,
+    time_param,
+    window_sql,
+)
 from store.search_terms import STOP_WORDS, query_terms
-from store.sql import ID_CHUNK, MAX_HALF_LIVES, one_of, recency_sql
-from store.tables import LIVE, MEMORIES
+from store.tables import LIVE
 from store.text import check_text, quoted, snippet, words
+from store.vectors import nearest as nearest_vectors
 
 if TYPE_CHECKING:
+    from store.config import Settings
     from store.models import Memory
-    from store.settings import Settings
 
 MAX_LIMIT = 100
 MAX_QUERY_WORDS = 32
@@ -80,18 +86,8 @@ B = 0.75
 TERM_CANDIDATES = 2_000
 DF_CAP = 10_000
 RANK_POOL = 200
-# Hybrid search: how deep each ranking is read, and how the two are fused (the bench's
-# recall scenario measures both ways on the development part of its labelled set: mix won).
-FUSION_DEPTH = 50
-FUSION = "mix"
-RRF_K = 60
-MIX_LEXICAL = 0.5
-CACHED_SCOPE_NOTES = 10_000
-STATS_SECONDS = 60.0
 # Words that carry no meaning on their own (the search tokenizer's list).
 SEARCH_STOP_WORDS = STOP_WORDS
-# When the fact was said: the conversation's time, else when the text was last written.
-SAID_AT = "coalesce(m.occurred_at, m.updated_at)"
 
 
 def content_words(query: str) -> list[str]:
@@ -117,163 +113,6 @@ class Bounds:
 UNBOUNDED = Bounds(term_candidates=2**62, df_cap=2**62, pool=2**62)
 
 
-@dataclass(frozen=True)
-class _Stats:
-    notes: int
-    avg_length: float
-    at: float
-
-
-# Statistics of large scopes, by (database, scope); bounded (see _remember).
-_STATS: dict[tuple[str, str, str], _Stats] = {}
-_STATS_LOCK = threading.Lock()
-_STATS_MAX = 4_096
-
-_SCOPE_NOTES = (
-    "FROM memories WHERE scope_kind = :kind AND scope_id = :sid AND status = :live"
-    " AND search_length IS NOT NULL"
-)
-_SCOPE_COUNT = f"(SELECT count(*) {_SCOPE_NOTES})"
-_SCOPE_LENGTH = f"(SELECT avg(search_length) {_SCOPE_NOTES})"
-
-
-def _stats_and_frequencies(
-    conn: Connection, scope: Scope, terms: list[str], cap: int
-) -> tuple[int, float, list[int]]:
-    """``N`` and ``avg_length`` of the scope's live indexed notes, and how many of its notes
-    hold each term (counted up to ``cap``): one statement (the scope's statistics come from
-    the cache for a large scope)."""
-    key = (conn.engine.url.render_as_string(hide_password=True), scope.kind, scope.id)
-    now = time.monotonic()
-    cached = _STATS.get(key)
-    fresh = cached if cached is not None and now - cached.at < STATS_SECONDS else None
-    columns = [] if fresh else [_SCOPE_COUNT, _SCOPE_LENGTH]
-    columns += [
-        "(SELECT count(*) FROM (SELECT 1 FROM search_postings"  # noqa: S608 - placeholders only
-        f" WHERE scope_kind = :kind AND scope_id = :sid AND term = :t{i} LIMIT :cap) x{i})"
-        for i in range(len(terms))
-    ]
-    params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id, "cap": cap, "live": LIVE}
-    params.update({f"t{i}": term for i, term in enumerate(terms)})
-    row = list(conn.execute(text(f"SELECT {', '.join(columns)}"), params).one())
-    if fresh is not None:
-        return fresh.notes, fresh.avg_length, [int(n) for n in row]
-    notes, avg_length = int(row[0] or 0), float(row[1] or 0.0)
-    if notes >= CACHED_SCOPE_NOTES:
-        with _STATS_LOCK:
-            if len(_STATS) >= _STATS_MAX:
-                _STATS.clear()
-            _STATS[key] = _Stats(notes, avg_length, now)
-    return notes, avg_length, [int(n) for n in row[2:]]
-
-
-def _idf(notes: int, df: int) -> float:
-    df = min(df, notes)
-    return math.log(1 + (notes - df + 0.5) / (df + 0.5))
-
-
-def _window(since: datetime | None, until: datetime | None) -> str:
-    where = ""
-    if since is not None:
-        where += f" AND {SAID_AT} >= :since"
-    if until is not None:
-        where += f" AND {SAID_AT} < :until"
-    return where
-
-
-def _bm25_query(dialect: str, terms: int, window: str) -> TextClause:
-    """The ranking statement for ``terms`` query terms: each term's newest postings, summed
-    into BM25 per note, the best ``:pool`` of them (all, with a time ``window``, which
-    needs every candidate's time) joined with the live notes of the scope and scored."""
-    pool = "" if window else "ORDER BY bm25 DESC, memory_id DESC LIMIT :pool"
-    postings = " UNION ALL ".join(
-        "SELECT * FROM (SELECT memory_id, weight, length, "  # noqa: S608 - placeholders only
-        f"CAST(:idf{i} AS FLOAT) AS idf FROM search_postings"
-        f" WHERE scope_kind = :kind AND scope_id = :sid AND term = :t{i}"
-        f" ORDER BY memory_id DESC LIMIT :per_term) p{i}"
-        for i in range(terms)
-    )
-    recency = recency_sql(dialect, SAID_AT)
-    return text(
-        f"""
-        SELECT id, bm25, lexical, recency,
-               (1 - :w) * lexical + :w * recency
-               + CASE WHEN pinned THEN :bonus ELSE 0 END AS score
-        FROM (
-            SELECT m.id, m.pinned, c.bm25, c.bm25 / max(c.bm25) OVER () AS lexical,
-                   {recency} AS recency
-            FROM (
-                SELECT memory_id,
-                       sum(idf * weight * (:k1 + 1)
-                           / (weight + :k1 * (1 - :b + :b * length / :avg_length))) AS bm25
-                FROM ({postings}) candidates
-                GROUP BY memory_id
-                {pool}
-            ) c
-            JOIN memories m ON m.id = c.memory_id
-            WHERE m.status = :live AND m.scope_kind = :kind AND m.scope_id = :sid{window}
-        ) ranked
-        ORDER BY score DESC, id DESC
-        LIMIT :limit
-        """  # noqa: S608 - only generated placeholders and the store's own SQL
-    )
-
-
-def _like_query(
-    dialect: str, scope: Scope, needles: list[str], window: str
-) -> tuple[TextClause, dict[str, Any]]:
-    recency = recency_sql(dialect, SAID_AT)
-    params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id, "live": LIVE}
-    hits = []
-    for i, needle in enumerate(needles):
-        params[f"n{i}"] = (
-            "%" + needle.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        )
-        hits.append(
-            " OR ".join(
-                f"lower(m.{col}) LIKE :n{i} ESCAPE '\\'"
-                for col in ("title", "topics", "keywords", "body")
-            )
-        )
-    matched = " + ".join(f"(CASE WHEN {h} THEN 1 ELSE 0 END)" for h in hits)
-    sql = f"""
-        SELECT id, lexical AS bm25, lexical, recency,
-               (1 - :w) * lexical + :w * recency
-               + CASE WHEN pinned THEN :bonus ELSE 0 END AS score
-        FROM (
-            SELECT m.id, m.pinned, ({matched}) * 1.0 / {len(needles)} AS lexical,
-                   {recency} AS recency
-            FROM memories m
-            WHERE m.scope_kind = :kind AND m.scope_id = :sid AND m.status = :live{window}
-        ) ranked
-        WHERE lexical > 0
-        ORDER BY score DESC, id DESC
-        LIMIT :limit
-    """  # noqa: S608 - only generated placeholders are interpolated; values are bound
-    return text(sql), params
-
-
-def _ranked(conn: Connection, sql: TextClause, params: dict[str, Any]) -> list[Row[Any]]:
-    """The notes the ranking query picks, read with their scores in the same round trip:
-    each row is a ``memories`` row (Core, no ORM) plus ``bm25``, ``lexical``, ``recency``,
-    ``score``."""
-    ranked = sql.columns(
-        column("id", BigInteger),
-        column("bm25", Float),
-        column("lexical", Float),
-        column("recency", Float),
-        column("score", Float),
-    ).subquery("ranked")
-    return list(
-        conn.execute(
-            select(MEMORIES, ranked.c.bm25, ranked.c.lexical, ranked.c.recency, ranked.c.score)
-            .join(ranked, MEMORIES.c.id == ranked.c.id)
-            .order_by(ranked.c.score.desc(), ranked.c.id.desc()),
-            params,
-        ).all()
-    )
-
-
 def _checked_time(value: object, name: str) -> datetime | None:
     """``value`` as an aware UTC time (a naive one is taken as UTC), or None."""
     if value is None:
@@ -287,13 +126,6 @@ def _checked_time(value: object, name: str) -> datetime | None:
     return value.astimezone(UTC)
 
 
-def time_param(dialect: str, value: datetime | None) -> object:
-    """A bound time as the column holds it: SQLite keeps naive UTC text, compared as text."""
-    if value is None or dialect == "postgresql":
-        return value
-    return value.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
-
-
 def _bm25_rows(
     conn: Connection,
     settings: Settings,
@@ -305,7 +137,7 @@ def _bm25_rows(
     until: datetime | None,
     bounds: Bounds,
 ) -> list[Row[Any]]:
-    notes, avg_length, dfs = _stats_and_frequencies(conn, scope, terms, bounds.df_cap)
+    notes, avg_length, dfs = stats_and_frequencies(conn, scope, terms, bounds.df_cap)
     if notes == 0:
         return []
     present = [(term, df) for term, df in zip(terms, dfs, strict=True) if df > 0]
@@ -329,9 +161,9 @@ def _bm25_rows(
     }
     for i, (term, df) in enumerate(present):
         params[f"t{i}"] = term
-        params[f"idf{i}"] = _idf(notes, df)
-    sql = _bm25_query(conn.dialect.name, len(present), _window(since, until))
-    return _ranked(conn, sql, params)
+        params[f"idf{i}"] = idf(notes, df)
+    sql = bm25_query(conn.dialect.name, len(present), window_sql(since, until))
+    return ranked_rows(conn, sql, params)
 
 
 def ranked_by_terms(
@@ -388,7 +220,7 @@ def search(
     )
     rows, backend = lexical(limit=max(limit, FUSION_DEPTH) if hybrid else limit, hybrid=hybrid)
     if vector is not None and vector_model is not None:
-        nearest = vectors.nearest(
+        nearest = nearest_vectors(
             conn,
             scope,
             vector_model,
@@ -398,7 +230,7 @@ def search(
             until=time_param(conn.dialect.name, until),
         )
         if nearest:
-            return _fused(
+            return fused_hits(
                 conn, settings, rows, nearest, limit=limit, needles=needles, fusion=fusion
             )
         if not rows:  # no vector yet either: the lexical search as without vectors
@@ -450,7 +282,7 @@ def _lexical_rows(
             )
         if rows or hybrid:
             return rows, "bm25"
-    sql, params = _like_query(conn.dialect.name, scope, needles, _window(since, until))
+    sql, params = like_query(conn.dialect.name, scope, needles, window_sql(since, until))
     params.update(
         w=settings.recency_weight,
         half=settings.half_life_days,
@@ -459,80 +291,25 @@ def _lexical_rows(
         since=time_param(conn.dialect.name, since),
         until=time_param(conn.dialect.name, until),
     )
-    return _ranked(conn, sql, params), "like"
+    return ranked_rows(conn, sql, params), "like"
 
 
-def _recency(said: datetime, half_life_days: float, now: datetime) -> float:
-    """``0.5 ** (age_days / half_life_days)``, as the SQL computes it (a future time is
-    now; at most MAX_HALF_LIVES half-lives)."""
-    said = said if said.tzinfo is not None else said.replace(tzinfo=UTC)
-    days = max((now - said).total_seconds(), 0.0) / 86400.0
-    return float(0.5 ** min(days / half_life_days, MAX_HALF_LIVES))
-
-
-def _fused(
-    conn: Connection,
-    settings: Settings,
-    lexical: list[Row[Any]],
-    nearest: list[tuple[int, float]],
-    *,
-    limit: int,
-    needles: list[str],
-    fusion: str,
-) -> list[SearchHit]:
-    """The hybrid ranking: each note's relevance from both rankings (see the module doc),
-    over the best of the best, then recency and pins as in the lexical score."""
-    rows: dict[int, Any] = {int(row.id): row for row in lexical}
-    lexical_rank = {int(row.id): rank for rank, row in enumerate(lexical, 1)}
-    bm25 = {int(row.id): float(row.bm25) for row in lexical}
-    cosine = dict(nearest)
-    vector_rank = {note_id: rank for rank, (note_id, _) in enumerate(nearest, 1)}
-    missing = [note_id for note_id in cosine if note_id not in rows]
-    for start in range(0, len(missing), ID_CHUNK):
-        found = conn.execute(
-            select(MEMORIES).where(one_of(MEMORIES.c.id, "ids")),
-            {"ids": missing[start : start + ID_CHUNK]},
-        )
-        rows.update((int(row.id), row) for row in found)
-    top_bm25 = max(bm25.values(), default=0.0)
-    top_cosine = max((max(c, 0.0) for c in cosine.values()), default=0.0)
-    relevance: dict[int, float] = {}
-    for note_id in rows:
-        if fusion == "mix":
-            lexical_part = bm25.get(note_id, 0.0) / top_bm25 if top_bm25 > 0 else 0.0
-            semantic_part = max(cosine.get(note_id, 0.0), 0.0) / top_cosine if top_cosine else 0.0
-            relevance[note_id] = MIX_LEXICAL * lexical_part + (1 - MIX_LEXICAL) * semantic_part
-        else:
-            relevance[note_id] = sum(
-                1 / (RRF_K + ranks[note_id])
-                for ranks in (lexical_rank, vector_rank)
-                if note_id in ranks
-            )
-    best = max(relevance.values(), default=0.0) or 1.0
-    weight, bonus = settings.recency_weight, settings.pinned_bonus
-    now = datetime.now(UTC)
-    hits = []
-    for note_id, row in rows.items():
-        note = Note.from_row(cast("Memory", row))
-        factor = relevance[note_id] / best
-        recency = _recency(note.said_at or note.updated_at, settings.half_life_days, now)
-        parts = ScoreParts(
-            lexical=round((1 - weight) * factor, 6),
-            recency=round(weight * recency, 6),
-            pinned=bonus if note.pinned else 0.0,
-        )
-        hits.append(
-            SearchHit(
-                memory=note,
-                score=round(parts.lexical + parts.recency + parts.pinned, 6),
-                lexical=round(factor, 6),
-                recency=round(recency, 6),
-                bm25=round(bm25.get(note_id, 0.0), 6),
-                semantic=None if note_id not in cosine else round(cosine[note_id], 6),
-                snippet=snippet(note.body, needles),
-                backend="hybrid",
-                parts=parts,
-            )
-        )
-    hits.sort(key=lambda h: (-h.score, -h.memory.id))
-    return hits[:limit]
+# The public names; bench imports FUSION (store.fusion) and time_param (store.search_sql)
+# from here too.
+__all__ = [
+    "DF_CAP",
+    "FUSION",
+    "K1",
+    "MAX_LIMIT",
+    "MAX_QUERY_WORDS",
+    "RANK_POOL",
+    "SEARCH_STOP_WORDS",
+    "TERM_CANDIDATES",
+    "UNBOUNDED",
+    "B",
+    "Bounds",
+    "content_words",
+    "ranked_by_terms",
+    "search",
+    "time_param",
+]

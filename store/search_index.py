@@ -9,7 +9,7 @@ live notes, and a note archived or superseded keeps its rows for the day it is l
 ``reindex`` builds the rows of notes written before the index existed (``search_length``
 NULL) and rebuilds every note, its search postings and its same-fact terms
 (``memory_terms``) both, when either tokenizer's version (``store.search_terms.VERSION``,
-``store.terms.TERMS_VERSION``) is not the one the indexes were built with; ``gleaner db
+``store.fact_terms.TERMS_VERSION``) is not the one the indexes were built with; ``gleaner db
 upgrade`` and ``gleaner db reindex`` run it, in batches, each note locked while its rows are
 rebuilt. A migration never runs the tokenizers.
 """
@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, Table, bindparam, delete, select, text, update
 
-from store import search_terms
+from store.fact_terms import TERMS_VERSION, similarity_terms
 from store.models import SEARCH_POSTINGS, MemoryTerm
 from store.schemas import Scope
+from store.search_terms import VERSION as SEARCH_VERSION
+from store.search_terms import note_terms
 from store.sql import ID_CHUNK, dialect_name, one_of
 from store.tables import MEMORIES
 from store.term_index import insert_terms
-from store.terms import TERMS_VERSION, similarity_terms
 
 if TYPE_CHECKING:
     from store.sql import Executor
@@ -66,9 +67,7 @@ def postings_of(values: Mapping[str, Any]) -> Postings:
         (values.get("topic_key") or "").replace("/", " "),
         values.get("keywords") or "",
     )
-    weights, length = search_terms.note_terms(
-        values.get("title") or "", values.get("body") or "", keys
-    )
+    weights, length = note_terms(values.get("title") or "", values.get("body") or "", keys)
     return Postings(weights, length)
 
 
@@ -209,7 +208,7 @@ def reindex(
 
 def index_version() -> str:
     """The version of both term indexes, as the tokenizers of this code build them."""
-    return f"search {search_terms.VERSION}; terms {TERMS_VERSION}"
+    return f"search {SEARCH_VERSION}; terms {TERMS_VERSION}"
 
 
 def _reindex_rows(conn: Connection, rows: Sequence[Any]) -> None:

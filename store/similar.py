@@ -13,21 +13,23 @@ statements, whatever their number: harvest asks for every candidate of a transcr
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Integer, bindparam, func, select, text
+from sqlalchemy import Integer, bindparam, func, select
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import ColumnElement, TextClause
+from sqlalchemy.sql.elements import ColumnElement
 
-from store import judge, prepared
-from store.models import LIVE, Memory, MemoryTerm
+from store.fact_terms import similarity_terms
+from store.judge import contradiction
+from store.models import Memory, MemoryTerm
 from store.overlap import min_shared
 from store.schemas import Scope, Similar
-from store.sql import FLOAT_SLACK, ID_CHUNK, dialect_name, one_of
-from store.terms import FactText, similarity_terms
+from store.sql import FLOAT_SLACK, ID_CHUNK, one_of
+from store.tables import LIVE
+from store.term_lookup import CandidateNote, candidate_notes, term_frequencies, term_postings
+from store.terms import FactText
 
 if TYPE_CHECKING:
     from store.sql import Executor
@@ -39,9 +41,6 @@ COMMON_TERM_NOTES = 500
 # Above this many prefix terms (a low threshold, as for ``similar``) the extra lookups cost
 # more than they save: count every shared term instead.
 PREFIX_MAX_TERMS = 3
-# Terms per statement in the frequency and postings lookups: well under SQLite's
-# bound-parameter limit.
-TERM_CHUNK = 200
 
 
 @dataclass(frozen=True)
@@ -75,136 +74,6 @@ def rare_prefix(
     if frequency.get(prefix[-1], 0) >= common:
         return None
     return prefix
-
-
-@functools.lru_cache(maxsize=256)
-def _frequency_statement(count: int, cap: int) -> TextClause:
-    """One row: for each of ``count`` terms, how many notes of the scope hold it, capped at
-    ``cap``. Each term is its own equality lookup, so every column of the (scope,
-    term) index is an index condition whatever the table's statistics say."""
-    columns = ", ".join(
-        # Only integers are formatted in; every value is a bound parameter.
-        f"(SELECT count(*) FROM (SELECT 1 FROM memory_terms WHERE scope_kind = :kind"  # noqa: S608
-        f" AND scope_id = :sid AND term = :t{n} LIMIT {int(cap)}) AS c{n})"
-        for n in range(count)
-    )
-    return text(f"SELECT {columns}")
-
-
-@functools.lru_cache(maxsize=256)
-def _postings_statement(count: int) -> TextClause:
-    """``(term, memory_id)`` for every note of the scope holding one of ``count`` terms."""
-    return text(
-        " UNION ALL ".join(
-            f"SELECT term, memory_id FROM memory_terms WHERE scope_kind = :kind"  # noqa: S608
-            f" AND scope_id = :sid AND term = :t{n}"
-            for n in range(count)
-        )
-    )
-
-
-# The candidates' shared terms, read through the (memory_id, term) primary key.
-_CANDIDATE_TERMS = (
-    select(
-        Memory.id,
-        Memory.slug,
-        Memory.title,
-        Memory.term_count,
-        Memory.pinned,
-        Memory.provenance,
-        MemoryTerm.term,
-    )
-    .join(MemoryTerm, MemoryTerm.memory_id == Memory.id)
-    .where(
-        one_of(Memory.id, "ids"),
-        Memory.status == LIVE,
-        one_of(MemoryTerm.term, "terms"),
-    )
-)
-
-
-def _term_chunks(scope: Scope, terms: Sequence[str]) -> Iterator[tuple[list[str], dict[str, Any]]]:
-    """``terms`` in chunks of TERM_CHUNK, each with the parameters of a per-term statement."""
-    for start in range(0, len(terms), TERM_CHUNK):
-        chunk = list(terms[start : start + TERM_CHUNK])
-        params: dict[str, Any] = {"kind": scope.kind, "sid": scope.id}
-        params.update({f"t{n}": term for n, term in enumerate(chunk)})
-        yield chunk, params
-
-
-# PostgreSQL takes the terms as one array: one statement text whatever their number, so it
-# is prepared once (the per-term forms above are new SQL for every count of terms). The
-# correlated subquery keeps each term its own index lookup.
-_FREQUENCIES_PG = prepared.hot(
-    text(
-        "SELECT t.term, (SELECT count(*) FROM (SELECT 1 FROM memory_terms WHERE scope_kind = :kind"
-        " AND scope_id = :sid AND term = t.term LIMIT :cap) AS c)"
-        " FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
-    )
-)
-_POSTINGS_PG = prepared.hot(
-    text(
-        "SELECT m.term, m.memory_id FROM unnest(CAST(:terms AS varchar[])) AS t(term)"
-        " CROSS JOIN LATERAL (SELECT term, memory_id FROM memory_terms WHERE scope_kind = :kind"
-        " AND scope_id = :sid AND term = t.term) AS m"
-    )
-)
-
-
-def _frequencies(session: Executor, scope: Scope, terms: Sequence[str], cap: int) -> dict[str, int]:
-    found: dict[str, int] = {}
-    if dialect_name(session) == "postgresql":
-        params = {"kind": scope.kind, "sid": scope.id, "cap": cap, "terms": list(terms)}
-        rows = prepared.execute(session, _FREQUENCIES_PG, params)
-        found.update((str(t), int(n)) for t, n in rows)
-        return found
-    for chunk, params in _term_chunks(scope, terms):
-        row = session.execute(_frequency_statement(len(chunk), cap), params).one()
-        found.update({term: int(n) for term, n in zip(chunk, row, strict=True)})
-    return found
-
-
-def _postings(session: Executor, scope: Scope, terms: Sequence[str]) -> dict[str, set[int]]:
-    found: dict[str, set[int]] = {term: set() for term in terms}
-    if dialect_name(session) == "postgresql":
-        params = {"kind": scope.kind, "sid": scope.id, "terms": list(terms)}
-        for term, memory_id in session.execute(_POSTINGS_PG, params):
-            found[str(term)].add(int(memory_id))
-        return found
-    for chunk, params in _term_chunks(scope, terms):
-        for term, memory_id in session.execute(_postings_statement(len(chunk)), params):
-            found[str(term)].add(int(memory_id))
-    return found
-
-
-@dataclass
-class _Candidate:
-    id: int
-    slug: str
-    title: str
-    term_count: int
-    pinned: bool
-    provenance: str
-    terms: set[str]
-
-
-def _candidates(
-    session: Executor, ids: Sequence[int], terms: Sequence[str]
-) -> dict[int, _Candidate]:
-    """The live notes among ``ids``, each with which of ``terms`` it holds."""
-    found: dict[int, _Candidate] = {}
-    for start in range(0, len(ids), ID_CHUNK):
-        rows = session.execute(
-            _CANDIDATE_TERMS, {"ids": list(ids[start : start + ID_CHUNK]), "terms": list(terms)}
-        )
-        for note_id, slug, title, term_count, pinned, provenance, term in rows:
-            note = found.get(int(note_id))
-            if note is None:
-                note = found[int(note_id)] = _Candidate(
-                    int(note_id), slug, title, int(term_count), bool(pinned), provenance, set()
-                )
-            note.terms.add(str(term))
-    return found
 
 
 def _similar_statement() -> Any:
@@ -311,7 +180,7 @@ def similar_twins_many(
     vocabulary = sorted(set().union(*(wanted[n] for n in short)))
     if not vocabulary:
         return results
-    frequency = _frequencies(session, scope, vocabulary, common_term_notes)
+    frequency = term_frequencies(session, scope, vocabulary, common_term_notes)
     prefixes: dict[int, list[str]] = {}
     for n in short:
         terms = wanted[n]
@@ -323,7 +192,7 @@ def similar_twins_many(
         else:
             prefixes[n] = prefix
     walked = sorted({t for prefix in prefixes.values() for t in prefix if frequency.get(t, 0)})
-    postings = _postings(session, scope, walked) if walked else {}
+    postings = term_postings(session, scope, walked) if walked else {}
     holders = {
         n: {i for t in prefix for i in postings.get(t, ()) if i != exclude_id}
         for n, prefix in prefixes.items()
@@ -331,25 +200,38 @@ def similar_twins_many(
     ids = sorted(set().union(*holders.values()))
     if not ids:
         return results
-    candidates = _candidates(
+    candidates = candidate_notes(
         session, ids, sorted(set().union(*(wanted[n] for n in holders if holders[n])))
     )
     for n, held in holders.items():
-        terms, scored = wanted[n], []
-        for note_id in held:
-            note = candidates.get(note_id)
-            if note is None:  # not live
-                continue
-            shared = len(terms & note.terms)
-            score = shared / (len(terms) + note.term_count - shared)
-            if score >= threshold - FLOAT_SLACK:
-                scored.append((-score, note.slug, note))
-        scored.sort(key=lambda item: (item[0], item[1]))
-        results[n] = [
-            Twin(note.id, note.slug, note.title, round(-neg, 4), note.pinned, note.provenance)
-            for neg, _, note in scored[:limit]
-        ]
+        results[n] = _best_twins(wanted[n], held, candidates, threshold=threshold, limit=limit)
     return results
+
+
+def _best_twins(
+    terms: frozenset[str],
+    held: set[int],
+    candidates: dict[int, CandidateNote],
+    *,
+    threshold: float,
+    limit: int,
+) -> list[Twin]:
+    """The live notes among ``held`` (ids holding a prefix term of ``terms``) scoring at
+    least ``threshold``, best first, then by slug; at most ``limit``."""
+    scored = []
+    for note_id in held:
+        note = candidates.get(note_id)
+        if note is None:  # not live
+            continue
+        shared = len(terms & note.terms)
+        score = shared / (len(terms) + note.term_count - shared)
+        if score >= threshold - FLOAT_SLACK:
+            scored.append((-score, note.slug, note))
+    scored.sort(key=lambda item: (item[0], item[1]))
+    return [
+        Twin(note.id, note.slug, note.title, round(-neg, 4), note.pinned, note.provenance)
+        for neg, _, note in scored[:limit]
+    ]
 
 
 def similar_notes(
@@ -412,7 +294,7 @@ def same_fact_twins(
             (
                 (twin, texts[twin.id])
                 for twin in twins
-                if twin.id in texts and judge.contradiction(probe, texts[twin.id]) is None
+                if twin.id in texts and contradiction(probe, texts[twin.id]) is None
             ),
             None,
         )

@@ -15,9 +15,10 @@ from datetime import datetime
 from sqlalchemy import text, update
 from sqlalchemy.orm import Session
 
-from store.models import SUPERSEDED, Link, Memory, utcnow
+from store.models import Link, Memory
 from store.schemas import Scope
 from store.sql import dialect_insert, dialect_name, next_seqs, scope_key, xact_locks
+from store.tables import SUPERSEDED, utcnow
 
 LOCK_PURPOSE = "supersedes"
 

@@ -1,4 +1,5 @@
-"""Pure text rules of the store: slugs, topics, the privacy strip, hashes, snippets.
+"""Pure text rules of the store: slugs, topics, hashes, snippets, refusals' quoting (the
+privacy strip is ``privacy.private``; its names are re-exported here for the store's modules).
 
 Similarity (content terms, Jaccard, the same-fact rule) lives in ``store.terms``.
 """
@@ -10,13 +11,10 @@ import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 
+from privacy import strip_private
 from store.errors import InvalidInput
-from store.secrets import REDACTED as _MARKER
-from store.secrets import find_secrets
 
 SLUG_MAX_CHARS = 64
-# What a ``<private>`` span and a secret become (one marker: ``store.secrets`` holds it).
-REDACTED = _MARKER
 MAX_TOPICS = 8
 MAX_TOPIC_CHARS = 40
 MAX_TOPIC_KEY_BYTES = 255
@@ -28,12 +26,6 @@ MAX_BODY_BYTES_SETTING = "GLEANER_MAX_BODY_BYTES"
 _SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _ASCII_WORD = re.compile(r"[a-z0-9]+")
 _WORD = re.compile(r"\w+", re.UNICODE)
-# The start of a privacy tag, opening or closing, any case. What may follow is checked by hand
-# (see redact_private), so no pattern ever scans ahead more than once: linear on any input.
-_PRIVATE_TAG = re.compile(r"<(/?)private", re.IGNORECASE)
-_SPACE = re.compile(r"\s")
-_CLOSE_END = re.compile(r"\s*>")
-_OPEN_END = re.compile(r"[<>]")
 
 
 def slugify(title: str) -> str:
@@ -93,37 +85,6 @@ def topics(normalized: str) -> list[str]:
     return normalized.split()
 
 
-def strip_private(text: str) -> str:
-    """Replace every ``<private>...</private>`` span, and then every secret, with
-    ``[REDACTED]`` (``redact``, on a text that stands alone)."""
-    return redact(text)[0]
-
-
-def redact(text: str) -> tuple[str, int]:
-    """``text`` with its ``<private>`` spans (redact_private) and then its secrets
-    (redact_secrets) redacted, and how many secrets were."""
-    kept, _ = redact_private(text)
-    redacted, count, _ = redact_secrets(kept)
-    return redacted, count
-
-
-def redact_secrets(text: str, known: Iterable[str] = ()) -> tuple[str, int, frozenset[str]]:
-    """Replace each secret in ``text`` (``store.secrets.find_secrets``: provider keys and
-    tokens, credentials, stated passwords, private key blocks, and every copy of ``known``
-    values found before) with ``[REDACTED]``: the text, how many were, and the values found,
-    for the texts that follow. Linear in ``len(text)``."""
-    found = find_secrets(text, known)
-    if not found.spans:
-        return text, 0, found.values
-    out: list[str] = []
-    last = 0
-    for start, end in found.spans:
-        out.extend((text[last:start], REDACTED))
-        last = end
-    out.append(text[last:])
-    return "".join(out), len(found.spans), found.values
-
-
 # How much of a refused value an error message quotes.
 QUOTED_CHARS = 80
 
@@ -136,61 +97,6 @@ def quoted(value: object) -> str:
         return repr(strip_private(value)[:QUOTED_CHARS])
     shown = strip_private(repr(value))
     return shown if len(shown) <= QUOTED_CHARS else shown[:QUOTED_CHARS] + "..."
-
-
-def redact_private(text: str, depth: int = 0) -> tuple[str, int]:
-    """Redact the ``<private>`` spans of one piece of a stream: the text, and the depth left open.
-
-    ``depth`` is how many spans are open where ``text`` starts (0 for a text that stands
-    alone; the depth an earlier message of the same transcript left). Tags are matched in any
-    case and across lines: an opening tag is ``<private>``, or ``<private`` + whitespace +
-    attributes up to ``>`` (or up to a ``<``, where another tag may start); a closing tag is
-    ``</private>`` with optional whitespace before ``>``. Spans nest: an opening tag adds one
-    to the depth, a closing tag takes one off, and text is private while the depth is above 0,
-    so the outermost span is redacted whole. Each outermost span opened in ``text`` becomes
-    one ``[REDACTED]``; text that is private from the start (``depth > 0``) up to the closing
-    tag leaves nothing. Fails closed: an opening tag that is never closed, or is cut off before
-    its ``>``, makes the rest private, and the returned depth says so. A closing tag with no
-    span open is left as text (it hides nothing). Linear in ``len(text)``.
-    """
-    out: list[str] = []
-    kept_from = 0 if depth == 0 else None  # where the current run of visible text started
-    position = 0
-    while (tag := _PRIVATE_TAG.search(text, position)) is not None:
-        end = tag.end()
-        if tag.group(1):  # </private
-            close = _CLOSE_END.match(text, end)
-            if close is None:
-                position = end  # "</privateer", "</private x>": not a tag
-                continue
-            position = close.end()
-            if depth > 0:
-                depth -= 1
-                if depth == 0:
-                    kept_from = position
-            continue
-        if end < len(text) and text[end] == ">":
-            position = end + 1
-        elif end < len(text) and _SPACE.match(text, end):
-            # Attributes run to ">"; a "<" ends them too, so a tag inside them still counts.
-            # A tag cut off before its ">" opens a span all the same: fail closed.
-            stop = _OPEN_END.search(text, end)
-            position = len(text) if stop is None else stop.start()
-            if stop is not None and stop[0] == ">":
-                position += 1
-        elif end == len(text):
-            position = end  # "<private" cut off at the very end
-        else:
-            position = end  # "<privateer>", "<private/>": not a tag
-            continue
-        if depth == 0 and kept_from is not None:
-            out.append(text[kept_from : tag.start()])
-            out.append(REDACTED)
-            kept_from = None
-        depth += 1
-    if depth == 0 and kept_from is not None:
-        out.append(text[kept_from:])
-    return "".join(out), depth
 
 
 def content_hash(text: str) -> str:

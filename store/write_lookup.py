@@ -7,20 +7,21 @@ Built once: only the parameters change from batch to batch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import bindparam, or_, select, update
 
-from store import history, prepared
 from store.drafts import base_slug_of
+from store.history import VERSIONED
 from store.models import SUPERSEDED, Memory
 from store.schemas import Scope
-from store.sql import ID_CHUNK, one_of
+from store.sql import ID_CHUNK, Executor, one_of
 from store.tables import MEMORIES
+from store.write_item import Item
 
-if TYPE_CHECKING:
-    from store.sql import Executor
-    from store.writer import Item
+# What ``lookup`` finds: the stored rows by explicit slug and by topic key, and the slugs
+# taken.
+Found = tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], set[str]]
 
 
 def free_slug(base: str, taken: set[str]) -> str:
@@ -37,7 +38,7 @@ _IN_SCOPE = (Memory.scope_kind == bindparam("kind"), Memory.scope_id == bindpara
 # Built once: only the parameters change from batch to batch. The rows an item may update
 # are locked, so a concurrent upsert of the same key waits for this transaction.
 _BY_SLUGS, _BY_TOPIC_KEYS, _BY_IDS = (
-    select(*history.VERSIONED, Memory.status, Memory.superseded_by_id, column.label("wanted_value"))
+    select(*VERSIONED, Memory.status, Memory.superseded_by_id, column.label("wanted_value"))
     .where(*_IN_SCOPE, one_of(column, "wanted"))
     .order_by(Memory.id)
     .with_for_update()
@@ -46,7 +47,7 @@ _BY_SLUGS, _BY_TOPIC_KEYS, _BY_IDS = (
 # A key's note found superseded: the row's field naming the slug of the note that holds the
 # key (the write lands on the note that replaced it, ``_follow_superseders``).
 SUPERSEDED_HOLDER = "superseded_holder"
-_TAKEN_SLUGS = prepared.hot(select(Memory.slug).where(*_IN_SCOPE, one_of(Memory.slug, "wanted")))
+_TAKEN_SLUGS = select(Memory.slug).where(*_IN_SCOPE, one_of(Memory.slug, "wanted"))
 _SESSION_TWIN = (
     select(Memory.id, Memory.slug)
     .where(
@@ -71,21 +72,9 @@ def session_twin(
     return None if row is None else (int(row[0]), str(row[1]))
 
 
-def look_ahead(session: Executor, scope: Scope, items: Sequence[tuple[str, str | None]]) -> None:
-    """Send the taken-slug lookup that ``lookup`` makes for a batch of these ``(title, topic
-    key)`` items (none with an explicit slug) with the BEGIN of the caller's transaction
-    (``store.prepared.ahead``): when the batch turns out so, the lookup costs no round trip
-    of its own. A batch of one is inserted first, its slugs listed only on a conflict."""
-    if len(items) < 2:
-        return
-    derived = _derived(items)
-    if len(derived) <= ID_CHUNK:
-        prepared.ahead(session, _TAKEN_SLUGS, _taken_params(scope, derived))
-
-
 def _derived(items: Iterable[tuple[str, str | None]]) -> list[str]:
     """The derived slug bases a batch looks up, one per ``(title, topic key)`` of an item
-    without an explicit slug: ``lookup`` and ``look_ahead`` ask the same."""
+    without an explicit slug."""
     return sorted({base_slug_of(title, key) for title, key in items})
 
 
@@ -93,9 +82,7 @@ def _taken_params(scope: Scope, wanted: list[str]) -> dict[str, Any]:
     return {"kind": scope.kind, "sid": scope.id, "wanted": wanted}
 
 
-def lookup(
-    session: Executor, scope: Scope, items: Sequence[Item], *, bases: bool = True
-) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], set[str]]:
+def lookup(session: Executor, scope: Scope, items: Sequence[Item], *, bases: bool = True) -> Found:
     """The scope's rows holding the items' explicit slugs and topic keys (locked; what
     history keeps of each, ``status`` and ``superseded_by_id``; for a key whose note is
     superseded, the note that replaced it, or none once the key is released:
@@ -122,8 +109,8 @@ def lookup(
     # taken ones list their -N forms.
     busy: set[str] = set()
     for start in range(0, len(derived) if bases else 0, ID_CHUNK):
-        taken_rows = prepared.execute(
-            session, _TAKEN_SLUGS, _taken_params(scope, derived[start : start + ID_CHUNK])
+        taken_rows = session.execute(
+            _TAKEN_SLUGS, _taken_params(scope, derived[start : start + ID_CHUNK])
         )
         busy.update(str(slug) for (slug,) in taken_rows)
     taken |= busy

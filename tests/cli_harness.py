@@ -1,4 +1,4 @@
-"""The `gleaner` command run in process (``workers.cli.main(argv)``) for tests: the
+"""The `gleaner` command run in process (``cli.main(argv)``) for tests: the
 environment is the test's own (no GLEANER_* of the caller's), stdout and stderr captured.
 
 A subprocess costs about a second of interpreter and import start-up; in process a command
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from workers.cli import main
+from cli import main
 
 REDIS_URL = os.environ.get("GLEANER_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -76,7 +76,7 @@ def gleaner_process(
     if "stdout" not in options:
         options["capture_output"] = True
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
+        [sys.executable, "-m", "cli", *args],
         env={**clean, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **env},
         cwd=cwd,
         text=True,

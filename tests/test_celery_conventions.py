@@ -55,7 +55,7 @@ def start_worker(cluster: Cluster, *argv: str, **env: str) -> Worker:
     """`gleaner worker ARGV...` (no harness defaults: the test says every option)."""
     log = cluster.tmp / f"worker-{len(cluster.workers)}.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "worker", *argv],
+        [sys.executable, "-m", "cli", "worker", *argv],
         env={**cluster.env, **env},
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
@@ -246,8 +246,8 @@ def _head() -> str:
     ],
 )
 def test_worker_options_for_celery(argv: list[str], passed: list[str], named: bool) -> None:
-    from workers.cli import build_parser
-    from workers.cli.run import celery_options, names_node
+    from cli import build_parser
+    from cli.run import celery_options, names_node
 
     args, extra = build_parser().parse_known_args(["worker", "--queues", "harvest", *argv])
     args.celery_args = extra

@@ -1,5 +1,5 @@
 """The `gleaner` command against an empty SQLite file and PostgreSQL: run in process through
-``workers.cli.main`` (fast), and once per command as a real subprocess (slow tier)."""
+``cli.main`` (fast), and once per command as a real subprocess (slow tier)."""
 
 from __future__ import annotations
 

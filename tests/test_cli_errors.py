@@ -226,7 +226,7 @@ def test_ctrl_c_while_following_an_import_says_it_goes_on(
         [
             sys.executable,
             "-m",
-            "workers.cli",
+            "cli",
             "import",
             str(EXAMPLES / "chatgpt-export"),
             "--owner",

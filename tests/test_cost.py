@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from cli import main
 from harvest.batch import harvest_paths
 from harvest.job import harvest_transcript
 from harvest.queue import record_jobs, run_job
@@ -19,7 +20,6 @@ from store import jobs as job_records
 from store.models import Job
 from tests.llm_server import LLMServer, answer, llm_server, note, server_error, truncated
 from tests.test_harvest_job import model_settings, transcript
-from workers.cli import main
 
 
 @pytest.fixture

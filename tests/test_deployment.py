@@ -22,10 +22,10 @@ import jsonschema
 import pytest
 import yaml
 
+from cli import build_parser
 from store import Settings, Store
 from tests.conftest import PG_BASE_URL, head_revision, pg_url_for, test_settings
 from workers.app import QUEUES, ROUTES, make_celery
-from workers.cli import build_parser
 
 ROOT = Path(__file__).parent.parent
 COMPOSE_SPEC = Path(__file__).parent / "data" / "compose-spec.json"
@@ -69,7 +69,7 @@ def interpolated(path: str) -> str:
 
 def test_beat_schedule_names_registered_tasks_routed_to_housekeeping() -> None:
     import beat_schedule
-    from workers import tasks
+    from workers import housekeeping
 
     settings = test_settings(broker_url="redis://127.0.0.1:6379/15")
     app = make_celery(settings)
@@ -80,8 +80,8 @@ def test_beat_schedule_names_registered_tasks_routed_to_housekeeping() -> None:
         assert ROUTES[entry["task"]]["queue"] == "housekeeping"
         assert isinstance(entry["schedule"], timedelta)
         assert entry["options"] == {"time_limit": None, "soft_time_limit": None}  # the worker's
-    assert entries["decay"]["task"] == tasks.decay.name
-    assert entries["dedupe"]["task"] == tasks.dedupe.name
+    assert entries["decay"]["task"] == housekeeping.decay.name
+    assert entries["dedupe"]["task"] == housekeeping.dedupe.name
     # As README's "Housekeeping" says: decay hourly, dedupe every 10 minutes.
     assert entries["decay"]["schedule"] == timedelta(hours=1)
     assert entries["dedupe"]["schedule"] == timedelta(minutes=10)
@@ -241,9 +241,9 @@ def test_exports_volume_and_the_import_command_are_documented() -> None:
     for name in GLEANER_SERVICES:
         mounts = [interpolated(v) for v in services[name]["volumes"]]
         assert "./exports:/exports:ro" in mounts, name
-    readme = (ROOT / "README.md").read_text()
+    operations = (ROOT / "docs" / "operations.md").read_text()
     command = "docker compose run --rm gleaner import /exports/chatgpt-export.zip --owner alice"
-    assert command in readme
+    assert command in operations
     assert command in (ROOT / "docker-compose.yml").read_text()
     service = services["gleaner"]
     argv = shlex.split(command.split("gleaner", 1)[1])
@@ -298,3 +298,16 @@ def test_migrate_waits_for_a_database_that_is_not_there_yet(tmp_path: Path, work
         assert current_revision(store.engine) == head_revision()
     finally:
         store.dispose()
+
+
+def test_the_image_copies_every_package_the_wheel_installs() -> None:
+    """`pip install .` in the image builds the wheel from what was copied: a package left out
+    installs a console script that cannot import its own command line."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    wanted = {pattern.rstrip("*") for pattern in project["packages"]["find"]["include"]}
+    wanted |= {f"{module}.py" for module in project["py-modules"]}
+    copied = re.findall(r"^COPY\s+(.+?)\s+\S+$", (ROOT / "Dockerfile").read_text(), re.M)
+    sources = {source for line in copied for source in line.split()}
+    assert wanted <= sources, f"the Dockerfile does not copy {sorted(wanted - sources)}"

@@ -249,7 +249,7 @@ def test_evidence_is_shown_by_show_and_explain_and_kept_in_json(
     import json
     import os
 
-    from workers.cli import main
+    from cli import main
 
     store.write(
         ALICE,

@@ -1,5 +1,5 @@
 """`gleaner export` and `gleaner restore`: files and pipes, exit statuses, help, and progress
-that stays quiet on a short run. In process (``workers.cli.main``), on both databases."""
+that stays quiet on a short run. In process (``cli.main``), on both databases."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from cli.progress import Progress
 from store import Store
 from tests.cli_harness import Cli, cli
 from tests.test_export_restore import export, fill, records
-from workers.cli.progress import Progress
 
 __all__ = ["cli"]  # the fixture, used by name
 
@@ -153,7 +153,7 @@ def test_export_piped_into_restore_as_real_processes(
     fill(source, "alice")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GLEANER_", "LC_"))}
     base |= {"LANG": "C", "PYTHONIOENCODING": "ascii", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    command = [sys.executable, "-m", "workers.cli"]
+    command = [sys.executable, "-m", "cli"]
     target = f"sqlite:///{tmp_path}/target.db"
     with subprocess.Popen(
         [*command, "export", "--owner", "alice"],

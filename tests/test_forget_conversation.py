@@ -434,7 +434,7 @@ def test_a_harvest_of_another_conversation_during_the_forget_still_writes(
 
 def test_the_forget_is_one_transaction(model_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     # A failure after the first deletes leaves everything as it was.
-    from store import forget
+    from store import forget_conversation
 
     store = model_store
     slug = two_writers(store)
@@ -442,7 +442,7 @@ def test_the_forget_is_one_transaction(model_store: Store, monkeypatch: pytest.M
     def broken(session: Any) -> None:
         raise RuntimeError("the database went away")
 
-    monkeypatch.setattr(forget, "scrub_housekeeping", broken)
+    monkeypatch.setattr(forget_conversation, "scrub_housekeeping", broken)
     with pytest.raises(RuntimeError):
         store.forget_conversation(OWNER, "c-b")
     assert "Lisbontown" in the_note(store, slug).body and len(store.history(SCOPE, slug)) == 1
@@ -601,24 +601,27 @@ def test_no_table_holds_the_forgotten_conversations_words(store: Store) -> None:
 
 
 @pytest.mark.postgres
-def test_a_conversation_forget_committed_before_the_harvest_transaction_locks_is_seen(
+def test_a_conversation_forget_committed_before_the_harvest_transaction_is_seen(
     make_store: Any,
 ) -> None:
-    # As for an owner: the forget count the write transaction reads under the lock counts
-    # a forget of its conversation committed before, so its ledger row (planned with the old
-    # count) is refused and its notes roll back; another conversation's count is unchanged.
+    # As for an owner: the forget count the ledger row is written under counts a forget of
+    # its conversation committed after the harvest planned, so the row (planned with the
+    # old count) is refused and its notes roll back; another conversation's count is
+    # unchanged.
+    from dataclasses import replace
+
     from store import forget, ledger
     from tests.test_same_fact import ledger_entry
 
     harvest, operator = make_store("postgresql"), make_store("postgresql")
     carol = Scope.owner("carol-cv")
     operator.write(carol, {"title": "Said in c1", "body": "x"}, conversation_id="c1")
-    with forget.held_off(harvest, carol, "c1") as session:
-        operator.forget_conversation(carol.id, "c1")
-        assert forget.generation_at_open(session) == 1
+    operator.forget_conversation(carol.id, "c1")
+    with forget.held_off(harvest, carol) as session:
         entry = ledger_entry("d1", "v1")  # of conversation c1
         assert not ledger.record(session, carol, entry, generation=0)
         assert ledger.record(session, carol, entry, generation=1)
-    with forget.held_off(harvest, carol, "c2") as session:
-        assert forget.generation_at_open(session) == 0
-    assert rows(harvest, "harvest_ledger", "scope_id = 'carol-cv'") == 1
+    with forget.held_off(harvest, carol) as session:
+        other = replace(ledger_entry("d2", "v1"), conversation_id="c2")
+        assert ledger.record(session, carol, other, generation=0)
+    assert rows(harvest, "harvest_ledger", "scope_id = 'carol-cv'") == 2

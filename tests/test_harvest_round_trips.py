@@ -1,6 +1,7 @@
-"""A harvest job's round trips to PostgreSQL: each one is paid on every job (with a context
-switch to the server and back on both sides), so their number is a budget, and the new
-notes going with the COMMIT must still never overwrite or lose a note."""
+"""A harvest job's statements to PostgreSQL: each one is a round trip paid on every job
+(with a context switch to the server and back on both sides), so their number is a budget,
+and a note another writer takes the slug of meanwhile must still never be overwritten or
+lost."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from harvest.llm import LLMAnswer
 from harvest.options import ModelOptions
 from harvest.queue import record_jobs, run_job
 from harvest.transcript import Message, Transcript
-from store import Scope, Store, ledger, prepared
+from store import Scope, Store, write_plan
 from store.models import HarvestLedger, Job, Memory
 from tests.llm_server import LLMServer, answer, llm_server, note
 
@@ -43,29 +44,34 @@ def server() -> Iterator[LLMServer]:
         yield running
 
 
-def count_trips(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every round trip to the server from now on, by the path that sent it: a pipeline of
-    the short path (``prepared._exchange``), one of its single statements (``_run``), or a
-    statement of SQLAlchemy's own on the store's engine."""
-    trips: list[str] = []
-    exchange, run = prepared._exchange, prepared._run
+def transaction(name: str, sent: list[str]) -> Callable[[Any], None]:
+    """A listener noting ``name`` (BEGIN, COMMIT) where the driver sends it: not on an
+    autocommit connection, whose statements each commit on their own."""
 
-    def pipelined(pgconn: Any, sends: list[Any]) -> Any:
-        trips.append(f"pipeline of {len(sends)}")
-        return exchange(pgconn, sends)
+    def noted(conn: Any) -> None:
+        if not conn.connection.driver_connection.autocommit:
+            sent.append(name)
 
-    def single(*args: Any, **kwargs: Any) -> Any:
-        trips.append("statement")
-        return run(*args, **kwargs)
-
-    monkeypatch.setattr(prepared, "_exchange", pipelined)
-    monkeypatch.setattr(prepared, "_run", single)
-    event.listen(store.engine, "before_cursor_execute", lambda *_: trips.append("sqlalchemy"))
-    return trips
+    return noted
 
 
-def test_a_job_writing_new_notes_takes_six_round_trips(
-    make_store: Callable[..., Store], server: LLMServer, monkeypatch: pytest.MonkeyPatch
+def count_statements(store: Store) -> list[str]:
+    """Every statement SQLAlchemy sends on the store's engine from now on (the first words
+    of its SQL), and each transaction's BEGIN and COMMIT: each one a round trip. The
+    transcript lock's own two (lock, unlock) go on its dedicated connection, outside."""
+    sent: list[str] = []
+
+    def statement(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        sent.append(" ".join(sql.split()[:3]))
+
+    event.listen(store.engine, "before_cursor_execute", statement)
+    for name in ("begin", "commit"):
+        event.listen(store.engine, name, transaction(name.upper(), sent))
+    return sent
+
+
+def test_a_job_writing_new_notes_sends_a_bounded_number_of_statements(
+    make_store: Callable[..., Store], server: LLMServer
 ) -> None:
     store = make_store(
         "postgresql",
@@ -82,39 +88,48 @@ def test_a_job_writing_new_notes_takes_six_round_trips(
         provenance="compaction",
         queue="harvest",
     )
-    run_job(store, warm)  # connections opened, statements prepared on them
+    run_job(store, warm)  # connections opened
     with store.transaction() as session:  # what the warm job wrote: none of it is a twin
         session.execute(Memory.__table__.delete())
         session.execute(HarvestLedger.__table__.delete())
-    trips = count_trips(store, monkeypatch)
+    sent = count_statements(store)
     outcome = run_job(store, job)
     assert outcome is not None and outcome["notes_written"] == 3, outcome
-    assert trips == [
-        "statement",  # the claim
-        "pipeline of 2",  # the transcript's lock and the ledger check
-        # the owner's notes the transcript bears on, shown to the model: the scope's
-        # statistics with the terms' counts (an empty scope: nothing more to search)
-        "sqlalchemy",
-        # the model call, then one transaction: its BEGIN, the forget lock and count, the
-        # slug lookup sent ahead, the same-fact lookup ...
-        "pipeline of 5",
-        # ... and the notes with their terms, the ledger row, the job's cost should another
-        # delivery hold it now (store.jobs.add_cost_if_not_held), its outcome, COMMIT
-        "pipeline of 5",
-        "statement",  # the unlock
+    assert sent == [
+        "UPDATE jobs SET",  # the claim, committed on its own (autocommit)
+        # under the transcript's lock (taken on its own connection): the ledger check with
+        # the keys the model is shown
+        "SELECT checked.generation, checked.tombstoned,",
+        # the owner's notes the transcript bears on: the terms' counts (an empty scope:
+        # nothing more to search)
+        "SELECT (SELECT count(*)",
+        # the model call, then one transaction: the forget lock, the same-fact lookup, the
+        # slugs taken ...
+        "BEGIN",
+        "SELECT pg_advisory_xact_lock_shared(%(k)s)",
+        "SELECT t.term, (SELECT",
+        "SELECT memories.slug FROM",
+        # ... the notes, their terms and search rows, the ledger row, the job's cost should
+        # another delivery hold it now (store.jobs.add_cost_if_not_held), its outcome
+        "INSERT INTO memories",
+        "INSERT INTO memory_terms",
+        "INSERT INTO search_postings",
+        "INSERT INTO harvest_ledger",
+        "UPDATE jobs SET",
+        "UPDATE jobs SET",
+        "COMMIT",
     ]
     with store.transaction() as session:
         assert session.execute(select(Job.state).where(Job.id == job)).scalar_one() == "done"
         assert len(session.execute(select(Memory.id)).all()) == 3
 
 
-def test_a_slug_taken_before_the_commit_is_written_again_under_the_next_free_slug(
+def test_a_slug_taken_after_the_lookup_is_written_again_under_the_next_free_slug(
     make_store: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another writer takes a new note's slug after the harvest looked it up and before its
-    COMMIT: the COMMIT (with the notes) fails on the slug's unique key, nothing of it is
-    kept, and the harvest writes again at once under the next free slug; the other note is
-    untouched and the transcript is recorded once."""
+    INSERT: that note is skipped there (its unique key), and planned again at once under
+    the next free slug; the other note is untouched and the transcript is recorded once."""
     store = make_store("postgresql", harvest_model="test/model")
     item = {
         "type": "preference",
@@ -133,20 +148,22 @@ def test_a_slug_taken_before_the_commit_is_written_again_under_the_next_free_slu
         notes = [{**i, "topics": [], "confidence": 0.9} for i in (item, other)]
         return LLMAnswer(text=json.dumps({"notes": notes}))
 
-    record = ledger.record
-    records: list[str] = []
+    lookup = write_plan.lookup
+    lookups: list[str] = []
 
-    def record_after_a_rival(*args: Any, **kwargs: Any) -> bool:
-        if not records:  # between the lookup and the COMMIT, the first time only
+    def lookup_then_a_rival(*args: Any, **kwargs: Any) -> Any:
+        found = lookup(*args, **kwargs)
+        lookups.append("lookup")
+        if len(lookups) == 1:  # between the lookup and the INSERT, the first time only
             store.write(
                 ALICE, {"title": "Tea at noon", "body": "Green.", "slug": "prefers-dark-roast"}
             )
-        records.append("record")
-        return record(*args, **kwargs)
+        return found
 
-    monkeypatch.setattr(ledger, "record", record_after_a_rival)
+    monkeypatch.setattr(write_plan, "lookup", lookup_then_a_rival)
     outcome = harvest_transcript(store, chat("c-1", "I like dark roast. I moved."), llm=model)
-    assert records == ["record", "record"]  # written twice: the first COMMIT rolled back
+    # The harvest's, the rival's own, then the harvest's again: planned again, the lost slug.
+    assert lookups == ["lookup", "lookup", "lookup"]
     assert outcome.status == "harvested" and outcome.notes_written == 2
     assert sorted(outcome.slugs) == ["moved-to-porto", "prefers-dark-roast-2"]
     with store.transaction() as session:

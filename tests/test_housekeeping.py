@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, event, func, insert, select, text
 
-from store import Scope, Store, dedupe, supersede
+from store import Scope, Store, dedupe, dedupe_settle
 from store.dedupe import DedupeResult
 from store.models import HousekeepingState, Memory, MemoryTerm
 from store.overlap import Candidates, similar_groups
@@ -371,7 +371,7 @@ def test_a_failed_write_fails_the_run_and_leaves_every_scope_as_it_was(
     for n in range(5):
         put(store, BASE, scope=Scope.owner(f"user{n}"))
         put(store, NEAR, scope=Scope.owner(f"user{n}"))
-    writes = fail_on_call(monkeypatch, supersede, "write", 2, "disk full")
+    writes = fail_on_call(monkeypatch, dedupe_settle, "write_supersedes", 2, "disk full")
     with pytest.raises(RuntimeError, match="disk full"):
         tuned_dedupe(store, supersede_batch=1, id_chunk=1)  # a write after every scope
     monkeypatch.undo()

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from cli import progress
 from harvest.outcome import HarvestOutcome, ImportTotals
 from store import Store
 from tests.cli_harness import EXAMPLES, Cli, cli, redis_url_for
 from tests.samples import write_chatgpt_export, write_natives
 from tests.workers_harness import Cluster, cluster_on
-from workers.cli import progress
 
 __all__ = ["cli"]  # the fixture, used by name
 

@@ -33,7 +33,8 @@ from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, hang, llm_server, note
 from tests.samples import native
 from tests.workers_harness import Cluster, fresh_cluster, wait_for
-from workers.enqueue import _job_id, requeue_stale
+from workers.enqueue import requeue_stale
+from workers.waiting import job_id_of
 
 pytestmark = [pytest.mark.postgres]
 
@@ -117,7 +118,7 @@ def hold(store: Store, job_id: str, token: str, *, heartbeat_age: float = 0.0) -
 
 
 def queued_ids(cluster: Cluster, queue: str) -> list[str | None]:
-    return [_job_id(raw) for raw in cluster.redis().lrange(queue, 0, -1)]
+    return [job_id_of(raw) for raw in cluster.redis().lrange(queue, 0, -1)]
 
 
 def wait_calls(model: LLMServer, calls: int, timeout: float = 60) -> None:
@@ -422,7 +423,7 @@ def test_a_sent_message_is_the_harvest_of_its_job_on_its_queue_with_its_args_sho
         and [m["headers"]["timelimit"] for m in messages] == [[None, None]] * 2
     )
     assert [m["properties"]["delivery_info"]["routing_key"] for m in messages] == [IMPORT_QUEUE] * 2
-    assert [_job_id(item) for item in reversed(raw)] == [first, second]
+    assert [job_id_of(item) for item in reversed(raw)] == [first, second]
 
 
 def harvest_app_limits() -> tuple[int, int]:
@@ -447,14 +448,14 @@ def test_a_waiting_backlog_is_not_sent_again_but_a_lost_message_is(
     assert client.llen(LIVE_QUEUE) == 200
 
     # One message is lost (the oldest; Redis hands out the tail first): exactly it is re-sent.
-    lost = _job_id(client.rpop(LIVE_QUEUE))  # type: ignore[arg-type]
+    lost = job_id_of(client.rpop(LIVE_QUEUE))  # type: ignore[arg-type]
     assert lost in backlog
     assert requeue_stale(jobs_store) == 1
     assert client.llen(LIVE_QUEUE) == 200 and queued_ids(cluster, LIVE_QUEUE)[0] == lost
     assert requeue_stale(jobs_store) == 0
 
     # Past the scan limit the sweep compares counts: the shortfall, oldest-sent first.
-    second = _job_id(client.rpop(LIVE_QUEUE))  # type: ignore[arg-type]
+    second = job_id_of(client.rpop(LIVE_QUEUE))  # type: ignore[arg-type]
     assert second is not None
     set_columns(jobs_store, [second], enqueued_at=utcnow() - 2 * LONG_AGO)
     assert requeue_stale(jobs_store, scan_limit=10) == 1
@@ -667,7 +668,7 @@ def test_the_sweep_does_not_wait_behind_a_harvest_backlog(
     cluster: Cluster, jobs_store: Store
 ) -> None:
     from workers.enqueue import send_jobs
-    from workers.tasks import requeue_stale as sweep_task
+    from workers.housekeeping import requeue_stale as sweep_task
 
     send_jobs(LIVE_QUEUE, record(jobs_store, 40))
     sweep_task.apply_async()  # routed to housekeeping, sent after the whole backlog

@@ -602,7 +602,7 @@ def test_import_dry_run_of_a_500_mb_export_answers_at_once_in_bounded_memory(
     )
     probe = (
         PEAK_KIB + "import sys\n"
-        "from workers.cli import main\n"
+        "from cli import main\n"
         "code = main(sys.argv[1:])\n"
         "print(peak_kib() // 1024, file=sys.stderr)\n"
         "sys.exit(code)\n"

@@ -182,7 +182,7 @@ def test_keys_are_required_by_default_and_checked_before_rebinding(
 )
 def test_no_key_off_loopback_is_refused_with_a_clear_error(host: str) -> None:
     refused = subprocess.run(
-        [sys.executable, "-m", "workers.cli", *MCP_HTTP, "--host", host, "--no-key"],
+        [sys.executable, "-m", "cli", *MCP_HTTP, "--host", host, "--no-key"],
         env=service_env("sqlite://"),
         capture_output=True,
         text=True,

@@ -30,7 +30,7 @@ Session = Callable[[ClientSession], Awaitable[None]]
 def stdio(database_url: str, session_test: Session, *args: str, **env: str) -> None:
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "workers.cli", "mcp", *args],
+        args=["-m", "cli", "mcp", *args],
         env=service_env(database_url, **env),
     )
 
@@ -171,7 +171,7 @@ def test_the_owner_comes_from_the_environment_or_is_required(
 
     stdio(store.database_url, session_test, GLEANER_MCP_OWNER="carol")
     missing = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "mcp"],
+        [sys.executable, "-m", "cli", "mcp"],
         env=service_env(store.database_url),
         capture_output=True,
         text=True,

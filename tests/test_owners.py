@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from cli import main
 from harvest.batch import Summary, harvest_paths, judge_owners
 from harvest.queue import record_jobs
 from store import InvalidInput, Scope, Store
 from store.models import Job, Memory
 from store.text import check_principal
 from tests.test_harvest_job import transcript
-from workers.cli import main
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,10 @@ import pytest
 from mcp import ClientSession
 from sqlalchemy import text
 
+from cli import main
 from gleaner import Gleaner, InvalidRequest
 from store import Scope, Store
 from tests.test_mcp_server import call, stdio
-from workers.cli import main
 
 ALICE = Scope.owner("alice")
 NOW = datetime.now(UTC)

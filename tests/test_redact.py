@@ -15,7 +15,7 @@ from harvest.queue import new_jobs
 from harvest.readers import read_path
 from harvest.redact import REDACTED_ID_PREFIX, redact_text, redact_transcript, transcript_hash
 from harvest.transcript import Message, Transcript
-from store.text import REDACTED, redact_private, strip_private
+from privacy import REDACTED, redact_private, strip_private
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 INDEX_BLOCK = (

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
+from cli import main
 from harvest.batch import harvest_paths
 from harvest.job import harvest_transcript
 from harvest.queue import record_jobs
@@ -36,7 +37,6 @@ from store.terms import (
 from store.text import normalize_topics
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.test_harvest_job import model_settings, transcript
-from workers.cli import main
 
 PAIRS = json.loads((Path(__file__).parent / "data" / "same_fact_pairs.json").read_text())["pairs"]
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -75,9 +75,9 @@ def test_content_terms_are_the_same_from_threads_sharing_the_cache(
     # Dedupe reads ahead on a thread; the HTTP service runs requests on threads. A shared
     # stemmer gave wrong stems or IndexError there, and a cache cleared by one thread a
     # KeyError in another: a small cache and frequent switches make both show at once.
-    from store import terms
+    from store import fact_terms
 
-    monkeypatch.setattr(terms, "TERM_CACHE_SIZE", 300)
+    monkeypatch.setattr(fact_terms, "TERM_CACHE_SIZE", 300)
     rng = random.Random(7)
     endings = ("ing", "ness", "ational", "ed", "ly", "izer", "fulness")
     texts = [

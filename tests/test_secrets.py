@@ -1,4 +1,4 @@
-"""Secrets are never stored: found (store.secrets, on detect-secrets' plugins) and redacted
+"""Secrets are never stored: found (privacy.secrets, on detect-secrets' plugins) and redacted
 like ``<private>`` spans before hashing, the model, the queue, the database and the logs.
 
 The corpus under tests/data/secrets/ has a dev part (what the rules were tuned on) and a
@@ -34,9 +34,9 @@ from gleaner import Gleaner
 from harvest.job import harvest_transcript
 from harvest.redact import redact_transcript, transcript_hash
 from harvest.transcript import Message, Transcript
+from privacy import REDACTED, redact, strip_private
 from store import Scope, Store
 from store.models import Job
-from store.text import REDACTED, redact, strip_private
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.service_harness import service_env, start_http
@@ -357,7 +357,7 @@ def test_a_secret_saved_over_mcp_is_nowhere(worker_database: str, tmp_path: Path
     log = tmp_path / "mcp-stderr.log"
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "workers.cli", "mcp", "--owner", "alice"],
+        args=["-m", "cli", "mcp", "--owner", "alice"],
         env=service_env(worker_database),
     )
     saved: list[Any] = []

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from cli import main
 from gleaner import Gleaner
 from store import Scope, Store
 from store import vectors as note_vectors
 from tests.embed_server import EmbedServer, Reply, embed_server, hang, server_error
-from workers.cli import main
 
 ALICE = Scope.owner("alice")
 LOCAL = "local/all-minilm-l6-v2"

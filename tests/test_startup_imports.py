@@ -14,9 +14,9 @@ from importlib import import_module
 
 import pytest
 
+from cli import COMMAND_GROUPS, build_parser
 from store import Scope, Store
 from tests.conftest import test_settings
-from workers.cli import COMMAND_GROUPS, build_parser
 
 # Loaded by a read command on SQLite, none of these would be used: the ORM and the models
 # (reads go through Core, store.tables), the write path, migrations, the PostgreSQL dialect
@@ -39,7 +39,7 @@ PROBE = """
 import json, sys
 prelude, never = sys.argv[1], json.loads(sys.argv[2])
 exec(prelude)
-from workers.cli import main
+from cli import main
 code = main(sys.argv[3:])
 loaded = sorted(
     name for name in sys.modules
@@ -145,7 +145,7 @@ def test_a_command_builds_only_its_groups_parser() -> None:
     listed = []
     for group, names in COMMAND_GROUPS.items():
         sub = argparse.ArgumentParser().add_subparsers()
-        import_module(f"workers.cli.{group}").register(sub)
+        import_module(f"cli.{group}").register(sub)
         assert tuple(sub.choices) == names, group
         listed.extend(names)
     assert len(listed) == len(set(listed))
@@ -154,10 +154,10 @@ def test_a_command_builds_only_its_groups_parser() -> None:
         alone, full = build_parser(argv[0]).parse_args(argv), build_parser().parse_args(argv)
         assert vars(alone) == vars(full)
     code = (
-        "import sys\nfrom workers.cli import main\n"
+        "import sys\nfrom cli import main\n"
         "try:\n    main(sys.argv[1:])\nfinally:\n    print(sorted(sys.modules))"
     )
     argv = [sys.executable, "-c", code, "search", "--help"]
     ran = subprocess.run(argv, check=False, capture_output=True, text=True)
     assert ran.returncode == 0 and "usage: gleaner search" in ran.stdout
-    assert "workers.cli.read" in ran.stdout and "workers.cli.operate" not in ran.stdout
+    assert "cli.read" in ran.stdout and "cli.operate" not in ran.stdout

@@ -7,10 +7,10 @@ import contextlib
 from contextlib import AbstractContextManager
 
 import pytest
-from sqlalchemy import bindparam, insert, select, text
+from sqlalchemy import insert, select, text
 from sqlalchemy.exc import DBAPIError
 
-from store import Executor, StorageFailure, Store, StoreError, prepared
+from store import Executor, StorageFailure, Store, StoreError
 from store.models import HousekeepingState
 
 # An opening statement for ``Store.connection``: one that does nothing.
@@ -111,156 +111,21 @@ def test_an_opened_transaction_whose_statement_failed_is_not_reported_committed(
 def test_a_swallowed_failure_of_the_first_statement_is_not_reported_committed(
     make_store,  # type: ignore[no-untyped-def]
 ) -> None:
-    # The BEGIN and the opening travel with the first statement: when that one fails, what
-    # runs after it is still inside the (aborted) transaction, never committed on its own.
+    # When the first statement fails, what runs after it is still inside the (aborted)
+    # transaction, never committed on its own; an ORM session's transaction alike.
     store = make_store("postgresql")
 
-    def run() -> None:
-        with store.connection(opening=OPEN) as connection:
+    def run(session_of: AbstractContextManager[Executor]) -> None:
+        with session_of as session:
             with contextlib.suppress(StorageFailure, DBAPIError):
-                prepared.execute(connection, text("SELECT * FROM no_such_table"), {})
+                session.execute(text("SELECT * FROM no_such_table"))
             with contextlib.suppress(StorageFailure, DBAPIError):
-                connection.execute(insert(HousekeepingState).values(name="lost", watermark=1))
+                session.execute(insert(HousekeepingState).values(name="lost", watermark=1))
 
-    with pytest.raises(StorageFailure, match="rolled back, not committed"):
-        run()
+    for session_of in (store.connection(opening=OPEN), store.connection(), store.transaction()):
+        with pytest.raises(StorageFailure, match="rolled back, not committed"):
+            run(session_of)
     assert names(store) == []
-
-
-# A write deferred to the COMMIT (``prepared.later``), and the error a duplicate of it stands for.
-DEFERRED = insert(HousekeepingState).values(name=bindparam("name"), watermark=1)
-
-
-class Taken(StoreError):
-    reason = "taken"
-
-
-def test_deferred_writes_commit_with_the_transaction_or_not_at_all(make_store) -> None:  # type: ignore[no-untyped-def]
-    store = make_store("postgresql")
-    with store.connection(opening=OPEN) as connection:
-        assert prepared.deferring(connection)
-        prepared.execute(connection, DEFERRED, {"name": "first"})
-        prepared.later(connection, DEFERRED, {"name": "deferred"})
-        assert names(store) == []  # not even sent yet
-    assert sorted(names(store)) == ["deferred", "first"]
-
-    def fail() -> None:
-        with store.connection(opening=OPEN) as connection:
-            prepared.later(connection, DEFERRED, {"name": "never"})
-            raise RuntimeError("before the commit")
-
-    with pytest.raises(RuntimeError):
-        fail()
-    with store.connection(opening=OPEN) as connection:  # nothing but deferred writes
-        prepared.later(connection, DEFERRED, {"name": "alone"})
-    with store.connection(opening=OPEN) as connection:
-        assert not prepared.deferring(connection.engine.connect())
-    assert sorted(names(store)) == ["alone", "deferred", "first"]
-
-
-def test_a_deferred_write_that_fails_at_the_commit_keeps_nothing(make_store) -> None:  # type: ignore[no-untyped-def]
-    store = make_store("postgresql")
-    with store.connection(opening=OPEN) as connection:
-        prepared.later(connection, DEFERRED, {"name": "kept"})
-
-    def duplicate(conflict: type[StoreError] | None) -> None:
-        with store.connection(opening=OPEN) as connection:
-            prepared.execute(connection, DEFERRED, {"name": "lost"})
-            prepared.later(connection, DEFERRED, {"name": "also-lost"})
-            prepared.later(
-                connection,
-                DEFERRED,
-                {"name": "kept"},  # the primary key is taken
-                conflict=None if conflict is None else (lambda: conflict("taken")),
-            )
-            prepared.later(connection, DEFERRED, {"name": "after"})
-
-    with pytest.raises(Taken, match="taken"):  # the caller's error for a duplicate
-        duplicate(Taken)
-    with pytest.raises(StorageFailure, match="duplicate key"):  # the driver's otherwise
-        duplicate(None)
-    assert names(store) == ["kept"]
-    with store.connection(opening=OPEN) as connection:  # the connection is fit for use
-        prepared.later(connection, DEFERRED, {"name": "next"})
-    assert sorted(names(store)) == ["kept", "next"]
-
-
-NAMES = select(HousekeepingState.name).where(HousekeepingState.name.like(bindparam("like")))
-
-
-def count_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Round trips the short path sends from now on (a pipeline or a single statement)."""
-    trips: list[int] = []
-    exchange, run = prepared._exchange, prepared._run
-    monkeypatch.setattr(
-        prepared, "_exchange", lambda *a, **k: trips.append(len(a[1])) or exchange(*a, **k)
-    )
-    monkeypatch.setattr(prepared, "_run", lambda *a, **k: trips.append(1) or run(*a, **k))
-    return trips
-
-
-def test_a_read_sent_ahead_is_answered_without_a_round_trip_until_a_write(
-    make_store,  # type: ignore[no-untyped-def]
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    store = make_store("postgresql")
-    with store.connection(opening=OPEN) as connection:
-        prepared.execute(connection, DEFERRED, {"name": "a-1"})
-    trips = count_trips(monkeypatch)
-    with store.connection(opening=OPEN) as connection:
-        prepared.ahead(connection, NAMES, {"like": "a-%"})
-        prepared.ahead(connection, NAMES, {"like": "b-%"})
-        assert prepared.execute(connection, text("SELECT 2"), {}) == [(2,)]
-        assert trips == [5]  # the BEGIN, the opening, both reads and the statement
-        # Another transaction commits meanwhile: an answer sent ahead may miss it, as a
-        # READ COMMITTED read sent a moment sooner would.
-        with store.connection(opening=OPEN) as other:
-            prepared.execute(other, DEFERRED, {"name": "a-2"})
-        assert [row.name for row in prepared.execute(connection, NAMES, {"like": "a-%"})] == ["a-1"]
-        assert trips == [5, 3, 1]  # the other's two; this one answered without a round trip
-        assert prepared.execute(connection, NAMES, {"like": "a-%"}) != []  # an answer serves once
-        assert trips == [5, 3, 1, 1]
-        # A write sent on the connection drops what was read ahead: the read goes out again.
-        prepared.execute(connection, DEFERRED, {"name": "b-1"})
-        found = prepared.execute(connection, NAMES, {"like": "b-%"})
-        assert [row.name for row in found] == ["b-1"] and trips == [5, 3, 1, 1, 1, 1]
-    # SQLAlchemy's own writes on the connection drop answers too; other parameters miss.
-    with store.connection(opening=OPEN) as connection:
-        prepared.ahead(connection, NAMES, {"like": "c-%"})
-        prepared.ahead(connection, NAMES, {"like": "a-%"})
-        assert prepared.execute(connection, NAMES, {"like": "zz"}) == []
-        connection.execute(insert(HousekeepingState).values(name="c-1", watermark=1))
-        assert [row.name for row in prepared.execute(connection, NAMES, {"like": "c-%"})] == ["c-1"]
-    # A write that is the transaction's first statement goes after the reads sent ahead,
-    # in their round trip: it drops their answers too.
-    with store.connection(opening=OPEN) as connection:
-        prepared.ahead(connection, NAMES, {"like": "d-%"})
-        prepared.execute(connection, DEFERRED, {"name": "d-1"})
-        assert [row.name for row in prepared.execute(connection, NAMES, {"like": "d-%"})] == ["d-1"]
-    # Once the transaction is under way, or outside one, nothing is sent ahead.
-    with store.connection(opening=OPEN) as connection:
-        prepared.execute(connection, text("SELECT 1"), {})
-        prepared.ahead(connection, NAMES, {"like": "a-%"})
-        assert len(prepared.execute(connection, NAMES, {"like": "a-%"})) == 2
-    with store.statements() as connection:
-        prepared.ahead(connection, NAMES, {"like": "a-%"})
-        assert len(prepared.execute(connection, NAMES, {"like": "a-%"})) == 2
-
-
-def test_a_pipeline_never_sends_a_statement_its_own_preparing_evicted(
-    make_store,  # type: ignore[no-untyped-def]
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A connection keeps at most MAX_PREPARED statements prepared; the least recently used
-    goes. A transaction's first round trip prepares every statement it sends before sending
-    any: one in use there must not be the one that goes."""
-    store = make_store("postgresql", db_pool_size=1)
-    monkeypatch.setattr(prepared, "MAX_PREPARED", 2)
-    first, second = text("SELECT 1 AS first"), text("SELECT 2 AS second")
-    with store.connection(opening=[(first, {})]) as connection:  # prepares first, then second
-        assert prepared.execute(connection, second, {}) == [(2,)]
-    # first (the oldest prepared) and a third, new one, in one round trip: preparing the
-    # third makes room by dropping second, not first.
-    with store.connection(opening=[(first, {})]) as connection:
-        assert prepared.execute(connection, text("SELECT 3 AS third"), {}) == [(3,)]
-        assert prepared.opened(connection) == [(1,)]
+    with store.connection(opening=OPEN) as connection:  # the pooled connection is fit for use
+        connection.execute(insert(HousekeepingState).values(name="next", watermark=1))
+    assert names(store) == ["next"]

@@ -111,7 +111,7 @@ def test_a_folder_import_runs_each_owners_conversations_oldest_first(
     make_store, backend: str, server: LLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Written newest first on disk, imported oldest first: the live text is the newest."""
-    from workers.cli import main
+    from cli import main
 
     store = model_store(make_store, backend, server)
     folder = tmp_path / "export"

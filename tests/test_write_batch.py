@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from store import Scope, Store, notes, writer
+from store import Scope, Store, notes, write_plan
 from store.errors import StorageFailure
 from store.models import Memory, MemoryTerm
 
@@ -245,13 +245,13 @@ def test_batch_slug_taken_meanwhile_is_planned_again(
     """A slug a concurrent writer took after the lookup: that item is planned again, the
     lost slug counted as taken (the lookup here stays stale, as a race would leave it)."""
     store.write(ALICE, {"title": "Taken", "body": "x"})
-    lookup = writer.lookup
+    lookup = write_plan.lookup
 
     def stale(*args: Any, **kwargs: Any) -> Any:
         by_slug, by_topic, _taken = lookup(*args, **kwargs)
         return by_slug, by_topic, set()  # as if the lookup ran before the other insert
 
-    monkeypatch.setattr(writer, "lookup", stale)
+    monkeypatch.setattr(write_plan, "lookup", stale)
     with store.transaction() as session:
         results = notes.write_batch(
             session,
@@ -271,8 +271,8 @@ def test_batch_slug_taken_meanwhile_is_planned_again(
 
 
 def test_postgresql_batch_insert_stores_what_a_single_write_stores(make_store) -> None:  # type: ignore[no-untyped-def]
-    """On PostgreSQL a batch's new notes go in one statement (``store.pg_insert``), a single
-    write's through SQLAlchemy's INSERT: every column must come out the same."""
+    """On PostgreSQL a batch's new notes go in one multi-row INSERT, a single write's in a
+    one-row INSERT (its row returned): every column must come out the same."""
     store = make_store("postgresql")
     items = [
         notes.BatchItem({"title": "Plain", "body": "no source", "confidence": 0.123456789}),
@@ -312,20 +312,14 @@ def test_postgresql_batch_insert_stores_what_a_single_write_stores(make_store) -
 
     batch, singles = rows(ALICE), rows(BOB)
     assert batch == singles
-    # Inserted with the COMMIT of a transaction like a harvest's: the same rows again.
+    # On a Core connection, in a transaction like a harvest's: the same rows again.
     carol = Scope.owner("carol")
     with store.connection(opening=[(text("SELECT 1"), {})]) as connection:
-        late = notes.write_batch(
-            connection,
-            store.settings,
-            carol,
-            items,
-            conversation_id="c",
-            occurred_at=WHEN,
-            at_commit=True,
+        written = notes.write_batch(
+            connection, store.settings, carol, items, conversation_id="c", occurred_at=WHEN
         )
-        assert [(r.outcome, r.id) for r in late] == [("created", None)] * 3  # ids not read
-        assert rows(carol) == []  # not sent before the COMMIT
+        assert [r.outcome for r in written] == ["created"] * 3
+        assert all(r.id for r in written)
     assert rows(carol) == singles
     assert [row["slug"] for row in batch] == ["plain", "web", "tk"]  # seq in item order
     assert batch[0]["source_text"] == "null" and not batch[0]["sql_null"]

@@ -101,7 +101,7 @@ class Cluster:
             [
                 sys.executable,
                 "-m",
-                "workers.cli",
+                "cli",
                 "worker",
                 "--queues",
                 queues,
@@ -143,7 +143,7 @@ class Cluster:
             [
                 sys.executable,
                 "-m",
-                "workers.cli",
+                "cli",
                 "beat",
                 "--loglevel",
                 "INFO",
@@ -163,7 +163,7 @@ class Cluster:
 
     def gleaner(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "workers.cli", *args],
+            [sys.executable, "-m", "cli", *args],
             env=self.env,
             capture_output=True,
             text=True,

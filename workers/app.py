@@ -28,31 +28,9 @@ from __future__ import annotations
 from celery import Celery
 from kombu.entity import Queue
 
-from harvest.queues import EMBED_QUEUE, IMPORT_QUEUE, LIVE_QUEUE
+from harvest.queues import LIVE_QUEUE
 from store import Settings, load_settings
-
-HOUSEKEEPING_QUEUE = "housekeeping"
-# Order matters: with the priority strategy a worker polls them in this order. Housekeeping
-# is first so the minute's sweep that recovers lost jobs never waits behind a harvest backlog.
-QUEUES = (HOUSEKEEPING_QUEUE, LIVE_QUEUE, EMBED_QUEUE, IMPORT_QUEUE)
-ROUTES = {
-    "gleaner.harvest": {"queue": LIVE_QUEUE},
-    "gleaner.embed": {"queue": EMBED_QUEUE},
-    "gleaner.embed_sweep": {"queue": EMBED_QUEUE},
-    "gleaner.decay": {"queue": HOUSEKEEPING_QUEUE},
-    "gleaner.dedupe": {"queue": HOUSEKEEPING_QUEUE},
-    "gleaner.requeue_stale": {"queue": HOUSEKEEPING_QUEUE},
-}
-
-
-# Sent with every message: no time limit travels with it, so each worker applies its own
-# (Celery copies the sending app's task_*time_limit into each message, where it would
-# override the worker's settings).
-WORKER_LIMITS: dict[str, None] = {"time_limit": None, "soft_time_limit": None}
-
-
-# kombu's failover options of a connection's default channel (what a producer sends on).
-SEND_RETRIES = {"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5}
+from workers.routing import QUEUES, ROUTES, SEND_RETRIES
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -107,6 +85,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
     )
     # Importing the tasks registers them on this app (they are shared tasks).
     import beat_schedule
+    import workers.housekeeping
     import workers.tasks  # noqa: F401
 
     app.conf.beat_schedule = beat_schedule.schedule(settings)

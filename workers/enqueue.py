@@ -20,33 +20,29 @@ The sweep (``requeue_stale``, run by beat every minute on the ``housekeeping`` q
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from store import Store, job_leases
+from store import Settings, Store, job_leases
+from workers.waiting import (
+    REDIS_SCHEMES,
+    SCAN_LIMIT,
+    Waiting,
+    held_job_ids,
+    redis_client,
+    waiting_messages,
+)
 
 if TYPE_CHECKING:
-    from redis import Redis
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
-HARVEST_TASK = "gleaner.harvest"
-# Messages read per queue to tell which pending jobs have one (~1 KB each); beyond this the
-# sweep compares counts instead.
-SCAN_LIMIT = 10_000
 # At most this many jobs re-sent per queue per sweep; the next sweep takes the rest.
 SEND_LIMIT = 1_000
-# Kombu's Redis transport keeps a queue's messages of priority p > 0 under "<queue>\x06\x16p".
-_PRIORITY_SEP, _PRIORITY_STEPS = "\x06\x16", (3, 6, 9)
-_READ_CHUNK = 500
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
 # Messages pushed to Redis in one pipeline (one round trip instead of one each).
 SEND_BATCH = 500
 # After Redis lost or refused messages, a pending job sent this long ago whose message is
@@ -84,7 +80,7 @@ def send_jobs(queue: str, job_ids: Iterable[str]) -> int:
     from kombu.exceptions import KombuError
     from redis.exceptions import RedisError
 
-    from workers.app import WORKER_LIMITS
+    from workers.routing import WORKER_LIMITS
     from workers.tasks import harvest
 
     ids = list(job_ids)
@@ -123,75 +119,6 @@ def send_jobs(queue: str, job_ids: Iterable[str]) -> int:
     return sent
 
 
-@dataclass(frozen=True)
-class Waiting:
-    """What waits on one queue: how many messages, and (when read) the job ids they carry."""
-
-    length: int
-    job_ids: frozenset[str] | None
-
-
-def waiting_messages(
-    broker_url: str, queues: Sequence[str], scan_limit: int = SCAN_LIMIT, timeout: float = 10.0
-) -> dict[str, Waiting] | None:
-    """The messages waiting on each Redis queue (not those a worker has taken); None when the
-    broker is not Redis. Raises ``redis.RedisError`` when Redis cannot be reached (a connect
-    waits at most half of ``timeout``, a reply ``timeout``)."""
-    if not broker_url.startswith(_REDIS_SCHEMES):
-        return None
-    client = _client(broker_url, timeout)
-    try:
-        out = {}
-        for queue in queues:
-            keys = [queue, *(f"{queue}{_PRIORITY_SEP}{p}" for p in _PRIORITY_STEPS)]
-            pipe = client.pipeline(transaction=False)
-            for key in keys:
-                pipe.llen(key)
-            length = sum(int(n) for n in pipe.execute())
-            ids = _job_ids(client, keys) if length <= scan_limit else None
-            out[queue] = Waiting(length, ids)
-        return out
-    finally:
-        client.close()
-
-
-def _job_ids(client: Redis, keys: Sequence[str]) -> frozenset[str]:
-    """The job ids of the harvest messages under ``keys``, read in chunks.
-
-    Workers pop from the tail while this reads from the head, and new messages are pushed at
-    the head: a message can be read twice but one still waiting is never skipped.
-    """
-    found: set[str] = set()
-    for key in keys:
-        start = 0
-        while True:
-            chunk = client.lrange(key, start, start + _READ_CHUNK - 1)
-            for raw in chunk:
-                job_id = _job_id(raw)
-                if job_id is not None:
-                    found.add(job_id)
-            if len(chunk) < _READ_CHUNK:
-                break
-            start += _READ_CHUNK
-    return frozenset(found)
-
-
-def _job_id(raw: bytes | str) -> str | None:
-    """The job id a kombu message (JSON, body base64-encoded JSON ``[args, kwargs, embed]``)
-    carries; None for any other task or a body that cannot be read."""
-    try:
-        message = json.loads(raw)
-        if message.get("headers", {}).get("task") != HARVEST_TASK:
-            return None
-        body = message["body"]
-        if message.get("properties", {}).get("body_encoding") == "base64":
-            body = base64.b64decode(body)
-        args = json.loads(body)[0]
-        return str(args[0]) if args else None
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return None
-
-
 def requeue_stale(
     store: Store, *, scan_limit: int = SCAN_LIMIT, older_than: timedelta | None = None
 ) -> int:
@@ -203,6 +130,37 @@ def requeue_stale(
     and its send; an operator (``gleaner housekeep requeue``) passes zero to send at once
     every pending job whose message does not wait on its queue.
     """
+    recovered = _recover_lost_workers(store)
+    sent = _send_by_queue(recovered.requeued)
+    losses = None
+    if older_than is None:
+        older_than, losses = _sweep_wait(store.settings)
+    with store.transaction() as session:
+        queues = sorted(job_leases.pending_counts(session, older_than))
+    if not queues:  # the usual case: nothing waited that long, Redis is not even asked
+        if losses is not None:
+            losses.record()
+        return sent
+    # A job recovered above was sent a moment ago: a worker may have taken that message
+    # already, but it is not lost, so it is not sent twice.
+    just_sent = frozenset(job_id for job_id, _ in recovered.requeued)
+    lost, capped = _lost_messages(store, queues, older_than, just_sent, scan_limit)
+    if losses is not None and losses.changed and lost:
+        log.warning(
+            "Redis lost or refused messages since the last sweep (evicted keys, writes refused "
+            "at maxmemory, or a restart): re-sending %d pending job(s) whose message is gone",
+            len(lost),
+        )
+    sent += _send_by_queue(lost)
+    if losses is not None and not capped:
+        # Only once every lost job was sent: a failed send, or more than SEND_LIMIT lost on
+        # a queue, leaves the next sweep looking with the short wait again.
+        losses.record()
+    return sent
+
+
+def _recover_lost_workers(store: Store) -> job_leases.Recovered:
+    """Step 1 of the sweep: running jobs past their lease go back to pending (or fail)."""
     settings = store.settings
     with store.transaction() as session:
         recovered = job_leases.recover_lost(
@@ -220,64 +178,76 @@ def requeue_stale(
             len(recovered.failed),
             settings.job_max_crashes,
         )
-    sent = _send_by_queue(recovered.requeued)
+    return recovered
 
-    losses = None
-    if older_than is None:
-        older_than = timedelta(seconds=settings.requeue_after_seconds)
-        losses = redis_losses(settings.broker_url)
-        if losses is not None and losses.changed:
-            older_than = min(older_than, timedelta(seconds=LOSS_GRACE_SECONDS))
-    with store.transaction() as session:
-        queues = sorted(job_leases.pending_counts(session, older_than))
-    if not queues:  # the usual case: nothing waited that long, Redis is not even asked
-        if losses is not None:
-            losses.record()
-        return sent
+
+def _sweep_wait(settings: Settings) -> tuple[timedelta, RedisLosses | None]:
+    """How long ago beat's sweep wants a pending job sent before it is presumed lost:
+    GLEANER_REQUEUE_AFTER_SECONDS, or LOSS_GRACE_SECONDS after Redis lost messages (step 3);
+    and Redis's losses, to record once they are dealt with."""
+    wait = timedelta(seconds=settings.requeue_after_seconds)
+    losses = redis_losses(settings.broker_url)
+    if losses is not None and losses.changed:
+        wait = min(wait, timedelta(seconds=LOSS_GRACE_SECONDS))
+    return wait, losses
+
+
+def _lost_messages(
+    store: Store,
+    queues: list[str],
+    older_than: timedelta,
+    just_sent: frozenset[str],
+    scan_limit: int,
+) -> tuple[list[tuple[str, str]], bool]:
+    """Step 2 of the sweep: the ``(job id, queue)`` of the pending jobs whose message is
+    gone, marked sent; and whether a queue had more than SEND_LIMIT of them."""
     # Read the queues before the candidates: a message taken meanwhile belongs to a job that
     # is being claimed, so the worst case is one harmless duplicate, never a lost job.
-    waiting = None
-    held: frozenset[str] = frozenset()
-    if settings.broker_url:
-        waiting = waiting_messages(settings.broker_url, queues, scan_limit)
-        if waiting is not None:
-            held = held_job_ids(settings.broker_url)
-    # A job recovered above was sent a moment ago: a worker may have taken that message
-    # already, but it is not lost, so it is not sent twice. Nor is one a worker holds.
-    just_sent = frozenset(job_id for job_id, _ in recovered.requeued) | held
+    broker_url = store.settings.broker_url
+    waiting = waiting_messages(broker_url, queues, scan_limit) if broker_url else None
+    # A message a worker holds is not lost either.
+    held = held_job_ids(broker_url) if broker_url and waiting is not None else frozenset()
     lost: list[tuple[str, str]] = []
     capped = False
     with store.transaction() as session:
         pending = job_leases.pending_counts(session)
         for queue in queues:
             found = None if waiting is None else waiting[queue]
-            if found is None:  # not Redis: nothing to compare with, every stale job is sent
-                ids = job_leases.stale_pending(
-                    session, queue, older_than, skip=just_sent, most=SEND_LIMIT
-                )
-            elif found.job_ids is not None:
-                ids = job_leases.stale_pending(
-                    session, queue, older_than, skip=just_sent | found.job_ids, most=SEND_LIMIT
-                )
-            else:
-                shortfall = pending.get(queue, 0) - found.length
-                ids = job_leases.stale_pending(
-                    session, queue, older_than, skip=just_sent, most=min(SEND_LIMIT, shortfall)
-                )
+            ids = _lost_on_queue(
+                session,
+                queue,
+                older_than,
+                skip=just_sent | held,
+                found=found,
+                pending=pending.get(queue, 0),
+            )
             lost.extend((job_id, queue) for job_id in ids)
             capped = capped or len(ids) >= SEND_LIMIT
-    if losses is not None and losses.changed and lost:
-        log.warning(
-            "Redis lost or refused messages since the last sweep (evicted keys, writes refused "
-            "at maxmemory, or a restart): re-sending %d pending job(s) whose message is gone",
-            len(lost),
+    return lost, capped
+
+
+def _lost_on_queue(
+    session: Session,
+    queue: str,
+    older_than: timedelta,
+    *,
+    skip: frozenset[str],
+    found: Waiting | None,
+    pending: int,
+) -> list[str]:
+    """The stale pending jobs of one queue that have no message waiting on it: compared id
+    by id when the queue was read, by count (the shortfall, oldest-sent first) when it was
+    too long to read, every one when the broker is not Redis."""
+    if found is None:  # not Redis: nothing to compare with, every stale job is sent
+        return job_leases.stale_pending(session, queue, older_than, skip=skip, most=SEND_LIMIT)
+    if found.job_ids is not None:
+        return job_leases.stale_pending(
+            session, queue, older_than, skip=skip | found.job_ids, most=SEND_LIMIT
         )
-    sent += _send_by_queue(lost)
-    if losses is not None and not capped:
-        # Only once every lost job was sent: a failed send, or more than SEND_LIMIT lost on
-        # a queue, leaves the next sweep looking with the short wait again.
-        losses.record()
-    return sent
+    shortfall = pending - found.length
+    return job_leases.stale_pending(
+        session, queue, older_than, skip=skip, most=min(SEND_LIMIT, shortfall)
+    )
 
 
 @dataclass
@@ -292,7 +262,7 @@ class RedisLosses:
     def record(self) -> None:
         from workers.broker_memory import record_look
 
-        client = _client(self.broker_url, 10.0)
+        client = redis_client(self.broker_url, 10.0)
         try:
             record_look(client, self.fingerprint)
         finally:
@@ -302,36 +272,16 @@ class RedisLosses:
 def redis_losses(broker_url: str | None) -> RedisLosses | None:
     """What the sweep needs to know of Redis's losses; None when the broker is not Redis.
     Raises ``redis.RedisError`` when Redis cannot be reached."""
-    if not broker_url or not broker_url.startswith(_REDIS_SCHEMES):
+    if not broker_url or not broker_url.startswith(REDIS_SCHEMES):
         return None
     from workers.broker_memory import changed_since_last_look
 
-    client = _client(broker_url, 10.0)
+    client = redis_client(broker_url, 10.0)
     try:
         changed, fingerprint = changed_since_last_look(client)
     finally:
         client.close()
     return RedisLosses(broker_url, changed, fingerprint)
-
-
-def held_job_ids(broker_url: str) -> frozenset[str]:
-    """The job ids of the harvest messages workers took and have not acknowledged."""
-    from workers.broker_memory import held_messages
-
-    client = _client(broker_url, 10.0)
-    try:
-        found = (_job_id(raw) for raw in held_messages(client))
-        return frozenset(job_id for job_id in found if job_id is not None)
-    finally:
-        client.close()
-
-
-def _client(broker_url: str, timeout: float) -> Redis:
-    import redis
-
-    return redis.Redis.from_url(
-        broker_url, socket_timeout=timeout, socket_connect_timeout=timeout / 2
-    )
 
 
 def _send_by_queue(found: Iterable[tuple[str, str]]) -> int:

@@ -80,7 +80,7 @@ class StateCollector(Collector):
     def _broker(self, broker_url: str) -> Iterator[Metric]:
         import redis
 
-        from workers.enqueue import waiting_messages
+        from workers.waiting import waiting_messages
 
         up = GaugeMetricFamily("gleaner_broker_up", "1 when Redis answered the scrape.")
         try:
@@ -123,7 +123,7 @@ def registry_for(store: Store, broker_url: str | None) -> CollectorRegistry:
         registry.register(_ThisProcess())
     queues: tuple[str, ...] = ()
     if broker_url:
-        from workers.app import QUEUES  # Celery's: loaded only where there is a broker
+        from workers.routing import QUEUES
 
         queues = tuple(QUEUES)
     registry.register(StateCollector(store, broker_url, queues))

@@ -1,4 +1,7 @@
-"""Thin Celery tasks: each takes ids or small JSON and makes one call into harvest or store."""
+"""Thin Celery tasks: each takes ids or small JSON and makes one call into harvest or store.
+
+Here the work a message names (a harvest, its embeddings); beat's housekeeping tasks are in
+``workers.housekeeping``."""
 
 from __future__ import annotations
 
@@ -141,39 +144,6 @@ def embed(owner: str) -> str:
 def embed_sweep() -> str:
     """Embed what the per-harvest runs left (a failed call, notes written by hand)."""
     return str(embed(""))
-
-
-@shared_task(name="gleaner.decay")
-def decay() -> dict[str, Any]:
-    """Recompute every note's decayed weight (and archive below the floor, if set)."""
-    return runtime.store().decay().model_dump(mode="json")
-
-
-@shared_task(name="gleaner.dedupe")
-def dedupe() -> dict[str, Any]:
-    """Supersede near-duplicate notes; yields at once if another run holds the lock."""
-    # Counts only (Celery logs the return value): the pairs name scopes and slugs.
-    return runtime.store().dedupe().model_dump(mode="json", exclude={"pairs"})
-
-
-@shared_task(name="gleaner.requeue_stale")
-def requeue_stale() -> int:
-    """Recover jobs whose worker was lost and re-send pending jobs whose message was lost."""
-    from workers.enqueue import BrokerUnavailable
-    from workers.enqueue import requeue_stale as sweep
-
-    try:
-        sent = sweep(runtime.store())
-    except BrokerUnavailable as exc:
-        if not exc.full:
-            raise
-        # Not a defect: the jobs stay pending and the next sweep, once Redis has room,
-        # sends them (Redis's refusals mark the losses, so without the usual wait).
-        log.warning("lost-job sweep: %s; the next sweep tries again", exc)
-        return exc.sent
-    if sent:
-        log.warning("re-enqueued %d lost job(s)", sent)
-    return sent
 
 
 @shared_task(name="gleaner.noop")

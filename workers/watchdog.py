@@ -102,8 +102,8 @@ class Watchdog(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is unty
     def _check(self, worker: Any) -> None:
         from celery.worker import state
 
-        from workers.enqueue import waiting_messages
         from workers.memory_gate import paused
+        from workers.waiting import waiting_messages
 
         if paused():  # messages wait on purpose while Redis is full
             self.stall.unknown()

@@ -8,16 +8,9 @@ export ``.zip``), Claude Code session files and Codex CLI rollouts; ``-`` is sta
 from __future__ import annotations
 
 from harvest.readers.files import EXPECTED, STDIN
-from harvest.readers.load import (
-    SUFFIXES,
-    Read,
-    ReadResult,
-    iter_path,
-    iter_paths,
-    kind_of,
-    read_bytes,
-    read_path,
-)
+from harvest.readers.load import iter_path, kind_of, read_bytes, read_path
+from harvest.readers.paths import SUFFIXES, iter_paths
+from harvest.readers.results import Read, ReadResult
 
 __all__ = [
     "EXPECTED",

@@ -1,4 +1,5 @@
-"""Reading a path: which format it is, and every conversation in it."""
+"""Reading a path: which format it is, and every conversation in it (the files a folder
+holds: ``harvest.readers.paths``; what a read returns: ``harvest.readers.results``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import itertools
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,6 @@ from harvest.readers.claude import read_claude
 from harvest.readers.claude_code import read_claude_code
 from harvest.readers.codex import read_codex
 from harvest.readers.files import (
-    EXPORT_MEMBER,
     STDIN,
     STDIN_NAME,
     decode,
@@ -27,31 +26,14 @@ from harvest.readers.files import (
     read_zip,
 )
 from harvest.readers.native import read_native, read_openai
+from harvest.readers.results import Read, ReadResult, label_of, refusal
 from harvest.readers.sessions import session_events, session_id, session_kind
 from harvest.redact import redact_text
 from harvest.transcript import DEFAULT_LIMITS, Limits, Transcript, too_large
 
 log = logging.getLogger(__name__)
 
-SUFFIXES = frozenset({".json", ".jsonl", ".zip"})
 _LINES_SUFFIXES = frozenset({".jsonl", ".ndjson"})
-# Files that sit beside conversations.json in an unpacked ChatGPT or Claude export: account
-# data, not conversations, so a folder import skips them instead of failing on them.
-_EXPORT_SIDECARS = frozenset(
-    {
-        "user.json",
-        "users.json",
-        "projects.json",
-        "memories.json",
-        "message_feedback.json",
-        "model_comparisons.json",
-        "shared_conversations.json",
-    }
-)
-
-
-# A conversation id is at most this long (the transcript refuses longer ones).
-_MAX_LABEL_ID_CHARS = 255
 _JSON_NAMES = {str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 Reader = Callable[..., Transcript]
 _READERS: dict[str, Reader] = {
@@ -62,36 +44,6 @@ _READERS: dict[str, Reader] = {
     "claude-code": read_claude_code,
     "codex": read_codex,
 }
-
-
-@dataclass
-class ReadResult:
-    """The conversations read from one path, and the ones skipped as ``(label, reason)``.
-
-    A label is the file, then ``[index]`` in a JSON list or ``:line`` in JSON Lines, then the
-    conversation's id when it has one: ``export/conversations.json[3] 6634f0a0-...``. A
-    reason is a format error's message; any other refusal starts with its machine-readable
-    name (``too_large: ...``, ``too_deep: ...``).
-    """
-
-    transcripts: list[Transcript] = field(default_factory=list)
-    errors: list[tuple[str, str]] = field(default_factory=list)
-
-    def items(self) -> Iterator[Read]:
-        for transcript in self.transcripts:
-            yield Read(transcript)
-        for label, reason in self.errors:
-            yield Read(None, label, reason)
-
-
-@dataclass(frozen=True)
-class Read:
-    """One conversation read from a path (:func:`iter_path`): its transcript, or the label
-    and reason of one that was skipped (as in :class:`ReadResult`)."""
-
-    transcript: Transcript | None
-    label: str = ""
-    error: str = ""
 
 
 def kind_of(obj: object) -> str | None:
@@ -107,28 +59,6 @@ def kind_of(obj: object) -> str | None:
     if isinstance(obj.get("messages"), list):
         return "openai"
     return None
-
-
-def _label(base: str, obj: object) -> str:
-    """``base`` (a path) and the conversation's id, each under the privacy rule, the id cut
-    to 255 characters (a label is printed and stored whether or not the conversation could
-    be read)."""
-    for key in ("conversation_id", "uuid", "id"):
-        value = obj.get(key) if isinstance(obj, Mapping) else None
-        if isinstance(value, str | int) and not isinstance(value, bool) and value != "":
-            shown = redact_text(str(value))
-            if len(shown) > _MAX_LABEL_ID_CHARS:
-                shown = shown[:_MAX_LABEL_ID_CHARS] + "…"
-            return f"{redact_text(base)} {shown}"
-    return redact_text(base)
-
-
-def _refusal(exc: TranscriptFormatError, where: str) -> str:
-    """The reason recorded for a conversation: a format error's message, any other refusal
-    named first (``too_large: line 3: conversation too large: ...``)."""
-    if exc.reason == TranscriptFormatError.reason:
-        return where + exc.message
-    return f"{exc.reason}: {where}{exc.message}"
 
 
 def _read_one(
@@ -156,9 +86,9 @@ def _read_one(
             limits=limits,
         )
     except TranscriptFormatError as exc:
-        result.errors.append((label, _refusal(exc, where)))
+        result.errors.append((label, refusal(exc, where)))
     except RecursionError:
-        result.errors.append((label, _refusal(too_deep(""), where)))
+        result.errors.append((label, refusal(too_deep(""), where)))
     except (TypeError, AttributeError) as exc:
         # A JSON value of a type the reader did not check for (a list where a name belongs):
         # this conversation is refused, and the rest of the file and the import go on. Logged
@@ -167,7 +97,7 @@ def _read_one(
             "%s: the %s reader met a value of a type it did not expect", label, kind, exc_info=exc
         )
         problem = bad(f"a field holds a JSON value of an unexpected type ({type(exc).__name__})")
-        result.errors.append((label, _refusal(problem, where)))
+        result.errors.append((label, refusal(problem, where)))
     else:
         result.transcripts.append(transcript)
 
@@ -180,7 +110,7 @@ def _read_value(value: object, path: Path, default_owner: str | None, limits: Li
             raise not_a_transcript(path, "a JSON object without messages, mapping or chat_messages")
         _read_one(
             result,
-            _label(str(path), value),
+            label_of(str(path), value),
             kind,
             value,
             path=path,
@@ -208,7 +138,7 @@ def _read_value(value: object, path: Path, default_owner: str | None, limits: Li
             return result
         raise not_a_transcript(path, "a JSON list holding no conversation")
     for index, (item, kind) in enumerate(zip(value, kinds, strict=True)):
-        label = _label(f"{path}[{index}]", item)
+        label = label_of(f"{path}[{index}]", item)
         if kind is None:
             result.errors.append((label, "matches no conversation format"))
         else:
@@ -253,7 +183,7 @@ def _each_line(
             yield False, result
             continue
         except RecursionError:
-            result.errors.append((label, _refusal(too_deep(""), f"line {number}: ")))
+            result.errors.append((label, refusal(too_deep(""), f"line {number}: ")))
             yield False, result
             continue
         kind = kind_of(obj)
@@ -263,7 +193,7 @@ def _each_line(
             continue
         _read_one(
             result,
-            _label(label, obj),
+            label_of(label, obj),
             kind,
             obj,
             path=path,
@@ -323,7 +253,7 @@ def _read_element(
 ) -> Iterator[Read]:
     """One element of a JSON list of conversations, as :func:`_read_value` reads it."""
     one = ReadResult()
-    label = _label(f"{path}[{index}]", item)
+    label = label_of(f"{path}[{index}]", item)
     kind = kind_of(item)
     if kind is None:
         one.errors.append((label, "matches no conversation format"))
@@ -411,34 +341,8 @@ def _read_session(
     try:
         events = session_events(text)
     except TranscriptFormatError as exc:
-        result.errors.append((redact_text(str(path)), _refusal(exc, "")))
+        result.errors.append((redact_text(str(path)), refusal(exc, "")))
         return result
-    label = _label(str(path), {"id": session_id(events)})
+    label = label_of(str(path), {"id": session_id(events)})
     _read_one(result, label, kind, events, path=path, default_owner=default_owner, limits=limits)
     return result
-
-
-def _skipped(file: Path, root: Path) -> bool:
-    relative = file.relative_to(root).parts
-    if any(part.startswith(".") for part in relative):
-        return True  # hidden files and folders (.git, editor state) hold no transcripts
-    return file.name in _EXPORT_SIDECARS and (file.parent / EXPORT_MEMBER).is_file()
-
-
-def iter_paths(paths: Iterable[Path | str]) -> Iterator[Path]:
-    """The files to read: each file as given, each folder expanded recursively.
-
-    A folder yields its .json, .jsonl and .zip files, sorted, skipping hidden ones and the
-    account files beside an unpacked export's conversations.json.
-    """
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            found = (
-                f
-                for f in path.rglob("*")
-                if f.suffix.lower() in SUFFIXES and f.is_file() and not _skipped(f, path)
-            )
-            yield from sorted(found)
-        else:
-            yield path

@@ -123,28 +123,29 @@ def array_elements(path: Path, limits: Limits) -> Iterator[Iterator[object] | No
         if not is_array:
             yield None
             return
-        zipped = what.endswith(EXPORT_MEMBER)
+        yield _elements_of(stream, path, zipped=what.endswith(EXPORT_MEMBER))
 
-        def elements() -> Iterator[object]:
-            try:
-                yield from _elements(stream)
-            except _ReadFailed as exc:
-                if zipped or not isinstance(exc.__cause__, OSError):
-                    raise not_a_transcript(path, "a damaged zip archive") from None
-                raise TranscriptFormatError(
-                    f"{path}: cannot be read ({exc.__cause__.strerror or exc.__cause__})",
-                    reason="unreadable",
-                ) from None
-            except RecursionError:
-                raise too_deep(f"{path}: ") from None
-            except UnicodeDecodeError:
-                raise not_a_transcript(path, "not UTF-8 text") from None
-            except _NotJSON as exc:
-                raise not_a_transcript(path, f"not JSON: {exc}") from None
-            except ValueError as exc:  # JSONDecodeError, or an integer over the digit limit
-                raise not_a_transcript(path, f"not JSON: {json_problem(exc)}") from None
 
-        yield elements()
+def _elements_of(stream: _Counted, path: Path, *, zipped: bool) -> Iterator[object]:
+    """The array's elements, each failure to read one raised as the TranscriptFormatError
+    naming ``path`` that ``array_elements`` promises."""
+    try:
+        yield from _elements(stream)
+    except _ReadFailed as exc:
+        if zipped or not isinstance(exc.__cause__, OSError):
+            raise not_a_transcript(path, "a damaged zip archive") from None
+        raise TranscriptFormatError(
+            f"{path}: cannot be read ({exc.__cause__.strerror or exc.__cause__})",
+            reason="unreadable",
+        ) from None
+    except RecursionError:
+        raise too_deep(f"{path}: ") from None
+    except UnicodeDecodeError:
+        raise not_a_transcript(path, "not UTF-8 text") from None
+    except _NotJSON as exc:
+        raise not_a_transcript(path, f"not JSON: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer over the digit limit
+        raise not_a_transcript(path, f"not JSON: {json_problem(exc)}") from None
 
 
 class _NotJSON(ValueError):

@@ -52,9 +52,9 @@ twice would leave two notes (the same-fact rule would not merge them). After eac
 - every marker of a `done` job is stored exactly once; none of a failed or refused one;
 - model calls per transcript (counted by the model server, by marker) must stay within
   `runs x chunks x 2 x GLEANER_HARVEST_MAX_ATTEMPTS`, `runs` being the job's claims
-  (`jobs.attempts`); runs must stay within README's `1 + GLEANER_JOB_MAX_CRASHES` (per
-  `gleaner retry`), so calls within README's bound `GLEANER_HARVEST_MAX_CALLS x 2 x
-  GLEANER_HARVEST_MAX_ATTEMPTS x (1 + GLEANER_JOB_MAX_CRASHES)`;
+  (`jobs.attempts`); runs must stay within `1 + GLEANER_JOB_MAX_CRASHES` (per `gleaner retry`),
+  so calls within the [documented](harvest.md#bounds) bound
+  `GLEANER_HARVEST_MAX_CALLS x 2 x GLEANER_HARVEST_MAX_ATTEMPTS x (1 + GLEANER_JOB_MAX_CRASHES)`;
 - the secret (and, after a forget, the owner's name, titles and slugs) is in no table, no
   model request and no worker or beat log.
 
@@ -258,7 +258,7 @@ def render(data: dict[str, Any]) -> str:
         "`tests/reliability/`; do not edit by hand. What issue 11 asked: under faults and "
         "hostile input nothing is lost, nothing leaks, pinned memory stays safe, cost stays "
         "bounded. Hostile tenants and hostile servers (issue 38) are measured by their own "
-        "tests: docs/HOSTILE_TENANTS.md.",
+        "tests: [Hostile tenants](HOSTILE_TENANTS.md).",
         "",
         f"Run of {run.get('started_at')}, commit {run.get('commit')}"
         + (" (with uncommitted changes)" if run.get("uncommitted_changes") else "")
