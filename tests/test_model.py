@@ -256,7 +256,10 @@ def test_slow_answer_times_out_and_is_retried(
     (retry,) = retries()
     assert "Timeout" in retry.getMessage()
     first, second = server.request_times
-    assert second - first >= 0.5
+    # The timeout is the promise: the first call had its 0.5 s and no more (not the 5 s of
+    # the answer). Times are of the requests' arrival at the server: the first request's
+    # connection set-up falls inside its deadline, so the gap may be short of 0.5 s by that.
+    assert 0.4 <= second - first < 5
 
 
 def test_answers_that_are_always_slow_fail_after_max_attempts(
