@@ -256,10 +256,11 @@ def test_slow_answer_times_out_and_is_retried(
     (retry,) = retries()
     assert "Timeout" in retry.getMessage()
     first, second = server.request_times
-    # The timeout is the promise: the first call had its 0.5 s and no more (not the 5 s of
-    # the answer). Times are of the requests' arrival at the server: the first request's
-    # connection set-up falls inside its deadline, so the gap may be short of 0.5 s by that.
-    assert 0.4 <= second - first < 5
+    # The timeout is the promise: the first call was cut at its 0.5 s, not waited for (the
+    # answer takes 5 s). No lower bound: the deadline covers the client's own work before
+    # its request reaches the server (litellm's first call: a third of a second, seen), so
+    # the arrivals may be closer than 0.5 s (on main this flaked at 0.4993 s).
+    assert second - first < 5
 
 
 def test_answers_that_are_always_slow_fail_after_max_attempts(
