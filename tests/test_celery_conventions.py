@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from store import Store
-from tests.conftest import recreate_pg_database, test_settings
+from tests.cli_harness import Cli
+from tests.conftest import migrated_pg_database, recreate_pg_database
 from tests.reliability.services import Redis, free_port
 from tests.workers_harness import Cluster, Worker, cluster_env, wait_ready
 
@@ -39,11 +39,7 @@ def broker() -> Iterator[Redis]:
 @pytest.fixture(scope="module")
 def database(worker_id: str) -> str:
     """A migrated database the module's tests only read (no test here runs a task)."""
-    url = recreate_pg_database(f"gleaner_conventions_{worker_id}")
-    store = Store(url, settings=test_settings())
-    store.migrate()
-    store.dispose()
-    return url
+    return migrated_pg_database(f"gleaner_conventions_{worker_id}")
 
 
 @pytest.fixture
@@ -202,13 +198,13 @@ def test_health_fails_on_a_database_that_is_not_migrated(worker_id: str, tmp_pat
 
 
 def test_health_passes_on_a_migrated_database_without_a_broker(
-    database: str, tmp_path: Path
+    database: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cluster = Cluster(cluster_env(database, 0), tmp_path)
-    cluster.env.pop("GLEANER_BROKER_URL")
-    done = cluster.gleaner("health")
-    assert done.returncode == 0, done.stdout
-    assert done.stdout.splitlines()[0].endswith(f"at revision {_head()}")
+    cli = Cli(monkeypatch, capsys)  # in this process: the command's answer is the promise
+    cli.env(GLEANER_DATABASE_URL=database)
+    done = cli("health")
+    assert done.code == 0, done.out
+    assert done.out.splitlines()[0].endswith(f"at revision {_head()}")
 
 
 def test_status_with_the_broker_set_but_down_is_one_line(database: str, tmp_path: Path) -> None:
@@ -223,11 +219,14 @@ def test_status_with_the_broker_set_but_down_is_one_line(database: str, tmp_path
     assert line.endswith("start Redis or fix GLEANER_BROKER_URL")
 
 
-def test_unknown_options_are_refused_outside_worker(database: str, tmp_path: Path) -> None:
-    cluster = Cluster(cluster_env(database, 0), tmp_path)
-    done = cluster.gleaner("status", "-E")
-    assert done.returncode == 2
-    assert done.stderr.splitlines()[-1] == "gleaner: error: unrecognized arguments: -E"
+def test_unknown_options_are_refused_outside_worker(
+    database: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli = Cli(monkeypatch, capsys)
+    cli.env(GLEANER_DATABASE_URL=database)
+    done = cli("status", "-E")
+    assert done.code == 2
+    assert done.err.splitlines()[-1] == "gleaner: error: unrecognized arguments: -E"
 
 
 def _head() -> str:
@@ -273,8 +272,14 @@ print(json.dumps({"tokenizer": loaded, "litellm": int("litellm" in sys.modules)}
     [
         # The lean client: the tokenizer is loaded for the children to inherit, litellm is not.
         ({"GLEANER_HARVEST_MODEL": "openai/m", "GLEANER_HARVEST_API_BASE": "http://h/v1"}, 1, 0),
-        # A model only litellm routes: both.
-        ({"GLEANER_HARVEST_MODEL": "openai/m", "GLEANER_HARVEST_LLM": "litellm"}, 1, 1),
+        # A model only litellm routes: both. Slow (litellm's import is seconds in the probe);
+        # the fast tier keeps the warm-up's two other branches.
+        pytest.param(
+            {"GLEANER_HARVEST_MODEL": "openai/m", "GLEANER_HARVEST_LLM": "litellm"},
+            1,
+            1,
+            marks=pytest.mark.slow,
+        ),
         # The offline harvester: neither.
         ({}, 0, 0),
     ],

@@ -276,7 +276,9 @@ def test_migrate_waits_for_a_database_that_is_not_there_yet(tmp_path: Path, work
         ["sh", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        time.sleep(5)  # two or three attempts fail: no such database
+        # Two or three attempts fail (no such database): the wait is the promise under test
+        # (it outlasts a database late to start); the process's output is read only at its end.
+        time.sleep(5)
         assert proc.poll() is None, proc.communicate()
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))

@@ -329,7 +329,7 @@ def test_a_server_that_hangs_is_bounded_by_the_timeout(
     started = time.monotonic()
     with pytest.raises(TransientModelError):
         make(timeout_seconds=0.5, max_attempts=1).embed(["hello?"])
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 5  # a bound is the promise (the hang lasts 30 s)
 
 
 def test_a_hang_then_an_answer_is_retried(make: MakeEmbedder, server: EmbedServer) -> None:

@@ -212,12 +212,12 @@ def test_ctrl_c_stops_an_import_in_process_on_sqlite_at_once(tmp_path: Path) -> 
         assert importing.stderr is not None
         while not re.search(r"importing: [1-9]", importing.stderr.readline()):  # under way
             assert importing.poll() is None
-        time.sleep(delay)
+        time.sleep(delay)  # not a wait: where in the import the interrupt lands is the variable
         asked = time.monotonic()
         importing.send_signal(signal.SIGINT)
         _, err = importing.communicate(timeout=60)
         assert importing.returncode == 130, err[-2000:]
-        assert time.monotonic() - asked < 2.0
+        assert time.monotonic() - asked < 2.0  # the promise is a bound: "at once"
         assert "FAILED" not in err
     rest = subprocess.run(
         [*command, "--json"], env=env, capture_output=True, text=True, timeout=300, check=False
@@ -280,4 +280,5 @@ def test_enqueue_to_a_broker_that_refuses_fails_within_a_second(run: Cli, tmp_pa
     ran = run("enqueue", "--owner", "ann", str(EXAMPLES / "native.json"))
     took = time.monotonic() - started
     assert ran.code == 1 and "broker_unavailable" in ran.err and "1 job(s) recorded" in ran.err
-    assert took < 2.0, took  # README: within a second (kombu's default retries took 6 s)
+    # A bound is the promise. README: within a second (kombu's default retries took 6 s).
+    assert took < 2.0, took

@@ -602,10 +602,25 @@ def _edit_title(lines: list[bytes], title: str) -> int:
     return n + 1
 
 
+@pytest.fixture(scope="module")
+def alice_export(sqlite_template: Path, tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """``fill``'s owner exported once for the module's corruptions (an export is the same
+    bytes from either database: ``test_round_trip_across_databases_is_byte_exact``)."""
+    path = tmp_path_factory.mktemp("alice") / "alice.db"
+    shutil.copy(sqlite_template, path)
+    source = Store(f"sqlite:///{path}", settings=test_settings())
+    try:
+        fill(source, "alice")
+        return export(source, "alice")
+    finally:
+        source.dispose()
+
+
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
-def test_a_bad_line_is_refused_by_number_and_nothing_is_written(store: Store, case: str) -> None:
-    fill(store, "alice")
-    lines = export(store, "alice").split(b"\n")
+def test_a_bad_line_is_refused_by_number_and_nothing_is_written(
+    store: Store, alice_export: bytes, case: str
+) -> None:
+    lines = alice_export.split(b"\n")
     corrupt, said = CORRUPTIONS[case]
     number = corrupt(lines)
     with pytest.raises(BadExport) as refused:
@@ -632,19 +647,32 @@ def test_an_empty_file_is_refused(store: Store) -> None:
     assert refused.value.line == 1
 
 
-def test_restore_is_one_transaction(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A failure while writing (after every line was checked) leaves nothing behind."""
-    from store.owners import restore
+class FailsOnSecondReading(io.BytesIO):
+    """An export whose disk fails while the restore reads it the second time (to write it),
+    at its last line: the notes and versions before it are written by then."""
 
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.last_line = data.rstrip(b"\n").rfind(b"\n") + 1
+        self.rewound = False
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.rewound = True
+        return super().seek(offset, whence)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        if self.rewound and self.tell() >= self.last_line:
+            raise OSError("the disk failed")
+        return super().readline(size)
+
+
+def test_restore_is_one_transaction(store: Store) -> None:
+    """A failure while writing (after every line was checked) leaves nothing behind."""
     fill(store, "alice")
     data = export(store, "alice")
-
-    def failing(self: Any, links: Any) -> None:
-        raise RuntimeError("the disk is full")
-
-    monkeypatch.setattr(restore._Writer, "_links", failing)  # the seam under test
-    with pytest.raises(RuntimeError):
-        store.restore(io.BytesIO(data), "bob", reassign_owner=True)
+    assert json.loads(data.splitlines()[-1])["kind"] == "link"  # written after the notes
+    with pytest.raises(OSError, match="the disk failed"):
+        store.restore(FailsOnSecondReading(data), "bob", reassign_owner=True)
     assert held(store, BOB) == (0, 0, 0)
 
 

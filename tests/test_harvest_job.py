@@ -11,6 +11,7 @@ import multiprocessing as mp
 import pickle
 import traceback
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -425,6 +426,10 @@ def _harvest_in_child(url: str, settings: dict[str, object], barrier: Any, out: 
 
 
 @pytest.mark.postgres
+# Two spawned interpreters and a delayed answer: slow. The fast tier holds the same promise
+# with two stores' connections in one process (test_harvest_locks: a job whose transcript
+# is held elsewhere waits, then finds the other's ledger row and makes no call).
+@pytest.mark.slow
 def test_two_processes_harvesting_one_transcript_make_one_call(
     pg_url: str, make_store, server
 ) -> None:
@@ -658,29 +663,54 @@ def _job_cost(store: Store, job_id: str) -> tuple[str, int, int, int]:
     return job.state, job.model_calls, job.prompt_tokens, job.completion_tokens
 
 
+class LosesTheDatabase(Store):
+    """A store whose database fails once, at the public seam every step goes through:
+    ``transaction`` (``on_open``: the first one opened fails) or ``connection``
+    (``after_commit``: the first one commits, then its answer is lost)."""
+
+    def __init__(self, store: Store, *, fails: str) -> None:
+        super().__init__(store.database_url, settings=store.settings)
+        self.fails = fails
+
+    def _lose(self, what: str) -> None:
+        from store import StorageFailure
+
+        if self.fails == what:
+            self.fails = ""  # once
+            raise StorageFailure("the database went away", reason="test_database")
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        self._lose("on_open")
+        with super().transaction() as session:
+            yield session
+
+    @contextmanager
+    def connection(self, *, opening: Any = None) -> Iterator[Any]:
+        with super().connection(opening=opening) as conn:
+            yield conn
+        self._lose("after_commit")
+
+
 def test_a_failed_model_call_settled_while_the_database_is_away_stays_on_the_job(
-    make_store, backend, server, monkeypatch: pytest.MonkeyPatch
+    make_store, backend, server
 ) -> None:
-    import harvest.job
     from harvest.errors import UnrecordedHarvest
     from harvest.queue import run_job
-    from store import StorageFailure
 
-    settle = harvest.job._settle
-
-    def lose_the_database_for_failures(steps: Any, session: Any, outcome: Any) -> Any:
-        if outcome.status == "failed":
-            raise StorageFailure("the database went away", reason="test_database")
-        return settle(steps, session, outcome)
-
-    monkeypatch.setattr(harvest.job, "_settle", lose_the_database_for_failures)
-    store = make_store(backend, **model_settings(server))
+    made = make_store(backend, **model_settings(server))
     server.script(unauthorized())
-    job_id = _one_job(store)
-    with pytest.raises(UnrecordedHarvest) as raised:
-        run_job(store, job_id)
+    job_id = _one_job(made)
+    # The claim goes through ``statements``; the failed outcome is settled in the first
+    # transaction, which fails: the next one (keeping the call's cost) works again.
+    store = LosesTheDatabase(made, fails="on_open")
+    try:
+        with pytest.raises(UnrecordedHarvest) as raised:
+            run_job(store, job_id)
+    finally:
+        store.dispose()
     assert raised.value.spent.model_calls == 1
-    assert _job_cost(store, job_id) == ("running", 1, 0, 0)
+    assert _job_cost(made, job_id) == ("running", 1, 0, 0)
 
 
 def test_an_interrupted_run_keeps_the_calls_it_made_on_the_job(
@@ -701,21 +731,22 @@ def test_an_interrupted_run_keeps_the_calls_it_made_on_the_job(
     assert cost == ("running", 1, 40, 9)
 
 
-def test_a_commit_whose_answer_was_lost_is_not_counted_twice(
-    make_store, backend, server, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import harvest.job
+def test_a_commit_whose_answer_was_lost_is_not_counted_twice(make_store, backend, server) -> None:
+    from harvest.queue import run_job
     from store import StorageFailure
 
-    record = harvest.job._record_racing
-
-    def committed_then_lost(*args: Any, **kwargs: Any) -> Any:
-        record(*args, **kwargs)  # committed: the notes, the ledger row, the job done
-        raise StorageFailure("consuming input failed", reason="test_database")
-
-    monkeypatch.setattr(harvest.job, "_record_racing", committed_then_lost)
-    cost = _paid_run_raising(make_store, backend, server, StorageFailure)
-    assert cost == ("done", 1, 40, 9)
+    made = make_store(backend, **model_settings(server))
+    server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
+    job_id = _one_job(made)
+    # The notes, the ledger row and the job done commit in one ``connection``; then its
+    # answer is lost (a failure no write retry repeats: its reason is not the database's).
+    store = LosesTheDatabase(made, fails="after_commit")
+    try:
+        with pytest.raises(StorageFailure):
+            run_job(store, job_id)
+    finally:
+        store.dispose()
+    assert _job_cost(made, job_id) == ("done", 1, 40, 9)
 
 
 def test_a_run_presumed_lost_that_commits_still_counts_its_calls(

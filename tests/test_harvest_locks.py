@@ -5,8 +5,8 @@ outcomes, and a job whose transcript another worker holds waits and finds its le
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, select, text
@@ -15,7 +15,7 @@ from harvest.job import extract_notes, look_up, plan_harvest, record_harvest
 from harvest.outcome import HarvestOutcome
 from harvest.queue import record_jobs, run_job
 from harvest.transcript import Transcript
-from store import Scope, StorageFailure, Store
+from store import Scope, StorageFailure, Store, TranscriptLock
 from store.jobs import ledger
 from store.jobs.locks import locks_for, transcript_key
 from store.owners import forget
@@ -267,7 +267,7 @@ def test_a_job_whose_transcript_is_held_elsewhere_waits_then_finds_its_ledger_ro
 ) -> None:
     with llm_server() as server:
         settings = model_settings(server)
-        store = make_store("postgresql", **settings)
+        store = SaysWhenItWaits(make_store("postgresql", **settings))
         other = Store(pg_url, settings=test_settings(**settings))  # another worker process
         chat = transcript("We decided to adopt Kotlin.")
         [job_id] = record_jobs(store, [chat], owner=None, provenance="compaction", queue="harvest")
@@ -279,10 +279,7 @@ def test_a_job_whose_transcript_is_held_elsewhere_waits_then_finds_its_ledger_ro
         try:
             runner.start()
             # The claim is committed (the first transaction) while the job waits for the lock.
-            deadline = time.monotonic() + 20
-            while job_state(store, job_id) != "running" and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.3)
+            assert store.waiting.wait(20)
             assert job_state(store, job_id) == "running" and runner.is_alive()
             # The other worker harvests it and commits its ledger row before it lets go.
             server.script(answer([note("Adopted Kotlin", type="decision")]))
@@ -303,6 +300,27 @@ def test_a_job_whose_transcript_is_held_elsewhere_waits_then_finds_its_ledger_ro
         assert result is not None and result["status"] == "skipped"
         assert server.calls == 1  # the waiting job made no model call of its own
         assert job_state(store, job_id) == "done"
+        store.dispose()
+
+
+class SaysWhenItWaits(Store):
+    """A store whose transcript locks set ``waiting`` when a run starts waiting for one
+    (``TranscriptLock.acquire``: the lock was found held elsewhere)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store.database_url, settings=store.settings)
+        self.waiting = threading.Event()
+
+    def transcript_lock(self, scope: Any, digest: str) -> TranscriptLock:
+        lock = super().transcript_lock(scope, digest)
+        acquire = lock.acquire
+
+        def announced() -> None:
+            self.waiting.set()
+            acquire()
+
+        lock.acquire = announced  # type: ignore[method-assign]
+        return lock
 
 
 def job_state(store: Store, job_id: str) -> str:

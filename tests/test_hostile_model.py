@@ -1,7 +1,12 @@
 """Hostile model servers: an answer trickled a byte at a time is cut off at
 GLEANER_HARVEST_TIMEOUT_SECONDS, one deadline over the whole call, on both clients, in
 process and through a real worker with ``--pool threads``; template and placeholder text the
-model sends is never a note, nor a topic key."""
+model sends is never a note, nor a topic key.
+
+The deadline is the promise, so its tests read the clock: the call's end is awaited (it
+raises), and its time is checked against the timeout (2 s, the setting made short; at 1 s
+litellm's own work before its request reaches the server can outlast it on a loaded
+machine)."""
 
 from __future__ import annotations
 
@@ -69,7 +74,9 @@ def test_a_trickled_answer_is_cut_off_at_the_timeout(server: LLMServer, client: 
     server.default = trickling(0.1, answer([note("Uses tabs")]))
     load_litellm()  # imported beforehand: its first import takes seconds of its own
     started = time.monotonic()
-    with pytest.raises(TransientModelError, match="did not finish its answer within 2 s"):
+    with pytest.raises(
+        TransientModelError, match=f"did not finish its answer within {TIMEOUT:g} s"
+    ):
         CLIENTS[client](MESSAGES, options=options(server.api_base, client))
     took = time.monotonic() - started
     assert TIMEOUT - 0.2 <= took < TIMEOUT + SLACK

@@ -1,7 +1,11 @@
 """`gleaner serve` against a hostile key holder: bodies bounded while they stream in (and in
 the server's memory), zip bombs refused, slow heads and bodies cut off, a client that drops
 logged once, a key over its rate or its submits refused with Retry-After. A real uvicorn
-process on SQLite and PostgreSQL; memory is the server's own, from /proc."""
+process on SQLite and PostgreSQL; memory is the server's own, from /proc.
+
+The clock read here measures promises that are durations (a timeout's length, a cut-off
+"at once") or figures printed for a reader; every wait is for an event (an answer, a socket
+closed, a log line), with a deadline."""
 
 from __future__ import annotations
 

@@ -371,12 +371,11 @@ def test_a_database_gone_is_503_never_a_refused_key_and_no_request_is_logged(
     # With the database unreachable, even a good key cannot be checked: the answer must say
     # "try again" (503), not "your key is unknown" (401), which a platform takes as final.
     # And with no --access-log, no request line names the owner or what was searched.
-    from tests.conftest import PG_BASE_URL, recreate_pg_database
+    from tests.conftest import PG_BASE_URL, migrated_pg_database
     from tests.service_harness import free_port, service_env, start
 
     name = f"gleaner_http_down_{worker_id}"
-    url = recreate_pg_database(name)
-    Gleaner(url, settings=test_settings()).migrate()
+    url = migrated_pg_database(name)
     gleaner = Gleaner(url, settings=test_settings())
     _, token = gleaner.create_api_key("alice")
     gleaner.close()

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select, text, update
+from sqlalchemy.engine import make_url
 
 from harvest.queue import record_jobs
 from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
@@ -28,6 +29,7 @@ from store import Store
 from store.jobs import leases as job_leases
 from store.jobs import queue as job_records
 from store.schema.models import HarvestLedger, Job, Memory, utcnow
+from tests.cli_harness import Cli
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, hang, llm_server, note
 from tests.samples import native
@@ -317,7 +319,7 @@ def test_a_message_given_back_while_its_run_goes_on_here_leaves_the_run_alone(
 
 
 def test_a_harvest_that_raises_a_defect_is_failed_with_it_and_not_run_again(
-    make_store: Any, monkeypatch: pytest.MonkeyPatch
+    make_store: Any, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """Not left running for its lease to call it a lost worker and run it (and its model
     calls) again up to GLEANER_JOB_MAX_CRASHES times."""
@@ -327,7 +329,8 @@ def test_a_harvest_that_raises_a_defect_is_failed_with_it_and_not_run_again(
 
     store: Store = make_store("postgresql")
     [job_id] = record(store, 1)
-    monkeypatch.setattr(runtime, "_store", store)
+    previous = runtime.use(store)
+    request.addfinalizer(lambda: runtime.use(previous))
 
     def defect(*_args: object, **_kwargs: object) -> None:
         raise KeyError("speaker")
@@ -345,7 +348,10 @@ def test_a_harvest_that_raises_a_defect_is_failed_with_it_and_not_run_again(
 def test_a_claim_on_postgresql_does_not_wait_for_the_disk_and_what_follows_does(
     make_store: Any,
 ) -> None:
-    store: Store = make_store("postgresql")
+    made: Store = make_store("postgresql")
+    # The test databases do not wait for the disk at all (conftest): this store's sessions do.
+    waits = make_url(made.database_url).update_query_dict({"options": "-csynchronous_commit=on"})
+    store = Store(waits.render_as_string(hide_password=False), settings=made.settings)
     [job_id] = record(store, 1)
     lease = timedelta(seconds=60)
     with store.transaction() as session:  # seen inside a transaction: it is that one's alone
@@ -357,22 +363,29 @@ def test_a_claim_on_postgresql_does_not_wait_for_the_disk_and_what_follows_does(
     with store.transaction() as session:  # the same pooled connection: back to waiting
         assert session.execute(text("SHOW synchronous_commit")).scalar() == "on"
     assert row(store, job_id)["attempts"] == 2
+    store.dispose()
 
 
 # --- status --------------------------------------------------------------------------------
 
 
 def test_status_shows_how_long_each_running_job_has_run_and_its_heartbeat(
-    cluster: Cluster, jobs_store: Store
+    cluster: Cluster,
+    jobs_store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     live, lost = record(jobs_store, 2)
     hold(jobs_store, live, "a", heartbeat_age=0.0)
     set_columns(jobs_store, [live], started_at=utcnow() - timedelta(seconds=42))
     hold(jobs_store, lost, "b", heartbeat_age=600.0)  # default lease: 120 s
 
-    out = cluster.gleaner("status", "--json")
-    assert out.returncode == 0, out.stderr
-    running = json.loads(out.stdout)["running"]
+    # The command in this process (what is tested is what it prints, not its start-up).
+    cli = Cli(monkeypatch, capsys)
+    cli.env(**{k: v for k, v in cluster.env.items() if k.startswith("GLEANER_")})
+    out = cli("status", "--json")
+    assert out.code == 0, out.err
+    running = out.json()["running"]
     assert [r["id"] for r in running] == [lost, live]  # longest-running first
     assert {tuple(sorted(r)) for r in running} == {
         ("heartbeat_age_seconds", "id", "lease_expired", "queue", "running_seconds")
@@ -382,7 +395,7 @@ def test_status_shows_how_long_each_running_job_has_run_and_its_heartbeat(
     assert not by_id[live]["lease_expired"] and by_id[lost]["lease_expired"]
     assert by_id[lost]["heartbeat_age_seconds"] >= 600 and by_id[lost]["queue"] == LIVE_QUEUE
 
-    text = cluster.gleaner("status").stdout
+    text = cli("status").out
     assert f"RUNNING {live} on harvest for " in text and "last heartbeat" in text
     assert f"RUNNING {lost}" in text and "lease expired" in text
     assert "alice" not in text and "conv-" not in text  # no owner, no conversation
@@ -556,6 +569,8 @@ def test_a_whole_worker_killed_mid_model_call_is_recovered_and_harvested_once(
 
     # The model call outlasts the lease: the heartbeat keeps the job its worker's.
     wait_for(lambda: "requeue_stale" in cluster.workers[1].text(), 10)
+    # Past the lease (3 s, the setting made short): only its heartbeat keeps the job its
+    # worker's, and that the lease has not expired is what is tested; no event marks it.
     time.sleep(4.5)
     status = json.loads(cluster.gleaner("status", "--json").stdout)
     [running] = status["running"]

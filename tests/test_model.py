@@ -256,7 +256,11 @@ def test_slow_answer_times_out_and_is_retried(
     (retry,) = retries()
     assert "Timeout" in retry.getMessage()
     first, second = server.request_times
-    assert second - first >= 0.5
+    # The timeout is the promise: the first call was cut at its 0.5 s, not waited for (the
+    # answer takes 5 s). No lower bound: the deadline covers the client's own work before
+    # its request reaches the server (litellm's first call: a third of a second, seen), so
+    # the arrivals may be closer than 0.5 s (on main this flaked at 0.4993 s).
+    assert second - first < 5
 
 
 def test_answers_that_are_always_slow_fail_after_max_attempts(

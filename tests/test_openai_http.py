@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -101,9 +100,11 @@ ANSWER = json.dumps(
 ).encode()
 
 
-def one_answer_per_connection(listener: socket.socket, connections: int) -> None:
+def one_answer_per_connection(
+    listener: socket.socket, connections: int, closed: threading.Semaphore | None = None
+) -> None:
     """Answer one request on each connection, keep-alive promised, then close it, as a server
-    does to a connection it finds idle."""
+    does to a connection it finds idle (``closed`` is released once it is)."""
     for _ in range(connections):
         conn, _ = listener.accept()
         with conn:
@@ -125,6 +126,8 @@ def one_answer_per_connection(listener: socket.socket, connections: int) -> None
                 + f"Content-Length: {len(ANSWER)}\r\nConnection: keep-alive\r\n\r\n".encode()
                 + ANSWER
             )
+        if closed is not None:
+            closed.release()
 
 
 def test_a_kept_alive_connection_the_server_closed_is_opened_again() -> None:
@@ -132,11 +135,12 @@ def test_a_kept_alive_connection_the_server_closed_is_opened_again() -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        serving = threading.Thread(target=one_answer_per_connection, args=(listener, 2))
+        closed = threading.Semaphore(0)
+        serving = threading.Thread(target=one_answer_per_connection, args=(listener, 2, closed))
         serving.start()
         opts = options(f"http://127.0.0.1:{port}/v1")
         assert openai_call(MESSAGES, options=opts).text == '{"notes": []}'
-        time.sleep(0.2)  # the server has closed the connection the client keeps
+        assert closed.acquire(timeout=10)  # the server has closed the connection the client keeps
         assert openai_call(MESSAGES, options=opts).text == '{"notes": []}'  # reopened
         serving.join(5)
         assert not serving.is_alive()

@@ -22,7 +22,9 @@ def terminate(pid: int) -> None:
     with admin.connect() as conn:
         assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar()
         gone = text("SELECT 1 FROM pg_stat_activity WHERE pid = :p")
+        deadline = time.monotonic() + 30
         while conn.execute(gone, {"p": pid}).first():
+            assert time.monotonic() < deadline, f"backend {pid} still there"
             time.sleep(0.01)
     admin.dispose()
 
@@ -36,6 +38,7 @@ def pg_store(make_store, monkeypatch: pytest.MonkeyPatch) -> Store:  # type: ign
 def test_a_connection_dead_while_idle_is_replaced_unseen(pg_store: Store) -> None:
     first = backend_pid(pg_store)
     terminate(first)  # a database restart while the pool sat idle
+    # Idle past PING_AFTER_IDLE_SECONDS (0.3 s, made short): the idle time is the condition.
     time.sleep(0.4)
     second = backend_pid(pg_store)  # the ping found it dead: a fresh connection, no error
     assert second != first

@@ -19,7 +19,7 @@ from gleaner import Conversation, Gleaner, InvalidRequest, NotFound, TooLarge, U
 from store import Store
 from tests.cli_harness import Cli
 from tests.samples import native
-from tests.workers_harness import REDIS_URL, redis_db_for
+from tests.workers_harness import REDIS_URL, redis_db_for, wait_for
 
 SECRET = "sk-live-0f9e8d7c6b5a"
 
@@ -336,8 +336,8 @@ def test_jobs_a_dead_process_left_are_run_again_by_retry_without_a_broker(
 
         cli = Cli(monkeypatch, capsys)
         cli.env(**env)
-        time.sleep(3.5)  # the killed run's lease runs out; the pending one waited 1 s
-        assert "`gleaner retry --all` runs it" in cli("status").out
+        # The killed run's lease (3 s) runs out; by then the pending one waited its 1 s.
+        wait_for(lambda: "`gleaner retry --all` runs it" in cli("status").out, 30)
         retried = cli("retry", "--all")
         assert retried.code == 0, retried.err
         assert retried.out.count(": harvested") == 2 and never_run in retried.out

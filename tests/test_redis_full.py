@@ -16,6 +16,7 @@ from sqlalchemy import func, select, update
 
 from store import Store
 from store.schema.models import Job
+from tests.cli_harness import Cli
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, llm_server, note, slow
 from tests.reliability.services import Redis
@@ -210,11 +211,15 @@ def test_an_evicted_queue_is_sent_again_by_the_next_sweep(
     assert "re-sending 6 pending job(s)" in worker.text() + beat.text()
 
 
-def test_health_passes_a_noeviction_redis_with_room(cluster: Cluster) -> None:
+def test_health_passes_a_noeviction_redis_with_room(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     limit_memory(cluster.redis(), "noeviction")
-    health = cluster.gleaner("health")
-    assert "broker memory: ok: " in health.stdout, health.stdout
-    assert "maxmemory-policy noeviction" in health.stdout
+    cli = Cli(monkeypatch, capsys)  # in this process: the command's answer is the promise
+    cli.env(**{k: v for k, v in cluster.env.items() if k.startswith("GLEANER_")})
+    health = cli("health")
+    assert "broker memory: ok: " in health.out, health.out
+    assert "maxmemory-policy noeviction" in health.out
 
 
 def test_a_worker_waiting_for_room_backs_off_and_says_so_once(

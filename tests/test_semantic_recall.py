@@ -157,7 +157,7 @@ def test_a_hanging_server_costs_a_search_its_semantic_half_only(
     started = time.monotonic()
     hits = Gleaner(store=store).search("alice", "beagle")
     assert [h.backend for h in hits] == ["bm25"]
-    assert time.monotonic() - started < 10  # one attempt, the embed timeout (1 s)
+    assert time.monotonic() - started < 10  # a bound is the promise: one attempt, the timeout (1 s)
 
 
 def test_vectors_never_cross_owners(make_store, backend: str) -> None:

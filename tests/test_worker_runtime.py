@@ -76,7 +76,9 @@ def _run(code: str, database_url: str, **env: str) -> subprocess.CompletedProces
     )
 
 
-@pytest.mark.parametrize("model", ["", "openai/gpt-4o-mini"])
+# With a model the warm-up imports litellm too (seconds in a fresh interpreter): slow; the
+# fast tier keeps the fork's promise (the child's own connections) on the offline harvester.
+@pytest.mark.parametrize("model", ["", pytest.param("openai/gpt-4o-mini", marks=pytest.mark.slow)])
 def test_child_inherits_the_warm_store_with_its_own_connections(pg_url: str, model: str) -> None:
     env = {"GLEANER_HARVEST_MODEL": model, "GLEANER_HARVEST_LLM": "auto"} if model else {}
     done = _run(FORKED, pg_url, **env)

@@ -122,7 +122,9 @@ def test_an_idle_worker_and_a_busy_one_stay_up(
     cluster: Cluster, store: Store, model: LLMServer
 ) -> None:
     worker = cluster.start_worker("harvest", 1, GLEANER_WORKER_STALL_SECONDS="2")
-    time.sleep(5)  # idle past the window: nothing waits
+    # Idle past the window (2 s) twice over: what is tested is that nothing happens, and an
+    # event that does not come cannot be awaited; the window is the setting made short.
+    time.sleep(5)
     assert worker.proc.poll() is None, worker.text()
     model.default = slowly(4, answer([note("Prefers vim", type="preference")]))
     files = write_natives(cluster.tmp / "in", 2)

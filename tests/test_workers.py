@@ -271,7 +271,7 @@ def test_pending_jobs_whose_message_was_lost_are_sent_again(cluster: Cluster, st
     wait_for(lambda: _done(store, lost) == 0 and job_states(store).get("pending") == 1, 5)
     import time
 
-    time.sleep(1.5)
+    time.sleep(1.5)  # the pending job ages past GLEANER_REQUEUE_AFTER_SECONDS (1 s, made short)
     swept = cluster.gleaner("housekeep", "requeue", "--json")
     assert swept.returncode == 0, swept.stderr
     assert json.loads(swept.stdout)["requeued"] == 1

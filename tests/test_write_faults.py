@@ -107,6 +107,17 @@ class SqliteDiskFull:
 FailWrites = Callable[[Store, str, str, Callable[[int], bool]], Callable[[], int]]
 
 
+@pytest.fixture(autouse=True)
+def short_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process retries wait a millisecond, not up to seconds (jittered): what is
+    tested is that the kept answer is written, not how long a retry waits (a worker's test
+    keeps the real backoff)."""
+    from harvest import kept
+
+    monkeypatch.setattr(kept, "WRITE_BACKOFF_SECONDS", 0.001)
+    monkeypatch.setattr(kept, "WRITE_BACKOFF_MAX_SECONDS", 0.001)
+
+
 @pytest.fixture
 def fail_writes() -> Iterator[FailWrites]:
     """``fail_writes(store, backend, pg_failing, failing)`` makes ``store``'s database fail

@@ -234,14 +234,9 @@ def redis_db_for(worker_id: str) -> int:
 
 def migrated_pg_database(name: str) -> str:
     """A fresh PostgreSQL database ``name``, migrated to the newest revision; its URL."""
-    from store import Store
-    from tests.conftest import recreate_pg_database, test_settings
+    from tests import conftest
 
-    url = recreate_pg_database(name)
-    store = Store(url, settings=test_settings())
-    store.migrate()
-    store.dispose()
-    return url
+    return conftest.migrated_pg_database(name)
 
 
 def cluster_on(database_url: str, redis_db: int, tmp: Path) -> Iterator[Cluster]:

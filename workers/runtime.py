@@ -24,6 +24,15 @@ def store() -> Store:
     return _store
 
 
+def use(chosen: Store | None) -> Store | None:
+    """Make ``chosen`` this process's store (a test's, or an embedding program's; None: built
+    from the environment on next use); returns the one it replaces."""
+    global _store
+    with _store_lock:
+        previous, _store = _store, chosen
+    return previous
+
+
 @worker_process_init.connect
 def _fresh_engine_in_child(**_: object) -> None:
     # A forked child must not share the parent's pooled connections: drop them unclosed

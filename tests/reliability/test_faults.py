@@ -169,7 +169,7 @@ def test_postgresql_down_for_90_seconds(open_scenario: OpenScenario, services: S
     down = time.monotonic()
     sc.step(f"PostgreSQL stopped ({in_flight} jobs running)")
     sc.record["in_flight_at_fault"] = in_flight
-    time.sleep(max(0.0, OUTAGE - (time.monotonic() - down)))
+    time.sleep(max(0.0, OUTAGE - (time.monotonic() - down)))  # the outage's length is the fault
     services.pg.start()
     sc.fault(round(time.monotonic() - down, 1))
     sc.step("PostgreSQL started again")
@@ -186,7 +186,7 @@ def model_window(sc: Scenario, mode: str, seconds: float) -> None:
     """Switch the model to ``mode`` for ``seconds``, then back to normal."""
     sc.model.switch(mode)
     sc.step(f"model switched to {mode}")
-    time.sleep(seconds)
+    time.sleep(seconds)  # the window's length is the fault
     sc.model.switch("normal")
     sc.fault(seconds)
     sc.step("model back to normal")

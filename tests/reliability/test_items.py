@@ -722,7 +722,9 @@ def test_9_forget_during_harvest_writes_nothing_back(open_scenario: OpenScenario
     )
     sc.record["forget_output"] = out.stdout.strip()
     sc.wait_all(120)
-    time.sleep(3)  # a model call of the owner's (2 s) ends after the forget, then writes
+    # A model call of the owner's (2 s) ends after the forget, then writes: what is checked
+    # is that no write comes, and a write that must not come is no event to wait for.
+    time.sleep(3)
     sc.wait_all(60)
     after = owner_markers(sc)
     sc.check(
