@@ -135,8 +135,8 @@ def test_a_failed_refresh_is_logged_and_the_write_stands(
 
 def test_sqlite_has_nothing_to_refresh(make_store) -> None:  # type: ignore[no-untyped-def]
     store: Store = make_store("sqlite")
-    assert not store.recall.freshness.enabled
-    store.recall.freshness.wrote(10 * freshness.CHECK_EVERY)  # no statement, no error
+    assert not store.freshness.enabled
+    store.freshness.wrote(10 * freshness.CHECK_EVERY)  # no statement, no error
 
 
 def test_a_table_being_vacuumed_is_left_to_a_later_look_without_waiting(fresh_pg: Store) -> None:
