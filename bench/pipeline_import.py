@@ -35,7 +35,7 @@ FINDING = (
     "lands in one growing scope; the slug lookups descend the scope's unique index and the "
     "same-fact lookup counts only the rare-term postings, so jobs stay flat as it grows "
     "(compare the pending count over time) as long as the planner's statistics know the "
-    "scope: the writers analyze as notes pour in (store/freshness.py)"
+    "scope: the writers analyze as notes pour in (store/recall/freshness.py)"
 )
 CONCURRENCY = default_concurrency()  # `gleaner worker`'s default: two prefork children a core
 
