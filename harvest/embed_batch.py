@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from harvest.errors import EmbeddingRejected
 from harvest.retry import transient_retries
 from store import ConfigError, Settings
-from store.settings import setting_field
+from store.settings import options_error, setting_field
 
 
 @dataclass(frozen=True)
@@ -89,12 +89,7 @@ class EmbedOptions(BaseModel):
         try:
             return cls(**values)
         except ValidationError as exc:
-            problems = []
-            for error in exc.errors():
-                option = str(error["loc"][0]) if error["loc"] else "?"
-                name = SETTING_OF.get(option, option).upper()
-                problems.append(f"GLEANER_{name}: {error['msg']} (got {error.get('input')!r})")
-            raise ConfigError("; ".join(problems), reason="bad_config") from None
+            raise options_error(exc, SETTING_OF) from None
 
     @property
     def secret(self) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from store import ConfigError, Settings
-from store.settings import DEFAULT_OBSERVATION_TYPES, setting_field
+from store.settings import DEFAULT_OBSERVATION_TYPES, options_error, setting_field
 
 # Strongest first: ``auto`` falls back along this order when the server refuses one
 # (``harvest.formats``). Defined here, with the option that names them, so the options sit
@@ -103,9 +103,4 @@ class ModelOptions(BaseModel):
         try:
             return cls(**values)
         except ValidationError as exc:
-            problems = []
-            for error in exc.errors():
-                option = str(error["loc"][0]) if error["loc"] else "?"
-                name = SETTING_OF.get(option, option).upper()
-                problems.append(f"GLEANER_{name}: {error['msg']} (got {error.get('input')!r})")
-            raise ConfigError("; ".join(problems), reason="bad_config") from None
+            raise options_error(exc, SETTING_OF) from None

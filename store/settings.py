@@ -27,6 +27,17 @@ TOOLING_PREFIXES = ("GLEANER_TEST_", "GLEANER_BENCH_", "GLEANER_RELIABILITY_")
 COMMAND_VARIABLES = ("GLEANER_MCP_OWNER",)
 
 
+def options_error(exc: ValidationError, setting_of: Mapping[str, str]) -> ConfigError:
+    """An options model's validation failure as a ConfigError naming each GLEANER_ setting it
+    came from (``setting_of`` maps an option to its setting)."""
+    problems = []
+    for error in exc.errors():
+        option = str(error["loc"][0]) if error["loc"] else "?"
+        name = setting_of.get(option, option).upper()
+        problems.append(f"GLEANER_{name}: {error['msg']} (got {error.get('input')!r})")
+    return ConfigError("; ".join(problems), reason="bad_config")
+
+
 def setting_field(name: str) -> Any:
     """A copy of the ``Settings`` field ``name`` (default, bounds, description) for a model
     that mirrors a setting (harvest's ModelOptions and Limits), so each is declared once."""
