@@ -14,7 +14,7 @@ COPY workers workers
 COPY gleaner gleaner
 COPY service service
 COPY cli cli
-COPY beat_schedule.py ./
+COPY gleaner/beat_schedule.py ./
 RUN pip install --no-cache-dir -c constraints.txt . \
     && useradd --system --uid 10001 --user-group --create-home --home-dir /home/gleaner gleaner \
     && mkdir /exports

@@ -7,17 +7,17 @@ import random
 from pathlib import Path
 
 from bench.core import Context, Row
-from harvest.batch import harvest_paths
-from harvest.chunks import count_tokens
-from harvest.prompt import (
+from gleaner.harvest.batch import harvest_paths
+from gleaner.harvest.chunks import count_tokens
+from gleaner.harvest.prompt import (
     KNOWN_NOTES_MAX_CHARS,
     essentials,
     known_notes_block,
     system_prompt,
     user_prompt,
 )
-from store import Settings, Store
-from store.notes.keyed import ShownNote
+from gleaner.store import Settings, Store
+from gleaner.store.notes.keyed import ShownNote
 from tests.samples import TOOLS
 
 NAME = "cost"

@@ -27,8 +27,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from bench.core import PG_ADMIN_URL, Context
-from store import Settings, Store
-from store.recall.search_index import Postings, postings_of
+from gleaner.store import Settings, Store
+from gleaner.store.recall.search_index import Postings, postings_of
 
 SMALL_SCOPES = 1_000
 BIG_SCOPE = "big"

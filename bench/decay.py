@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from bench import data
 from bench.core import Context, Row, percentile
-from store import Scope, Store
-from store.housekeeping import decay
+from gleaner.store import Scope, Store
+from gleaner.store.housekeeping import decay
 
 NAME = "decay"
 

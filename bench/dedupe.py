@@ -20,13 +20,13 @@ from sqlalchemy import create_engine, text
 
 from bench import data
 from bench.core import Context, Row
-from store.notes.terms import FactText, disagreement, similarity_terms
+from gleaner.store.notes.terms import FactText, disagreement, similarity_terms
 
 NAME = "dedupe"
 
 CHILD = """
 import json, sys, time
-from store import Store
+from gleaner.store import Store
 from bench.data import bench_settings
 
 

@@ -11,8 +11,8 @@ import json
 import re
 from typing import Any
 
-from harvest.chunks import count_tokens
-from harvest.llm import LLMAnswer
+from gleaner.harvest.chunks import count_tokens
+from gleaner.harvest.llm import LLMAnswer
 
 # Per-message framing tokens of the chat format (role markers), as OpenAI counts them.
 TOKENS_PER_MESSAGE = 4

@@ -65,8 +65,8 @@ def notes(count: int) -> list[str]:
 def load(runtime: str, threads: int, model_dir: str | None) -> Any:
     """A function embedding a list of texts with ``runtime`` on ``threads`` threads."""
     if runtime == "onnx":
-        from harvest.embed_local import LocalEmbedder
-        from harvest.embedding import EmbedOptions
+        from gleaner.harvest.embed_local import LocalEmbedder
+        from gleaner.harvest.embedding import EmbedOptions
 
         embedder = LocalEmbedder(EmbedOptions(model="local/all-minilm-l6-v2"), threads=threads)
         embedder.runtime()

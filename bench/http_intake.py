@@ -63,7 +63,7 @@ def raw_app() -> Any:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from store.recall.search_terms import query_terms
+    from gleaner.store.recall.search_terms import query_terms
 
     engine = create_engine(os.environ["GLEANER_DATABASE_URL"], pool_size=5, max_overflow=5)
     broker = redis.Redis.from_url(os.environ["GLEANER_BROKER_URL"])

@@ -23,7 +23,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from fastapi.testclient import TestClient
 
 from gleaner import Gleaner
-from service.http import create_app
+from gleaner.service.http import create_app
 from tests.conftest import recreate_pg_database, test_settings
 
 OTHERS = 40

@@ -24,7 +24,7 @@ from bench.pipeline_support import (
     note_count,
     wait_jobs,
 )
-from cli.run import default_concurrency
+from gleaner.cli.run import default_concurrency
 
 NAME = "pipe-import"
 # Why the ratio is missed, filled in from the run's own profile.
@@ -35,18 +35,18 @@ FINDING = (
     "lands in one growing scope; the slug lookups descend the scope's unique index and the "
     "same-fact lookup counts only the rare-term postings, so jobs stay flat as it grows "
     "(compare the pending count over time) as long as the planner's statistics know the "
-    "scope: the writers analyze as notes pour in (store/recall/freshness.py)"
+    "scope: the writers analyze as notes pour in (gleaner/store/recall/freshness.py)"
 )
 CONCURRENCY = default_concurrency()  # `gleaner worker`'s default: two prefork children a core
 
 
 def run(ctx: Context) -> None:
-    from harvest.imports import plan_import
-    from store import Store
-    from store.settings import Settings
+    from gleaner.harvest.imports import plan_import
+    from gleaner.store import Store
+    from gleaner.store.settings import Settings
+    from gleaner.workers.app import make_celery
+    from gleaner.workers.enqueue import send_jobs
     from tests.samples import write_chatgpt_export
-    from workers.app import make_celery
-    from workers.enqueue import send_jobs
 
     count = ctx.size(5_000, 300)
     export = write_chatgpt_export(ctx.workdir / "export" / "conversations.json", count, facts=3)

@@ -32,7 +32,7 @@ from bench.pipeline_support import (
     raw_http_cpu_ms,
     wait_jobs,
 )
-from cli.run import default_concurrency
+from gleaner.cli.run import default_concurrency
 
 NAME = "pipe-live"
 TARGET = 150  # transcripts per second on a 2-core host
@@ -42,7 +42,7 @@ FINDING = (
     "profile of this run, CPU per transcript: {cpu}. The worker's main process (the Celery "
     "consumer: broker, acks, handing tasks to the pool) spends more on a harvest task than on "
     "a no-op one (the ceiling's split above): Celery's cost, outside the job, which the no-op "
-    "ceiling does not show. One job in process (harvest.queue.run_job, "
+    "ceiling does not show. One job in process (gleaner.harvest.queue.run_job, "
     "no broker) costs {job:.1f} ms of CPU, and PostgreSQL {database:.1f} ms serving it: a "
     "statement a round trip (the claim, committed on its own without waiting for the disk; "
     "the transcript lock, then the ledger check with the known keys, and their notes' term "

@@ -120,7 +120,7 @@ class Cluster:
             [
                 sys.executable,
                 "-m",
-                "cli",
+                "gleaner.cli",
                 "worker",
                 "--queues",
                 queues,
@@ -170,8 +170,8 @@ def _libpq(url: str) -> str:
 @contextmanager
 def cluster(ctx: Context, name: str, redis_db: int, **env: str) -> Iterator[Cluster]:
     """A migrated bench database and a flushed Redis database; both cleaned up after."""
-    from store import Store
-    from store.settings import Settings
+    from gleaner.store import Store
+    from gleaner.store.settings import Settings
 
     url = ctx.fresh_pg(name)
     broker = ctx.redis_url(redis_db)
@@ -232,12 +232,12 @@ def transcript(i: int, owners: int = 100) -> dict[str, Any]:
 
 def enqueue(cluster: Cluster, count: int, queue: str = "harvest") -> float:
     """Record ``count`` jobs and send them (as `gleaner enqueue` does); returns seconds."""
-    from harvest.queue import record_jobs
-    from harvest.transcript import Transcript
-    from store import Store
-    from store.settings import Settings
-    from workers.app import make_celery
-    from workers.enqueue import send_jobs
+    from gleaner.harvest.queue import record_jobs
+    from gleaner.harvest.transcript import Transcript
+    from gleaner.store import Store
+    from gleaner.store.settings import Settings
+    from gleaner.workers.app import make_celery
+    from gleaner.workers.enqueue import send_jobs
 
     settings = Settings(database_url=cluster.database_url, broker_url=cluster.broker_url)
     make_celery(settings)
@@ -350,9 +350,9 @@ def cpu_note(before: dict[str, float], after: dict[str, float], transcripts: int
 
 CLIENT_PROBE = """
 import json, sys, time
-from harvest.model import resolve_llm, warm_up
-from harvest.options import ModelOptions
-from store.settings import Settings
+from gleaner.harvest.model import resolve_llm, warm_up
+from gleaner.harvest.options import ModelOptions
+from gleaner.store.settings import Settings
 
 options = ModelOptions.from_settings(Settings(
     harvest_model=sys.argv[1], harvest_api_base=sys.argv[2], harvest_api_key="bench",
@@ -388,10 +388,10 @@ def client_cpu_ms(api_base: str, calls: int = 200, client: str = "litellm") -> f
 JOB_PROBE = """
 import json, sys, time
 from bench.pipeline_support import cpu_by_role, transcript
-from harvest.queue import record_jobs, run_job
-from harvest.transcript import Transcript
-from store import Store
-from store.settings import Settings
+from gleaner.harvest.queue import record_jobs, run_job
+from gleaner.harvest.transcript import Transcript
+from gleaner.store import Store
+from gleaner.store.settings import Settings
 
 url, api_base, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 settings = Settings(database_url=url, harvest_model=sys.argv[4], harvest_api_base=api_base,
@@ -438,8 +438,8 @@ def raw_http_cpu_ms(api_base: str, calls: int = 200) -> float:
 
 def noop_seconds(cluster: Cluster, count: int, queue: str = "harvest") -> float:
     """Send ``count`` no-op tasks to the running workers; seconds until all were acked."""
-    from store.settings import Settings
-    from workers.app import make_celery
+    from gleaner.store.settings import Settings
+    from gleaner.workers.app import make_celery
 
     app = make_celery(Settings(database_url=cluster.database_url, broker_url=cluster.broker_url))
     task = app.tasks["gleaner.noop"]

@@ -31,9 +31,9 @@ from sqlalchemy import text
 
 from bench import data
 from bench.core import Context, Row
-from store import Scope, Store
-from store.recall.search import FUSION
-from store.recall.search_terms import terms
+from gleaner.store import Scope, Store
+from gleaner.store.recall.search import FUSION
+from gleaner.store.recall.search_terms import terms
 
 NAME = "recall"
 LOCAL_MODEL = "local/all-minilm-l6-v2"
@@ -198,11 +198,11 @@ def semantic(
 ) -> dict[str, dict[str, int | None]]:
     """Ranks of the embedder alone and of hybrid search (each fusion), by question; empty
     when the local embedder is not installed."""
-    from harvest.embed_notes import embed_pending
-    from harvest.embedding import embedder_for
-    from store.errors import ConfigError
-    from store.recall import vectors
-    from store.recall.search import search, time_param
+    from gleaner.harvest.embed_notes import embed_pending
+    from gleaner.harvest.embedding import embedder_for
+    from gleaner.store.errors import ConfigError
+    from gleaner.store.recall import vectors
+    from gleaner.store.recall.search import search, time_param
 
     try:
         embedder = embedder_for(data.bench_settings(embed_model=LOCAL_MODEL))

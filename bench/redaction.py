@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from bench.core import Context, Row
-from harvest.redact import redact_text
+from gleaner.harvest.redact import redact_text
 
 NAME = "redaction"
 BENIGN = "I prefer tabs over spaces in every repo, and we ship on Fridays after the smoke run. "

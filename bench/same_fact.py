@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import Context, Row
-from harvest.chunks import count_tokens
-from harvest.prompt import KNOWN_KEYS_MAX_CHARS, known_keys_block
-from harvest.transcript import Message, Transcript
-from store import Settings
-from store.notes.terms import FactText, same_fact, similarity_terms
-from store.text import normalize_topics
+from gleaner.harvest.chunks import count_tokens
+from gleaner.harvest.prompt import KNOWN_KEYS_MAX_CHARS, known_keys_block
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store import Settings
+from gleaner.store.notes.terms import FactText, same_fact, similarity_terms
+from gleaner.store.text import normalize_topics
 
 NAME = "same_fact"
 PAIRS = Path(__file__).parent.parent / "tests" / "data" / "same_fact_pairs.json"
@@ -165,8 +165,8 @@ def heldout(ctx: Context) -> None:
     model): the lexical rule decides. Per expected label, how the store ends:
     one note (``same``), the newer text live with the older in history (``update``), two
     live notes (``distinct``)."""
-    from harvest.job import harvest_transcript
-    from store import Store
+    from gleaner.harvest.job import harvest_transcript
+    from gleaner.store import Store
     from tests.llm_server import Behaviour, llm_server
 
     pairs = [json.loads(line) for line in HELDOUT.read_text(encoding="utf-8").splitlines()]
@@ -248,7 +248,7 @@ def heldout(ctx: Context) -> None:
 
 def _ended(store: Any, owner: str, pair: dict[str, Any]) -> str:
     """How a pair ended in the store: ``same``, ``update`` or ``distinct`` (see heldout)."""
-    from store import Scope
+    from gleaner.store import Scope
 
     scope = Scope.owner(owner)
     live = store.list_notes(scope)

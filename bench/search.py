@@ -15,9 +15,9 @@ import time
 
 from bench import data
 from bench.core import Context, Row, percentile
-from store import Scope, Store
-from store.recall.search import UNBOUNDED
-from store.recall.search import search as raw_search
+from gleaner.store import Scope, Store
+from gleaner.store.recall.search import UNBOUNDED
+from gleaner.store.recall.search import search as raw_search
 
 NAME = "search"
 
@@ -112,7 +112,7 @@ def load_vectors(url: str, dataset: data.Dataset, scope: str, dims: int = 384) -
     import numpy as np
     from sqlalchemy import create_engine, insert
 
-    from store.recall.vectors import MEMORY_VECTORS, utcnow
+    from gleaner.store.recall.vectors import MEMORY_VECTORS, utcnow
 
     rng = np.random.default_rng(11)
     ids = [row.id for row in dataset.notes if row.scope == scope]
@@ -146,12 +146,12 @@ def measure_hybrid(ctx: Context, backend: str, n: int) -> None:
     """Hybrid search in the big scope through ``Gleaner.search`` with the local embedder:
     the query's vector (a real forward pass) plus BM25 and the scope's vectors, fused."""
     from gleaner import Gleaner
-    from store.errors import ConfigError
+    from gleaner.store.errors import ConfigError
 
     url, dataset, _ = data.store_for(ctx, backend, n)
     settings = data.bench_settings(embed_model=HYBRID_MODEL)
     try:
-        from harvest.embedding import embedder_for
+        from gleaner.harvest.embedding import embedder_for
 
         embedder_for(settings)
     except ConfigError:

@@ -27,7 +27,7 @@ READ_COMMANDS = {
 }
 TARGET_SECONDS = 0.5
 PROBE = (
-    "import json, sys; from cli import main; never = json.loads(sys.argv[1]); "
+    "import json, sys; from gleaner.cli import main; never = json.loads(sys.argv[1]); "
     "code = main(sys.argv[2:]); print(json.dumps(sorted(m for m in sys.modules "
     "if any(m == n or m.startswith(n + '.') for n in never))))"
 )
@@ -52,7 +52,7 @@ def read_startup(ctx: Context) -> None:
     what it does not use (tests/test_startup_imports.py holds the same list to none)."""
     db = ctx.workdir / "startup.db"
     env = _env(GLEANER_DATABASE_URL=f"sqlite:///{db}")
-    gleaner = [sys.executable, "-m", "cli"]
+    gleaner = [sys.executable, "-m", "gleaner.cli"]
     subprocess.run([*gleaner, "db", "upgrade"], env=env, check=True, capture_output=True)
     subprocess.run(
         [*gleaner, "harvest", str(EXAMPLES), "--owner", "alice"],
@@ -110,16 +110,16 @@ def _rss_kb(pid: int) -> int:
 
 
 def worker_memory(ctx: Context) -> None:
-    from harvest.queue import record_jobs
-    from harvest.queues import LIVE_QUEUE
-    from harvest.transcript import Transcript
-    from store import Store
+    from gleaner.harvest.queue import record_jobs
+    from gleaner.harvest.queues import LIVE_QUEUE
+    from gleaner.harvest.transcript import Transcript
+    from gleaner.store import Store
+    from gleaner.workers.app import make_celery
+    from gleaner.workers.enqueue import send_jobs
     from tests.conftest import test_settings
     from tests.llm_server import LLMServer, answer, note
     from tests.samples import native
     from tests.workers_harness import Cluster, cluster_env, wait_for
-    from workers.app import make_celery
-    from workers.enqueue import send_jobs
 
     count = ctx.size(1_000, 120)
     recycle = ctx.size(250, 40)
@@ -152,7 +152,7 @@ def worker_memory(ctx: Context) -> None:
             with store.transaction() as session:
                 from sqlalchemy import func, select
 
-                from store.schema.models import Job
+                from gleaner.store.schema.models import Job
 
                 done = session.execute(
                     select(func.count()).select_from(Job).where(Job.state == "done")

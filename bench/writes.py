@@ -21,10 +21,10 @@ from sqlalchemy import text
 
 from bench import data
 from bench.core import Context, Row
-from store import Scope, Store
-from store.notes import notes
-from store.notes.terms import similarity_terms
-from store.text import content_hash, normalize_topics, slugify
+from gleaner.store import Scope, Store
+from gleaner.store.notes import notes
+from gleaner.store.notes.terms import similarity_terms
+from gleaner.store.text import content_hash, normalize_topics, slugify
 
 NAME = "writes"
 SCOPES = 50

@@ -96,7 +96,7 @@ def _bounds_text(metadata: list[Any]) -> str:
 
 def settings_rows() -> list[tuple[str, str, str, str, str]]:
     """(variable, type, default, bounds, description) for every setting, in the code's order."""
-    from store.settings import ENV_PREFIX, FILE_SETTINGS, Settings
+    from gleaner.store.settings import ENV_PREFIX, FILE_SETTINGS, Settings
 
     rows = []
     for name, field in Settings.model_fields.items():
@@ -130,8 +130,8 @@ def settings_reference() -> str:
 def openapi_schema() -> dict[str, Any]:
     """The HTTP service's OpenAPI schema, built as ``gleaner serve`` builds its app (no
     database is opened: building the app reads only the settings)."""
-    from service.http import create_app
-    from store.settings import Settings
+    from gleaner.service.http import create_app
+    from gleaner.store.settings import Settings
 
     gleaner = types.SimpleNamespace(settings=Settings(database_url="sqlite://"))
     return create_app(gleaner).openapi()  # type: ignore[arg-type]
@@ -188,7 +188,7 @@ def cli_commands() -> list[tuple[str, str]]:
     """(command, help) for every ``gleaner`` command, as the CLI's parser declares them."""
     import argparse
 
-    from cli import build_parser
+    from gleaner.cli import build_parser
 
     found: list[tuple[str, str]] = []
 
@@ -252,14 +252,26 @@ def module_summary(path: Path) -> str:
     return paragraph if end < 0 else paragraph[: end + 1]
 
 
+def package_folder(package: str) -> str:
+    """Where a layer's modules are: gleaner/*.py is the public API's own layer, each
+    sub-package of gleaner another."""
+    return "gleaner" if package == "gleaner" else f"gleaner/{package}"
+
+
+def package_modules(package: str, root: Path = ROOT) -> list[Path]:
+    """A layer's modules, migrations aside."""
+    folder = root / package_folder(package)
+    found = folder.glob("*.py") if package == "gleaner" else folder.rglob("*.py")
+    return sorted(path for path in found if "migrations" not in path.parts)
+
+
 def module_reference(root: Path = ROOT) -> str:
     """One table per package, bottom layer first: each module and what it holds."""
     out: list[str] = []
     for package in PACKAGES:
-        out += [f"### `{package}/`", "", "| module | what it holds |", "|---|---|"]
-        for path in sorted((root / package).rglob("*.py")):
-            if "migrations" in path.parts:
-                continue
+        heading = f"### `{package_folder(package)}/`"
+        out += [heading, "", "| module | what it holds |", "|---|---|"]
+        for path in package_modules(package, root):
             name = ".".join(path.relative_to(root).with_suffix("").parts)
             name = name.removesuffix(".__init__")
             out.append(f"| `{name}` | {_escape(module_summary(path)).replace('|', '&#124;')} |")

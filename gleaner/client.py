@@ -24,15 +24,15 @@ from gleaner.params import (
     checked_slug,
 )
 from gleaner.sending import JobSender
-from store import Note, NoteVersion
-from store.schemas import LinkedNote
-from store.text import quoted
+from gleaner.store import Note, NoteVersion
+from gleaner.store.schemas import LinkedNote
+from gleaner.store.text import quoted
 
 if TYPE_CHECKING:
-    from store import SaveResult, SearchHit, Settings, Store
-    from store.jobs.status import JobStatus
-    from store.keys import ApiKey
-    from store.owners.restore import RestoreResult
+    from gleaner.store import SaveResult, SearchHit, Settings, Store
+    from gleaner.store.jobs.status import JobStatus
+    from gleaner.store.keys import ApiKey
+    from gleaner.store.owners.restore import RestoreResult
 
 
 class NoteDetail(BaseModel):
@@ -66,7 +66,7 @@ class Gleaner:
         *,
         store: Store | None = None,
     ) -> None:
-        from store import Store
+        from gleaner.store import Store
 
         with translated():
             self.store = store or Store(database_url, settings=settings)
@@ -140,9 +140,9 @@ class Gleaner:
         names another owner than its own is refused (``bad_owner``) unless ``read`` put it
         there (``reassign_owner=True``).
         """
-        from harvest.queue import record_jobs
-        from harvest.queues import LIVE_QUEUE
-        from store.text import check_principal
+        from gleaner.harvest.queue import record_jobs
+        from gleaner.harvest.queues import LIVE_QUEUE
+        from gleaner.store.text import check_principal
 
         if isinstance(conversation, Conversation):
             if owner is not None or reassign_owner:
@@ -173,13 +173,13 @@ class Gleaner:
         if self.queued:
             self._sender.send(LIVE_QUEUE, job_id)
         else:
-            from harvest.queue import run_job_here
+            from gleaner.harvest.queue import run_job_here
 
             with translated():
                 result = run_job_here(self.store, job_id)
             if result and (result.get("notes_written") or result.get("notes_updated")):
-                from harvest.embed_notes import embed_after_harvest
-                from store import Scope
+                from gleaner.harvest.embed_notes import embed_after_harvest
+                from gleaner.store import Scope
 
                 # The notes are committed and searchable; their vectors follow (a failure
                 # is logged and left for the sweep).
@@ -213,7 +213,7 @@ class Gleaner:
         ``limit``), said within ``[since, until)`` when given; each hit's ``memory.said_at``
         says when its fact was said. With GLEANER_EMBED_MODEL set, the notes' vectors are
         searched too and the two rankings fused (``backend`` "hybrid")."""
-        from store import Scope
+        from gleaner.store import Scope
 
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
             raise InvalidRequest(f"limit must be 1..100, got {quoted(limit)}", reason="bad_limit")
@@ -237,7 +237,7 @@ class Gleaner:
         when the embedder fails, None: the search is lexical)."""
         if not self.settings.embed_model or not isinstance(query, str) or not query.strip():
             return None, None
-        from harvest.embed_notes import query_vector
+        from gleaner.harvest.embed_notes import query_vector
 
         found = query_vector(self.settings, query)
         return (None, None) if found is None else found
@@ -245,8 +245,8 @@ class Gleaner:
     def note(self, owner: str, slug: str) -> NoteDetail:
         """The owner's note ``slug`` with its links, superseder and history, read in one
         transaction; NotFound when the owner has no such note."""
-        from store import Scope
-        from store.notes import history, links
+        from gleaner.store import Scope
+        from gleaner.store.notes import history, links
 
         slug = checked_slug(slug)
         with translated():
@@ -266,7 +266,7 @@ class Gleaner:
         """The compact memory index of the owner's notes that goes into a system prompt:
         pinned notes, then (with ``query``, the conversation so far) the notes most relevant
         to it, then other titles, within the token budget."""
-        from store import Scope
+        from gleaner.store import Scope
 
         if query is not None:
             query = checked_query(query)
@@ -348,7 +348,7 @@ class Gleaner:
     def owner_name(self, owner: str) -> str:
         """The owner as stored (the owner rule: NFKC, no blank, no control characters...);
         InvalidRequest (``bad_owner``) when it breaks the rule."""
-        from store.text import check_principal
+        from gleaner.store.text import check_principal
 
         with translated():
             return check_principal(owner)

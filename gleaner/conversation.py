@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from gleaner.errors import InvalidRequest, TooLarge, translated
 
 if TYPE_CHECKING:
-    from harvest.transcript import Transcript
-    from store import Settings
+    from gleaner.harvest.transcript import Transcript
+    from gleaner.store import Settings
 
 # Stands for the file in the readers' labels and errors (there is none).
 DOCUMENT_NAME = "conversation"
@@ -54,11 +54,11 @@ def read_conversation(
     InvalidRequest (``bad_transcript``, ``no_owner``, ``bad_owner``,
     ``not_one_conversation``) or TooLarge when it cannot be taken as it is.
     """
-    from harvest.plan import resolve_owner
-    from harvest.readers import read_bytes
-    from harvest.redact import redact_transcript
-    from harvest.transcript import Limits
-    from store.text import check_principal
+    from gleaner.harvest.plan import resolve_owner
+    from gleaner.harvest.readers import read_bytes
+    from gleaner.harvest.redact import redact_transcript
+    from gleaner.harvest.transcript import Limits
+    from gleaner.store.text import check_principal
 
     data = _as_bytes(document)
     with translated():

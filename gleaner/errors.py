@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from store.errors import ReasonedError
+from gleaner.store.errors import ReasonedError
 
 
 class GleanerError(ReasonedError):
@@ -52,9 +52,9 @@ class Unavailable(GleanerError, RuntimeError):
 @contextmanager
 def translated() -> Iterator[None]:
     """Re-raise the store's and harvest's errors as this tree, keeping reason and message."""
-    from harvest.errors import HarvestError
-    from store.errors import InvalidInput, StorageFailure, StoreError
-    from store.errors import NotFound as StoreNotFound
+    from gleaner.harvest.errors import HarvestError
+    from gleaner.store.errors import InvalidInput, StorageFailure, StoreError
+    from gleaner.store.errors import NotFound as StoreNotFound
 
     try:
         yield

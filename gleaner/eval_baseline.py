@@ -13,7 +13,7 @@ from gleaner.eval_items import Item, said
 from gleaner.eval_prompts import NO_ENTRIES
 
 if TYPE_CHECKING:
-    from store import SearchHit
+    from gleaner.store import SearchHit
 
 # Characters of each retrieved text kept in a record (the answer model sees all of it).
 RECORD_TEXT_CHARS = 300
@@ -21,7 +21,7 @@ _WORD = re.compile(r"[a-z0-9]+")
 
 
 def stop_words() -> frozenset[str]:
-    from store.notes.terms import CLASSIC_STOP_WORDS
+    from gleaner.store.notes.terms import CLASSIC_STOP_WORDS
 
     return frozenset(word for entry in CLASSIC_STOP_WORDS for word in _WORD.findall(entry))
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from harvest.llm import HarvestLLM
-    from harvest.options import ModelOptions
-    from store import Settings
+    from gleaner.harvest.llm import HarvestLLM
+    from gleaner.harvest.options import ModelOptions
+    from gleaner.store import Settings
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ class ModelCaller:
     def __init__(self, endpoint: Endpoint, settings: Settings, *, max_tokens: int) -> None:
         from pydantic import SecretStr
 
-        from harvest.model import resolve_llm
-        from harvest.options import ModelOptions
+        from gleaner.harvest.model import resolve_llm
+        from gleaner.harvest.options import ModelOptions
 
         self.endpoint = endpoint
         self.options: ModelOptions = ModelOptions(
@@ -60,7 +60,7 @@ class ModelCaller:
         self.llm: HarvestLLM = resolve_llm(self.options)
 
     def ask(self, prompt: str) -> Reply:
-        from harvest.retry import call_with_retries
+        from gleaner.harvest.retry import call_with_retries
 
         started = time.perf_counter()
         answer = call_with_retries(self.llm, [{"role": "user", "content": prompt}], self.options)

@@ -43,7 +43,7 @@ def _ms(seconds: Sequence[float]) -> dict[str, float | None]:
 
 
 def _price(model: str | None, prompt: int, completion: int) -> float | None:
-    from harvest.litellm_client import price_usd
+    from gleaner.harvest.litellm_client import price_usd
 
     if model is None:
         return 0.0  # the offline harvester: no model, no cost

@@ -58,7 +58,7 @@ from gleaner.eval_report import Models, format_report, percentile, summarize
 
 if TYPE_CHECKING:
     from gleaner.client import Gleaner
-    from store.jobs.status import JobStatus
+    from gleaner.store.jobs.status import JobStatus
 
 # The harness's public surface, whichever sibling module defines it (``gleaner eval`` and
 # the tests import it from here).
@@ -224,7 +224,7 @@ def answer_and_judge(run: Run, item: Item, entries: Sequence[Entry]) -> dict[str
     A model call that still fails after harvest's retries (a timeout, a server error, a
     prompt over the context) is recorded as ``error`` and judged wrong; any other model
     error (a refused key, an unknown model) ends the run."""
-    from harvest.errors import ContextWindowExceeded, TransientModelError
+    from gleaner.harvest.errors import ContextWindowExceeded, TransientModelError
 
     result: dict[str, Any] = {
         "retrieved": [e.record() for e in entries],

@@ -16,7 +16,7 @@ class Scrape:
     (``workers.metrics``), for the HTTP service's ``/metrics``."""
 
     def __init__(self, gleaner: Gleaner) -> None:
-        from workers.metrics import registry_for
+        from gleaner.workers.metrics import registry_for
 
         self.registry = registry_for(gleaner.store, gleaner.settings.broker_url)
 

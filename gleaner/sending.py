@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from gleaner.errors import Unavailable
 
 if TYPE_CHECKING:
-    from store import Settings
+    from gleaner.store import Settings
 
 
 class JobSender:
@@ -24,11 +24,11 @@ class JobSender:
         """Put the job on its queue. A broker that cannot be reached leaves the job pending
         (Unavailable, ``broker_unavailable``); the sweep (``gleaner beat``) sends it again
         once the broker is back."""
-        from workers.routing import HARVEST_TASK, WORKER_LIMITS
+        from gleaner.workers.routing import HARVEST_TASK, WORKER_LIMITS
 
         with self._celery_lock:
             if self._celery is None:
-                from workers.app import make_celery
+                from gleaner.workers.app import make_celery
 
                 self._celery = make_celery(self.settings)
         try:

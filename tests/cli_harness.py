@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cli import main
+from gleaner.cli import main
 
 REDIS_URL = os.environ.get("GLEANER_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -76,7 +76,7 @@ def gleaner_process(
     if "stdout" not in options:
         options["capture_output"] = True
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
+        [sys.executable, "-m", "gleaner.cli", *args],
         env={**clean, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **env},
         cwd=cwd,
         text=True,

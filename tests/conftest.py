@@ -27,7 +27,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # starts) gets a folder of its own there, never the developer's memory.
 os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="gleaner-test-data-")
 
-from store import Settings, Store
+from gleaner.store import Settings, Store
 
 TEST_DATA_HOME = Path(os.environ["XDG_DATA_HOME"])
 
@@ -93,7 +93,7 @@ TABLES = (
 def head_revision() -> str:
     from alembic.script import ScriptDirectory
 
-    from store.db import MIGRATIONS
+    from gleaner.store.db import MIGRATIONS
 
     head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
     assert head is not None
@@ -208,7 +208,7 @@ def make_store(
             if not opened:
                 _clean_pg(url)
         else:
-            path = tmp_path / "store.db"
+            path = tmp_path / "gleaner.store.db"
             if not path.exists():
                 shutil.copy(sqlite_template, path)
             url = f"sqlite:///{path}"

@@ -57,7 +57,7 @@ class Service:
 def start(args: list[str], env: dict[str, str], log: Path, url: str, ready_path: str) -> Service:
     """Start ``gleaner ARGS`` and wait until ``url + ready_path`` answers over HTTP."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", *args],
+        [sys.executable, "-m", "gleaner.cli", *args],
         env=env,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,

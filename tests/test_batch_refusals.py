@@ -16,13 +16,13 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from harvest.batch import harvest_paths
-from harvest.errors import HarvestError
-from harvest.job import harvest_transcript
-from harvest.queue import record_jobs
-from harvest.transcript import Message, Transcript
-from store import Store
-from store.schema.models import ImportBatch, Job, Memory
+from gleaner.harvest.batch import harvest_paths
+from gleaner.harvest.errors import HarvestError
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.queue import record_jobs
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store import Store
+from gleaner.store.schema.models import ImportBatch, Job, Memory
 from tests.cli_harness import Cli, cli, redis_url_for
 from tests.llm_server import Behaviour, answer, first_user_line, llm_server, note
 from tests.samples import native, write_natives

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from harvest.imports import plan_import
-from harvest.job import harvest_transcript
-from harvest.queue import run_job
-from store import Store
-from store.jobs import spend
+from gleaner.harvest.imports import plan_import
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.queue import run_job
+from gleaner.store import Store
+from gleaner.store.jobs import spend
 from tests.cli_harness import Cli
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.samples import native, write_natives

@@ -1,4 +1,4 @@
-"""Celery conventions with real parts: `celery -A workers.celery_app`, node names, options
+"""Celery conventions with real parts: `celery -A gleaner.workers.celery_app`, node names, options
 passed through `gleaner worker`, `gleaner health` and `gleaner status` with the broker down.
 
 Workers here talk to a private redis-server on a spare port, so stopping the broker stops
@@ -55,7 +55,7 @@ def start_worker(cluster: Cluster, *argv: str, **env: str) -> Worker:
     """`gleaner worker ARGV...` (no harness defaults: the test says every option)."""
     log = cluster.tmp / f"worker-{len(cluster.workers)}.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "worker", *argv],
+        [sys.executable, "-m", "gleaner.cli", "worker", *argv],
         env={**cluster.env, **env},
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
@@ -68,7 +68,7 @@ def start_worker(cluster: Cluster, *argv: str, **env: str) -> Worker:
 
 def celery(cluster: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "workers.celery_app", *argv],
+        [sys.executable, "-m", "celery", "-A", "gleaner.workers.celery_app", *argv],
         env=cluster.env,
         capture_output=True,
         text=True,
@@ -246,8 +246,8 @@ def _head() -> str:
     ],
 )
 def test_worker_options_for_celery(argv: list[str], passed: list[str], named: bool) -> None:
-    from cli import build_parser
-    from cli.run import celery_options, names_node
+    from gleaner.cli import build_parser
+    from gleaner.cli.run import celery_options, names_node
 
     args, extra = build_parser().parse_known_args(["worker", "--queues", "harvest", *argv])
     args.celery_args = extra
@@ -259,8 +259,8 @@ def test_worker_options_for_celery(argv: list[str], passed: list[str], named: bo
 WARM_UP_PROBE = """
 import json, sys
 from celery.signals import worker_init
-import workers.runtime  # connects the worker's signal handlers
-import harvest.chunks as chunks
+import gleaner.workers.runtime  # connects the worker's signal handlers
+import gleaner.harvest.chunks as chunks
 worker_init.send(sender=None)
 loaded = chunks.cl100k.cache_info().currsize  # the tokenizer's cache: 1 once loaded
 print(json.dumps({"tokenizer": loaded, "litellm": int("litellm" in sys.modules)}))

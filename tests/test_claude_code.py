@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from cli import main
-from harvest.readers import read_path
-from harvest.readers.sessions import session_kind
-from store import Scope, Store
+from gleaner.cli import main
+from gleaner.harvest.readers import read_path
+from gleaner.harvest.readers.sessions import session_kind
+from gleaner.store import Scope, Store
 from tests.cli_harness import redis_url_for
 
 DATA = Path(__file__).parent / "data"
@@ -294,7 +294,7 @@ def test_harvest_from_stdin_as_a_subprocess(tmp_path: Path, sqlite_template: Pat
     shutil.copy(sqlite_template, db)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLEANER_")}
     done = subprocess.run(
-        [sys.executable, "-m", "cli", "harvest", "-", "--owner", "alice"],
+        [sys.executable, "-m", "gleaner.cli", "harvest", "-", "--owner", "alice"],
         input=SESSION.read_bytes(),
         env={**env, "GLEANER_DATABASE_URL": f"sqlite:///{db}"},
         cwd=tmp_path,
@@ -351,7 +351,7 @@ def test_claude_code_hook_as_a_subprocess(tmp_path: Path, sqlite_template: Path)
     shutil.copy(sqlite_template, db)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLEANER_")}
     done = subprocess.run(
-        [sys.executable, "-m", "cli", "hook", "claude-code", "--owner", "alice"],
+        [sys.executable, "-m", "gleaner.cli", "hook", "claude-code", "--owner", "alice"],
         input=hook_json(SESSION),
         text=True,
         env={**env, "GLEANER_DATABASE_URL": f"sqlite:///{db}"},

@@ -31,7 +31,7 @@ def test_upgrade_then_search_and_show(cli: Cli, fresh_url: str) -> None:
     assert empty.code == 0, empty.err
     assert empty.json() == []
 
-    from store import Store
+    from gleaner.store import Store
     from tests.conftest import test_settings
 
     store = Store(fresh_url, settings=test_settings())

@@ -15,8 +15,8 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from store import Store
-from store.schema.models import ImportBatch, Job, Memory
+from gleaner.store import Store
+from gleaner.store.schema.models import ImportBatch, Job, Memory
 from tests.cli_harness import (
     EXAMPLES,
     Cli,
@@ -97,10 +97,10 @@ def test_import_with_the_broker_down_is_one_line_and_the_jobs_stay(
 def test_retry_with_the_broker_down_leaves_the_jobs_pending(
     cli: Cli, pg_store: Store, tmp_path: Path
 ) -> None:
-    from harvest.queue import record_jobs
-    from harvest.queues import LIVE_QUEUE
-    from harvest.transcript import Transcript
-    from store.jobs import queue as jobs
+    from gleaner.harvest.queue import record_jobs
+    from gleaner.harvest.queues import LIVE_QUEUE
+    from gleaner.harvest.transcript import Transcript
+    from gleaner.store.jobs import queue as jobs
     from tests.samples import native
 
     [job_id] = record_jobs(
@@ -226,7 +226,7 @@ def test_ctrl_c_while_following_an_import_says_it_goes_on(
         [
             sys.executable,
             "-m",
-            "cli",
+            "gleaner.cli",
             "import",
             str(EXAMPLES / "chatgpt-export"),
             "--owner",
@@ -276,13 +276,13 @@ def test_an_interrupted_harvest_in_process_exits_130_and_a_rerun_skips_what_it_k
 ) -> None:
     # Ctrl-C in the middle of a folder: what was harvested is committed, the exit says
     # interrupted (130, as a shell reports it), and the same command again does the rest.
-    import harvest.batch
+    import gleaner.harvest.batch
     from tests.samples import write_natives
 
     folder = tmp_path / "in"
     write_natives(folder, 3, owner="dana")
     cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/i.db")
-    real = harvest.batch.harvest_transcript
+    real = gleaner.harvest.batch.harvest_transcript
     calls: list[object] = []
 
     def interrupted_second(*args: object, **kwargs: object) -> object:
@@ -292,7 +292,7 @@ def test_an_interrupted_harvest_in_process_exits_130_and_a_rerun_skips_what_it_k
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     with monkeypatch.context() as patch:
-        patch.setattr(harvest.batch, "harvest_transcript", interrupted_second)
+        patch.setattr(gleaner.harvest.batch, "harvest_transcript", interrupted_second)
         stopped = cli("harvest", str(folder))
     assert stopped.code == 130, stopped.err
     assert "run the same command again" in stopped.err and "Traceback" not in stopped.err

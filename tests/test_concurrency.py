@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from store import Scope, Store
+from gleaner.store import Scope, Store
 
 WRITERS = 8
 ALICE = Scope.owner("alice")

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from cli import main
-from harvest.batch import harvest_paths
-from harvest.job import harvest_transcript
-from harvest.queue import record_jobs, run_job
-from store import InvalidInput
-from store.jobs import queue as job_records
-from store.jobs import reports as job_reports
-from store.schema.models import Job
+from gleaner.cli import main
+from gleaner.harvest.batch import harvest_paths
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.queue import record_jobs, run_job
+from gleaner.store import InvalidInput
+from gleaner.store.jobs import queue as job_records
+from gleaner.store.jobs import reports as job_reports
+from gleaner.store.schema.models import Job
 from tests.llm_server import LLMServer, answer, llm_server, note, server_error, truncated
 from tests.test_harvest_job import model_settings, transcript
 

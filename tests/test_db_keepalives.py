@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from store import Scope, Store, db
-from store.jobs.locks import locks_for
+from gleaner.store import Scope, Store, db
+from gleaner.store.jobs.locks import locks_for
 from tests.conftest import test_settings
 
 SERVER = "SELECT name, setting::bigint FROM pg_settings WHERE name = ANY(:names) ORDER BY name"

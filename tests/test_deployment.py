@@ -22,10 +22,10 @@ import jsonschema
 import pytest
 import yaml
 
-from cli import build_parser
-from store import Settings, Store
+from gleaner.cli import build_parser
+from gleaner.store import Settings, Store
+from gleaner.workers.app import QUEUES, ROUTES, make_celery
 from tests.conftest import PG_BASE_URL, head_revision, pg_url_for, test_settings
-from workers.app import QUEUES, ROUTES, make_celery
 
 ROOT = Path(__file__).parent.parent
 COMPOSE_SPEC = Path(__file__).parent / "data" / "compose-spec.json"
@@ -68,8 +68,8 @@ def interpolated(path: str) -> str:
 
 
 def test_beat_schedule_names_registered_tasks_routed_to_housekeeping() -> None:
-    import beat_schedule
-    from workers import housekeeping
+    from gleaner import beat_schedule
+    from gleaner.workers import housekeeping
 
     settings = test_settings(broker_url="redis://127.0.0.1:6379/15")
     app = make_celery(settings)
@@ -89,8 +89,8 @@ def test_beat_schedule_names_registered_tasks_routed_to_housekeeping() -> None:
 
 
 def test_with_an_embedding_model_beat_sweeps_pending_vectors_on_the_embed_queue() -> None:
-    import beat_schedule
-    from workers import tasks
+    from gleaner import beat_schedule
+    from gleaner.workers import tasks
 
     settings = test_settings(broker_url="redis://127.0.0.1:6379/15", embed_model="openai/e")
     entries = beat_schedule.schedule(settings)
@@ -293,7 +293,7 @@ def test_migrate_waits_for_a_database_that_is_not_there_yet(tmp_path: Path, work
     assert "database at revision" in out
     store = Store(pg_url_for(name), settings=test_settings())
     try:
-        from store.db import current_revision
+        from gleaner.store.db import current_revision
 
         assert current_revision(store.engine) == head_revision()
     finally:
@@ -306,8 +306,54 @@ def test_the_image_copies_every_package_the_wheel_installs() -> None:
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    wanted = {pattern.rstrip("*") for pattern in project["packages"]["find"]["include"]}
-    wanted |= {f"{module}.py" for module in project["py-modules"]}
+    wanted = {pattern.split(".")[0] for pattern in project["packages"]["find"]["include"]}
+    wanted |= {f"{module}.py" for module in project.get("py-modules", [])}
+    assert wanted == {"gleaner"}, "everything installs under the one gleaner package"
     copied = re.findall(r"^COPY\s+(.+?)\s+\S+$", (ROOT / "Dockerfile").read_text(), re.M)
     sources = {source for line in copied for source in line.split()}
     assert wanted <= sources, f"the Dockerfile does not copy {sorted(wanted - sources)}"
+
+
+def test_the_wheel_installs_one_gleaner_package_with_its_data(tmp_path: Path) -> None:
+    """The built wheel holds ``gleaner`` and its metadata only (no top-level ``store`` or
+    ``workers`` to shadow a platform's own), with the files the code reads at run time: the
+    migrations, the tokenizer, the type marker. Built as ``pip install .`` builds it, from a
+    copy (setuptools writes its build folder beside the sources)."""
+    import shutil
+    import zipfile
+
+    source, dist = tmp_path / "source", tmp_path / "dist"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "gleaner", source / "gleaner", ignore=ignore)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = dist.glob("gleaner-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"gleaner", wheel.name.split("-py3")[0] + ".dist-info"}, sorted(tops)
+    assert "gleaner/py.typed" in names
+    assert "gleaner/store/migrations/env.py" in names
+    assert any(n.startswith("gleaner/store/migrations/versions/") for n in names)
+    assert any(n.startswith("gleaner/harvest/embed_models/") for n in names)
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "gleaner = gleaner.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -16,7 +16,13 @@ from types import ModuleType
 
 import pytest
 
-from store.settings import COMMAND_VARIABLES, ENV_PREFIX, FILE_SETTINGS, TOOLING_PREFIXES, Settings
+from gleaner.store.settings import (
+    COMMAND_VARIABLES,
+    ENV_PREFIX,
+    FILE_SETTINGS,
+    TOOLING_PREFIXES,
+    Settings,
+)
 from tests.cli_harness import Cli, cli
 
 __all__ = ["cli"]  # the fixture, used by name
@@ -89,7 +95,7 @@ def test_readme_python_example_names_real_methods() -> None:
 
 
 def test_readme_mcp_tools_are_the_servers() -> None:
-    source = (ROOT / "service" / "mcp.py").read_text()
+    source = (ROOT / "gleaner" / "service" / "mcp.py").read_text()
     served = set(re.findall(r"@server\.tool\(\)\s+def (\w+)\(", source))
     named = set(re.findall(r"`(mem_\w+)`", README))
     assert named == served
@@ -126,7 +132,7 @@ def documented_commands(text: str) -> list[str]:
 
 
 def test_documented_commands_parse() -> None:
-    from cli import build_parser
+    from gleaner.cli import build_parser
 
     parser = build_parser()
     seen = 0
@@ -337,9 +343,7 @@ def test_the_architecture_page_lists_every_module_with_what_it_holds(tmp_path: P
     module without a docstring would show an empty row, and is refused here."""
     reference = hooks().module_reference()
     for package in hooks().PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            if "migrations" in path.parts:
-                continue
+        for path in hooks().package_modules(package):
             name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
             assert hooks().module_summary(path), f"{name} has no docstring"
             assert f"| `{name}` |" in reference

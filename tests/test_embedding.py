@@ -17,18 +17,18 @@ from typing import Any
 
 import pytest
 
-from harvest.embed_http import OpenAIEmbedder
-from harvest.embed_litellm import LiteLLMEmbedder
-from harvest.embedding import BatchEmbedder, EmbedOptions, embedder_for, estimate_tokens
-from harvest.errors import (
+from gleaner.harvest.embed_http import OpenAIEmbedder
+from gleaner.harvest.embed_litellm import LiteLLMEmbedder
+from gleaner.harvest.embedding import BatchEmbedder, EmbedOptions, embedder_for, estimate_tokens
+from gleaner.harvest.errors import (
     ContextWindowExceeded,
     EmbeddingRejected,
     PermanentModelError,
     TransientModelError,
 )
-from harvest.litellm_client import load_litellm
-from store import ConfigError, load_settings
-from store.settings import LOCAL_EMBED_MODELS
+from gleaner.harvest.litellm_client import load_litellm
+from gleaner.store import ConfigError, load_settings
+from gleaner.store.settings import LOCAL_EMBED_MODELS
 from tests.conftest import test_settings
 from tests.embed_server import (
     EmbedServer,
@@ -156,7 +156,7 @@ def test_the_model_picks_the_client() -> None:
 
 
 def test_the_local_model_names_agree_with_the_settings() -> None:
-    from harvest.embed_local import MODELS
+    from gleaner.harvest.embed_local import MODELS
 
     assert set(MODELS) == set(LOCAL_EMBED_MODELS)
 
@@ -164,9 +164,9 @@ def test_the_local_model_names_agree_with_the_settings() -> None:
 def test_a_local_model_without_its_extra_is_a_config_error_saying_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import harvest.embed_local
+    import gleaner.harvest.embed_local
 
-    monkeypatch.setattr(harvest.embed_local, "RUNTIME", ("gleaner_no_such_runtime",))
+    monkeypatch.setattr(gleaner.harvest.embed_local, "RUNTIME", ("gleaner_no_such_runtime",))
     with pytest.raises(ConfigError, match=r"gleaner_no_such_runtime.*gleaner\[local-embed\]"):
         embedder_for(test_settings(embed_model="local/all-minilm-l6-v2"))
 
@@ -409,7 +409,7 @@ def test_a_refused_connection_is_transient(make: MakeEmbedder) -> None:
 
 @pytest.fixture(scope="module")
 def local() -> BatchEmbedder:
-    from harvest.embed_local import LocalEmbedder
+    from gleaner.harvest.embed_local import LocalEmbedder
 
     return LocalEmbedder(EmbedOptions(model="local/all-minilm-l6-v2"), threads=1)
 
@@ -439,7 +439,7 @@ def test_local_vectors_are_deterministic_whatever_the_batch(local: BatchEmbedder
 
 
 def test_the_local_model_runs_texts_by_length_within_a_token_budget() -> None:
-    from harvest.embed_local import _runs
+    from gleaner.harvest.embed_local import _runs
 
     assert _runs([5, 256, 3, 256, 10], 512) == [[2, 0, 4], [1, 3]]
     assert _runs([300, 300], 512) == [[0], [1]]  # one text alone may pass the budget
@@ -475,7 +475,7 @@ def test_local_vectors_match_sentence_transformers(local: BatchEmbedder) -> None
 
 @needs_local_extra
 def test_the_local_embedder_batches_and_gets_the_same_vectors(local: BatchEmbedder) -> None:
-    from harvest.embed_local import LocalEmbedder
+    from gleaner.harvest.embed_local import LocalEmbedder
 
     texts = [f"Note number {i} is about {word}." for i, word in enumerate("abcdefg")]
     small = LocalEmbedder(EmbedOptions(model="local/all-minilm-l6-v2", batch_size=3))
@@ -487,7 +487,7 @@ def test_the_local_embedder_batches_and_gets_the_same_vectors(local: BatchEmbedd
 
 @needs_local_extra
 def test_the_local_embedder_never_touches_the_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harvest.embed_local import LocalEmbedder
+    from gleaner.harvest.embed_local import LocalEmbedder
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"network use: {args}")
@@ -500,7 +500,7 @@ def test_the_local_embedder_never_touches_the_network(monkeypatch: pytest.Monkey
 
 @needs_local_extra
 def test_a_model_file_that_is_not_the_known_one_is_refused(local: BatchEmbedder) -> None:
-    from harvest.embed_local import LocalEmbedder
+    from gleaner.harvest.embed_local import LocalEmbedder
 
     other = LocalEmbedder(EmbedOptions(model="local/all-minilm-l6-v2"))
     other.spec = replace(other.spec, onnx_sha256="0" * 64)

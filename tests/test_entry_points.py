@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from gleaner import Gleaner, GleanerError
-from store import Store
+from gleaner.store import Store
 from tests.cli_harness import EXAMPLES, Cli, redis_url_for
 from tests.conftest import recreate_pg_database, test_settings
 
@@ -204,7 +204,7 @@ def test_ctrl_c_stops_an_import_in_process_on_sqlite_at_once(tmp_path: Path) -> 
     url = f"sqlite:///{tmp_path}/ctrl-c.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLEANER_")}
     env |= {"GLEANER_DATABASE_URL": url, "GLEANER_PROGRESS_SECONDS": "0.1"}
-    command = [sys.executable, "-m", "cli", "import", str(export), "--owner", "ann"]
+    command = [sys.executable, "-m", "gleaner.cli", "import", str(export), "--owner", "ann"]
     for delay in (0.0, 0.15, 0.3, 0.6):
         importing = subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -245,7 +245,7 @@ def test_a_worker_on_an_unmigrated_database_refuses_to_start(
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLEANER_")}
     env |= {"GLEANER_DATABASE_URL": url, "GLEANER_BROKER_URL": redis_url_for(worker_id)}
     ran = subprocess.run(
-        [sys.executable, "-m", "cli", "worker", "--queues", "harvest"],
+        [sys.executable, "-m", "gleaner.cli", "worker", "--queues", "harvest"],
         env=env,
         capture_output=True,
         text=True,

@@ -9,10 +9,10 @@ import pickle
 import pytest
 
 import gleaner.errors
-import harvest.errors
-import store.errors
-from harvest.outcome import Counts
-from store.errors import ReasonedError, StorageFailure
+import gleaner.harvest.errors
+import gleaner.store.errors
+from gleaner.harvest.outcome import Counts
+from gleaner.store.errors import ReasonedError, StorageFailure
 
 
 def _every_error() -> list[type[ReasonedError]]:
@@ -26,11 +26,11 @@ def _every_error() -> list[type[ReasonedError]]:
 
 
 def _made(cls: type[ReasonedError]) -> ReasonedError:
-    if cls is harvest.errors.UnrecordedHarvest:
+    if cls is gleaner.harvest.errors.UnrecordedHarvest:
         return cls(StorageFailure("gone", reason="db_down"), Counts(model_calls=2))  # type: ignore[call-arg]
-    if cls is harvest.errors.ResponseFormatRejected:
+    if cls is gleaner.harvest.errors.ResponseFormatRejected:
         return cls("refused", format="json_schema")  # type: ignore[call-arg]
-    if cls is store.errors.BadExport:
+    if cls is gleaner.store.errors.BadExport:
         return cls("not JSON", line=7, rule="bad_type")  # type: ignore[call-arg]
     try:
         return cls("bad thing", reason="why_not")
@@ -41,7 +41,7 @@ def _made(cls: type[ReasonedError]) -> ReasonedError:
 def test_the_tree_is_the_one_the_modules_define() -> None:
     names = {cls.__name__ for cls in _every_error()}
     assert {"StorageFailure", "UnrecordedHarvest", "ResponseFormatRejected"} <= names
-    assert store.errors.InvalidInput.__name__ in names
+    assert gleaner.store.errors.InvalidInput.__name__ in names
     assert gleaner.errors.GleanerError.__name__ in names
 
 

@@ -306,7 +306,7 @@ def test_eval_with_a_broker_waits_for_the_workers_harvest(
     models = model_env(server, cluster.env["GLEANER_DATABASE_URL"])
     cluster.start_worker(queues="harvest", concurrency=2, **models)
     ran = subprocess.run(
-        [sys.executable, "-m", "cli", "eval", str(SAMPLE), "--top-k", "2", "--json"],
+        [sys.executable, "-m", "gleaner.cli", "eval", str(SAMPLE), "--top-k", "2", "--json"],
         env={**cluster.env, **models, "GLEANER_PROGRESS_SECONDS": "0"},
         capture_output=True,
         text=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from store import InvalidInput, Scope, Store
+from gleaner.store import InvalidInput, Scope, Store
 
 ALICE = Scope.owner("alice")
 QUOTE = {"speaker": "user", "quote": "I moved to Porto last spring"}
@@ -60,8 +60,8 @@ def test_malformed_evidence_is_refused_and_nothing_is_written(
 from collections.abc import Iterator  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 
-from harvest.job import harvest_transcript  # noqa: E402
-from harvest.transcript import Message, Transcript  # noqa: E402
+from gleaner.harvest.job import harvest_transcript  # noqa: E402
+from gleaner.harvest.transcript import Message, Transcript  # noqa: E402
 from tests.llm_server import LLMServer, answer, llm_server, note  # noqa: E402
 
 WHEN = datetime(2026, 1, 5, tzinfo=UTC)
@@ -249,7 +249,7 @@ def test_evidence_is_shown_by_show_and_explain_and_kept_in_json(
     import json
     import os
 
-    from cli import main
+    from gleaner.cli import main
 
     store.write(
         ALICE,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.progress import Progress
-from store import Store
+from gleaner.cli.progress import Progress
+from gleaner.store import Store
 from tests.cli_harness import Cli, cli
 from tests.test_export_restore import export, fill, records
 
@@ -153,7 +153,7 @@ def test_export_piped_into_restore_as_real_processes(
     fill(source, "alice")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GLEANER_", "LC_"))}
     base |= {"LANG": "C", "PYTHONIOENCODING": "ascii", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    command = [sys.executable, "-m", "cli"]
+    command = [sys.executable, "-m", "gleaner.cli"]
     target = f"sqlite:///{tmp_path}/target.db"
     with subprocess.Popen(
         [*command, "export", "--owner", "alice"],

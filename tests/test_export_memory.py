@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from harvest.errors import TranscriptFormatError
-from harvest.readers import iter_path, read_bytes, read_path
-from harvest.readers.stream import PIECE
+from gleaner.harvest.errors import TranscriptFormatError
+from gleaner.harvest.readers import iter_path, read_bytes, read_path
+from gleaner.harvest.readers.stream import PIECE
 from tests.big_export import tiny_conversation, write_tiny_export
 from tests.samples import chatgpt_conversation, native
 
@@ -103,11 +103,11 @@ def hwm():
         if line.startswith(("VmHWM", "VmRSS")):
             yield line.split()[0], int(line.split()[1]) * 1024
 
-import harvest.readers
-from harvest.transcript import Limits
+import gleaner.harvest.readers
+from gleaner.harvest.transcript import Limits
 before = dict(hwm())["VmRSS:"]
 conversations = 0
-for read in harvest.readers.iter_path(Path(sys.argv[1]), default_owner="dana",
+for read in gleaner.harvest.readers.iter_path(Path(sys.argv[1]), default_owner="dana",
                                       limits=Limits(file_bytes=300 * 2**20)):
     conversations += read.transcript is not None
 print(json.dumps({"before": before, "peak": dict(hwm())["VmHWM:"],
@@ -157,8 +157,8 @@ def status(name):
         if line.startswith(name):
             return int(line.split()[1]) * 1024
 
-from harvest.imports import plan_import
-from store import Store
+from gleaner.harvest.imports import plan_import
+from gleaner.store import Store
 store = Store(sys.argv[2])
 store.warm_up()
 before = status("VmRSS:")
@@ -175,7 +175,7 @@ def database_url(
         from tests.workers_harness import migrated_pg_database
 
         return migrated_pg_database(f"gleaner_export_memory_{worker_id}")
-    path = tmp_path / "store.db"
+    path = tmp_path / "gleaner.store.db"
     path.write_bytes(sqlite_template.read_bytes())
     return f"sqlite:///{path}"
 

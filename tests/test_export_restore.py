@@ -19,10 +19,10 @@ from sqlalchemy import text
 
 from gleaner import Gleaner
 from gleaner.errors import InvalidRequest
-from store import InvalidInput, Scope, Store
-from store.errors import BadExport
-from store.notes import notes
-from store.recall import vectors
+from gleaner.store import InvalidInput, Scope, Store
+from gleaner.store.errors import BadExport
+from gleaner.store.notes import notes
+from gleaner.store.recall import vectors
 from tests.conftest import test_settings
 
 ALICE, BOB = Scope.owner("alice"), Scope.owner("bob")
@@ -677,7 +677,7 @@ def test_restore_is_one_transaction(store: Store) -> None:
 
 
 def test_the_schema_document_lists_every_key_the_code_writes_and_requires() -> None:
-    from store.owners import export, restore
+    from gleaner.store.owners import export, restore
 
     doc = (Path(__file__).parent.parent / "docs" / "EXPORT.md").read_text(encoding="utf-8")
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from sqlalchemy import inspect, text
 
-from harvest.job import harvest_transcript
-from harvest.llm import LLMAnswer
-from harvest.options import ModelOptions
-from harvest.queue import record_jobs
-from store import Scope, Store
-from store.jobs import queue as job_records
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.llm import LLMAnswer
+from gleaner.harvest.options import ModelOptions
+from gleaner.harvest.queue import record_jobs
+from gleaner.store import Scope, Store
+from gleaner.store.jobs import queue as job_records
 from tests.test_harvest_job import transcript
 from tests.workers_harness import Cluster, cluster_env, redis_db_for, wait_for
 
@@ -156,7 +156,7 @@ def test_a_harvest_running_during_forget_writes_nothing(make_store, backend: str
 
 
 def test_a_harvest_task_returns_its_status_and_counts_and_nothing_that_names_anyone() -> None:
-    from workers.tasks import logged_result
+    from gleaner.workers.tasks import logged_result
 
     outcome = {
         "status": "harvested",

@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, text
 
-from harvest.job import harvest_transcript
-from harvest.llm import LLMAnswer
-from harvest.options import ModelOptions
-from harvest.queue import record_jobs, run_job_here
-from harvest.transcript import Message, Transcript
-from store import NotFound, Scope, Store
-from store.jobs import queue as job_records
-from store.owners.forget_conversation import RECEIPT
-from store.recall import vectors
-from store.schema.models import (
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.llm import LLMAnswer
+from gleaner.harvest.options import ModelOptions
+from gleaner.harvest.queue import record_jobs, run_job_here
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store import NotFound, Scope, Store
+from gleaner.store.jobs import queue as job_records
+from gleaner.store.owners.forget_conversation import RECEIPT
+from gleaner.store.recall import vectors
+from gleaner.store.schema.models import (
     ForgottenTranscript,
     ImportBatch,
     Job,
@@ -226,7 +226,7 @@ def test_forgetting_the_later_conversation_restores_the_earlier_text(model_store
         assert "zurichval" in " ".join(terms) and live.term_count >= 1
     assert rows(store, "memory_vectors") == 0 and embed_all(store) == 1
     # What the writer keeps in step with the text is what it would have written.
-    from store.text import content_hash
+    from gleaner.store.text import content_hash
 
     assert live.content_hash == content_hash(live.body)
 
@@ -267,7 +267,7 @@ def test_the_latest_fact_by_when_it_was_said_is_restored(model_store: Store) -> 
 
 def test_a_person_written_version_counts_as_another_writers(store: Store) -> None:
     with store.transaction() as session:
-        from store.notes import notes
+        from gleaner.store.notes import notes
 
         notes.write(session, store.settings, SCOPE, {"title": "Editor", "body": "Uses vim."})
         notes.write(
@@ -286,7 +286,7 @@ def test_a_person_written_version_counts_as_another_writers(store: Store) -> Non
 def test_history_the_conversation_wrote_goes_from_every_note(store: Store) -> None:
     # A wrote, X rewrote, B rewrote: forgetting X drops X's text from history and keeps A's
     # (which X replaced: the text is A's) and B's live text.
-    from store.notes import notes
+    from gleaner.store.notes import notes
 
     with store.transaction() as session:
         for cid, body in (("c-a", "Uses vim."), ("c-x", "Uses nano."), ("c-b", "Uses emacs.")):
@@ -395,7 +395,7 @@ def test_an_unknown_conversation_is_not_found_and_nothing_changes(store: Store) 
 
 @pytest.mark.parametrize("bad", ["", "   ", "a\x00b", "x" * 256])
 def test_a_bad_conversation_id_is_refused(store: Store, bad: str) -> None:
-    from store import InvalidInput
+    from gleaner.store import InvalidInput
 
     with pytest.raises(InvalidInput):
         store.forget_conversation(OWNER, bad)
@@ -442,7 +442,7 @@ def test_a_harvest_of_another_conversation_during_the_forget_still_writes(
 
 def test_the_forget_is_one_transaction(model_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     # A failure after the first deletes leaves everything as it was.
-    from store.owners import forget_conversation
+    from gleaner.store.owners import forget_conversation
 
     store = model_store
     slug = two_writers(store)
@@ -535,7 +535,7 @@ def test_the_http_route_forgets_a_conversation_whose_id_holds_a_slash(tmp_path: 
     from fastapi.testclient import TestClient
 
     from gleaner import Gleaner
-    from service.http import create_app
+    from gleaner.service.http import create_app
     from tests.conftest import test_settings
     from tests.samples import native
 
@@ -618,8 +618,8 @@ def test_a_conversation_forget_committed_before_the_harvest_transaction_is_seen(
     # unchanged.
     from dataclasses import replace
 
-    from store.jobs import ledger
-    from store.owners import forget
+    from gleaner.store.jobs import ledger
+    from gleaner.store.owners import forget
     from tests.test_same_fact import ledger_entry
 
     harvest, operator = make_store("postgresql"), make_store("postgresql")

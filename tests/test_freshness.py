@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from harvest.job import harvest_transcript
-from harvest.transcript import Transcript
-from store import Scope, Store
-from store.notes import notes
-from store.recall import freshness
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.transcript import Transcript
+from gleaner.store import Scope, Store
+from gleaner.store.notes import notes
+from gleaner.store.recall import freshness
 from tests.conftest import migrated_pg_database, test_settings
 
 pytestmark = pytest.mark.postgres
@@ -127,7 +127,7 @@ def test_a_failed_refresh_is_logged_and_the_write_stands(
         return []
 
     fresh_pg.freshness = freshness.Freshness(fresh_pg.engine, refresh=refused)
-    with caplog.at_level(logging.WARNING, logger="store.recall.freshness"):
+    with caplog.at_level(logging.WARNING, logger="gleaner.store.recall.freshness"):
         result = fresh_pg.write(ALICE, {"title": "Uses vim", "body": "Vim."})
     assert result.created and fresh_pg.get(ALICE, result.memory.slug) is not None
     assert "could not refresh the planner statistics" in caplog.text

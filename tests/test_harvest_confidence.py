@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from harvest.job import harvest_transcript
-from harvest.offline_cues import MIN_CONFIDENCE as OFFLINE_FLOOR
-from store import ConfigError, Scope, Store, load_settings
-from store.schema.models import HarvestLedger, Memory
-from store.settings import Settings
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.offline_cues import MIN_CONFIDENCE as OFFLINE_FLOOR
+from gleaner.store import ConfigError, Scope, Store, load_settings
+from gleaner.store.schema.models import HarvestLedger, Memory
+from gleaner.store.settings import Settings
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.test_harvest_job import model_settings, rows, transcript
 

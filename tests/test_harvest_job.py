@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from harvest.job import harvest_transcript
-from harvest.transcript import Message, Transcript
-from store import Scope, Store
-from store.schema.models import HarvestLedger, Memory
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store import Scope, Store
+from gleaner.store.schema.models import HarvestLedger, Memory
 from tests.llm_server import (
     LLMServer,
     answer,
@@ -96,7 +96,7 @@ def test_offline_harvest_writes_typed_unpinned_notes_once(store: Store) -> None:
 
 
 def test_offline_harvest_of_every_example_yields_notes(store: Store) -> None:
-    from harvest.batch import harvest_paths
+    from gleaner.harvest.batch import harvest_paths
 
     summary = harvest_paths(store, [EXAMPLES], owner="alice", provenance="import")
     assert summary.failed == 0, summary.failures
@@ -361,7 +361,7 @@ def test_in_process_and_queued_harvests_share_one_path_and_outcome(
 ) -> None:
     from pydantic import ValidationError
 
-    from harvest.queue import record_jobs, run_job
+    from gleaner.harvest.queue import record_jobs, run_job
 
     store = make_store(backend, **model_settings(server))
     found = [note("Prefers dark roast coffee"), {"type": "bogus", "title": "x", "body": "y"}]
@@ -397,7 +397,7 @@ def test_in_process_and_queued_harvests_share_one_path_and_outcome(
 
 
 def test_a_transcript_without_owner_is_refused(store: Store) -> None:
-    from harvest.errors import HarvestError
+    from gleaner.harvest.errors import HarvestError
 
     with pytest.raises(HarvestError) as caught:
         harvest_transcript(store, transcript("I prefer tea", owner=None))
@@ -460,10 +460,10 @@ def test_a_transcript_recorded_meanwhile_rolls_the_notes_back(make_store, backen
     transcript while this one waits for its model (as a worker whose lock lapsed could),
     this one writes nothing (its notes are rolled back), reports ``skipped``, and still
     counts the call it made."""
-    from harvest.job import plan_harvest
-    from harvest.llm import LLMAnswer
-    from harvest.options import ModelOptions
-    from store.jobs import ledger
+    from gleaner.harvest.job import plan_harvest
+    from gleaner.harvest.llm import LLMAnswer
+    from gleaner.harvest.options import ModelOptions
+    from gleaner.store.jobs import ledger
 
     store: Store = make_store(backend, harvest_model="test/model")
     chat = transcript("I like dark roast.")
@@ -504,15 +504,15 @@ def test_a_write_that_fails_after_the_model_answered_still_counts_its_calls(
 ) -> None:
     """The model was paid for before the notes were written: a transcript that fails there
     reports those calls and tokens, in process (the summary) and on its job row."""
-    import harvest.job
-    from harvest.queue import record_jobs, run_job
-    from store import InvalidInput
-    from store.schema.models import Job
+    import gleaner.harvest.job
+    from gleaner.harvest.queue import record_jobs, run_job
+    from gleaner.store import InvalidInput
+    from gleaner.store.schema.models import Job
 
     def refuse(*_args: Any, **_kwargs: Any) -> Any:
         raise InvalidInput("refused for the test", reason="test_refusal")
 
-    monkeypatch.setattr(harvest.job, "write_candidates", refuse)
+    monkeypatch.setattr(gleaner.harvest.job, "write_candidates", refuse)
     store = make_store(backend, **model_settings(server))
     script = answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9)
     server.script(script, script)
@@ -543,15 +543,15 @@ def test_a_database_failure_after_the_model_answered_keeps_the_calls_on_the_job(
 ) -> None:
     """The error propagates (the queue redelivers the message) but the job keeps what the
     calls already made cost: the retry adds its own."""
-    import harvest.job
-    from harvest.queue import record_jobs, run_job
-    from store import StorageFailure
-    from store.schema.models import Job
+    import gleaner.harvest.job
+    from gleaner.harvest.queue import record_jobs, run_job
+    from gleaner.store import StorageFailure
+    from gleaner.store.schema.models import Job
 
     def lose_the_database(*_args: Any, **_kwargs: Any) -> Any:
         raise StorageFailure("the database went away", reason="test_database")
 
-    monkeypatch.setattr(harvest.job, "write_candidates", lose_the_database)
+    monkeypatch.setattr(gleaner.harvest.job, "write_candidates", lose_the_database)
     store = make_store(backend, **model_settings(server))
     server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
     [job_id] = record_jobs(
@@ -578,15 +578,15 @@ def test_a_direct_caller_gets_the_calls_of_a_harvest_the_database_failed_to_reco
     """``harvest_transcript`` itself: the database failure is still a StorageFailure with its
     own reason, and it carries what the model calls cost; a failure before any call does
     not claim one."""
-    import harvest.job
-    from harvest.errors import UnrecordedHarvest
-    from harvest.job import harvest_transcript
-    from store import StorageFailure
+    import gleaner.harvest.job
+    from gleaner.harvest.errors import UnrecordedHarvest
+    from gleaner.harvest.job import harvest_transcript
+    from gleaner.store import StorageFailure
 
     def lose_the_database(*_args: Any, **_kwargs: Any) -> Any:
         raise StorageFailure("the database went away", reason="test_database")
 
-    monkeypatch.setattr(harvest.job, "write_candidates", lose_the_database)
+    monkeypatch.setattr(gleaner.harvest.job, "write_candidates", lose_the_database)
     store = make_store(backend, **model_settings(server))
     server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
     with pytest.raises(StorageFailure) as raised:
@@ -600,7 +600,7 @@ def test_a_direct_caller_gets_the_calls_of_a_harvest_the_database_failed_to_reco
     copied = pickle.loads(pickle.dumps(raised.value))
     assert (copied.reason, str(copied), copied.spent) == ("test_database", str(raised.value), spent)
 
-    monkeypatch.setattr(harvest.job, "extract_notes", lose_the_database)
+    monkeypatch.setattr(gleaner.harvest.job, "extract_notes", lose_the_database)
     with pytest.raises(StorageFailure) as before_any_call:
         harvest_transcript(store, transcript("I prefer coffee.", cid="c2"), owner="alice")
     assert not isinstance(before_any_call.value, UnrecordedHarvest)
@@ -612,14 +612,14 @@ def test_a_database_failure_after_the_model_answered_is_counted_in_the_run_summa
 ) -> None:
     """In process (``gleaner harvest``): the transcript fails, the others go on, and the
     summary counts the calls it made."""
-    import harvest.job
-    from harvest.batch import harvest_paths
-    from store import StorageFailure
+    import gleaner.harvest.job
+    from gleaner.harvest.batch import harvest_paths
+    from gleaner.store import StorageFailure
 
     def lose_the_database(*_args: Any, **_kwargs: Any) -> Any:
         raise StorageFailure("the database went away", reason="test_database")
 
-    monkeypatch.setattr(harvest.job, "write_candidates", lose_the_database)
+    monkeypatch.setattr(gleaner.harvest.job, "write_candidates", lose_the_database)
     store = make_store(backend, **model_settings(server))
     server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
     path = tmp_path / "c1.json"
@@ -633,7 +633,7 @@ def test_a_database_failure_after_the_model_answered_is_counted_in_the_run_summa
 
 
 def _one_job(store: Store, text: str = "I prefer tea.") -> str:
-    from harvest.queue import record_jobs
+    from gleaner.harvest.queue import record_jobs
 
     [job_id] = record_jobs(
         store, [transcript(text, cid="c1")], owner="alice", provenance="compaction", queue="q"
@@ -646,7 +646,7 @@ def _paid_run_raising(
 ) -> tuple[str, int, int, int]:
     """Record a job, run it once (the model answers for 40 + 9 tokens) into ``error``; the
     job's state and cost after it."""
-    from harvest.queue import run_job
+    from gleaner.harvest.queue import run_job
 
     store = make_store(backend, **model_settings(server))
     server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
@@ -657,7 +657,7 @@ def _paid_run_raising(
 
 
 def _job_cost(store: Store, job_id: str) -> tuple[str, int, int, int]:
-    from store.schema.models import Job
+    from gleaner.store.schema.models import Job
 
     [job] = [j for j in rows(store, Job) if j.id == job_id]
     return job.state, job.model_calls, job.prompt_tokens, job.completion_tokens
@@ -673,7 +673,7 @@ class LosesTheDatabase(Store):
         self.fails = fails
 
     def _lose(self, what: str) -> None:
-        from store import StorageFailure
+        from gleaner.store import StorageFailure
 
         if self.fails == what:
             self.fails = ""  # once
@@ -695,8 +695,8 @@ class LosesTheDatabase(Store):
 def test_a_failed_model_call_settled_while_the_database_is_away_stays_on_the_job(
     make_store, backend, server
 ) -> None:
-    from harvest.errors import UnrecordedHarvest
-    from harvest.queue import run_job
+    from gleaner.harvest.errors import UnrecordedHarvest
+    from gleaner.harvest.queue import run_job
 
     made = make_store(backend, **model_settings(server))
     server.script(unauthorized())
@@ -718,7 +718,7 @@ def test_an_interrupted_run_keeps_the_calls_it_made_on_the_job(
 ) -> None:
     """A soft time limit (Celery raises it in the middle of whatever runs) or a defect after
     the model answered: the job is failed by the task, but its calls stay counted."""
-    import harvest.job
+    import gleaner.harvest.job
 
     class Interrupted(Exception):
         pass
@@ -726,14 +726,14 @@ def test_an_interrupted_run_keeps_the_calls_it_made_on_the_job(
     def interrupt(*_args: Any, **_kwargs: Any) -> Any:
         raise Interrupted
 
-    monkeypatch.setattr(harvest.job, "write_candidates", interrupt)
+    monkeypatch.setattr(gleaner.harvest.job, "write_candidates", interrupt)
     cost = _paid_run_raising(make_store, backend, server, Interrupted)
     assert cost == ("running", 1, 40, 9)
 
 
 def test_a_commit_whose_answer_was_lost_is_not_counted_twice(make_store, backend, server) -> None:
-    from harvest.queue import run_job
-    from store import StorageFailure
+    from gleaner.harvest.queue import run_job
+    from gleaner.store import StorageFailure
 
     made = make_store(backend, **model_settings(server))
     server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
@@ -755,13 +755,13 @@ def test_a_run_presumed_lost_that_commits_still_counts_its_calls(
     """Its lease ran out during the model call and another delivery took the job over: the
     run's notes commit (the ledger keeps them single), its finish changes nothing, and its
     calls are on the job all the same."""
-    import harvest.job
-    from harvest.queue import run_job
-    from store.schema.models import Job
+    import gleaner.harvest.job
+    from gleaner.harvest.queue import run_job
+    from gleaner.store.schema.models import Job
 
     store = make_store(backend, **model_settings(server))
     job_id = _one_job(store)
-    extract = harvest.job.extract_notes
+    extract = gleaner.harvest.job.extract_notes
 
     def taken_over_meanwhile(*args: Any, **kwargs: Any) -> Any:
         found = extract(*args, **kwargs)
@@ -771,7 +771,7 @@ def test_a_run_presumed_lost_that_commits_still_counts_its_calls(
             )
         return found
 
-    monkeypatch.setattr(harvest.job, "extract_notes", taken_over_meanwhile)
+    monkeypatch.setattr(gleaner.harvest.job, "extract_notes", taken_over_meanwhile)
     server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))
     outcome = run_job(store, job_id)
     assert outcome is not None and outcome["notes_written"] == 1
@@ -784,11 +784,11 @@ def test_a_failing_unlock_never_hides_the_error_on_its_way_out(
 ) -> None:
     """The lock's session died with the database: releasing it fails too, but the caller
     still gets the record's error, with what the calls cost."""
-    import harvest.job
-    from harvest.errors import UnrecordedHarvest
-    from harvest.job import harvest_transcript
-    from store import StorageFailure
-    from store.jobs.locks import TranscriptLock
+    import gleaner.harvest.job
+    from gleaner.harvest.errors import UnrecordedHarvest
+    from gleaner.harvest.job import harvest_transcript
+    from gleaner.store import StorageFailure
+    from gleaner.store.jobs.locks import TranscriptLock
 
     def lose_the_database(*_args: Any, **_kwargs: Any) -> Any:
         raise StorageFailure("the database went away", reason="test_database")
@@ -796,7 +796,7 @@ def test_a_failing_unlock_never_hides_the_error_on_its_way_out(
     def unlock_fails(self: TranscriptLock) -> None:
         raise StorageFailure("database error while locking a transcript", reason="test_unlock")
 
-    monkeypatch.setattr(harvest.job, "write_candidates", lose_the_database)
+    monkeypatch.setattr(gleaner.harvest.job, "write_candidates", lose_the_database)
     monkeypatch.setattr(TranscriptLock, "release", unlock_fails)
     store = make_store(backend, **model_settings(server))
     server.script(answer([note("Prefers tea")], prompt_tokens=40, completion_tokens=9))

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, select, text
 
-from harvest.job import extract_notes, look_up, plan_harvest, record_harvest
-from harvest.outcome import HarvestOutcome
-from harvest.queue import record_jobs, run_job
-from harvest.transcript import Transcript
-from store import Scope, StorageFailure, Store, TranscriptLock
-from store.jobs import ledger
-from store.jobs.locks import locks_for, transcript_key
-from store.owners import forget
-from store.schema.models import HarvestLedger, Job
+from gleaner.harvest.job import extract_notes, look_up, plan_harvest, record_harvest
+from gleaner.harvest.outcome import HarvestOutcome
+from gleaner.harvest.queue import record_jobs, run_job
+from gleaner.harvest.transcript import Transcript
+from gleaner.store import Scope, StorageFailure, Store, TranscriptLock
+from gleaner.store.jobs import ledger
+from gleaner.store.jobs.locks import locks_for, transcript_key
+from gleaner.store.owners import forget
+from gleaner.store.schema.models import HarvestLedger, Job
 from tests.conftest import test_settings
 from tests.llm_server import answer, llm_server, note
 from tests.samples import native

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select
 
-from harvest.job import harvest_transcript
-from harvest.llm import LLMAnswer
-from harvest.options import ModelOptions
-from harvest.queue import record_jobs, run_job
-from harvest.transcript import Message, Transcript
-from store import Scope, Store
-from store.notes import write_plan
-from store.schema.models import HarvestLedger, Job, Memory
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.llm import LLMAnswer
+from gleaner.harvest.options import ModelOptions
+from gleaner.harvest.queue import record_jobs, run_job
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store import Scope, Store
+from gleaner.store.notes import write_plan
+from gleaner.store.schema.models import HarvestLedger, Job, Memory
 from tests.llm_server import LLMServer, answer, llm_server, note
 
 pytestmark = pytest.mark.postgres

@@ -23,13 +23,13 @@ from sqlalchemy import select
 
 from gleaner.conversation import read_conversation
 from gleaner.errors import InvalidRequest
-from harvest.answer import parse_answer
-from harvest.batch import Summary, harvest_paths, read_all
-from harvest.errors import TranscriptFormatError, UnparseableAnswer
-from harvest.job import harvest_transcript
-from harvest.readers import read_bytes, read_path
-from store import Store
-from store.schema.models import HarvestLedger, Memory
+from gleaner.harvest.answer import parse_answer
+from gleaner.harvest.batch import Summary, harvest_paths, read_all
+from gleaner.harvest.errors import TranscriptFormatError, UnparseableAnswer
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.readers import read_bytes, read_path
+from gleaner.store import Store
+from gleaner.store.schema.models import HarvestLedger, Memory
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note, text_answer
 from tests.test_claude_code import ROLLOUT, SESSION, lines

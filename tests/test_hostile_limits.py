@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from cli import main
-from harvest.redact import redact_messages, redact_text
-from harvest.transcript import Message
-from privacy import redact_private
-from store import InvalidInput, Scope, Store, format_error
-from store.recall import index as index_mod
-from store.recall.index import strip_index_text
+from gleaner.cli import main
+from gleaner.harvest.redact import redact_messages, redact_text
+from gleaner.harvest.transcript import Message
+from gleaner.privacy import redact_private
+from gleaner.store import InvalidInput, Scope, Store, format_error
+from gleaner.store.recall import index as index_mod
+from gleaner.store.recall.index import strip_index_text
 
 ALICE = Scope.owner("alice")
 OPEN, CLOSE = "<gleaner-memory-index", "</gleaner-memory-index>"
@@ -202,7 +202,7 @@ def test_a_missing_path_is_named_with_its_private_span_redacted(
 def test_a_bad_command_line_is_quoted_with_its_private_spans_redacted(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cli import main
+    from gleaner.cli import main
 
     with pytest.raises(SystemExit) as exited:
         main(argv)

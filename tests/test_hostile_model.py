@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from harvest.answer import parse_answer
-from harvest.candidate import placeholder
-from harvest.errors import TransientModelError
-from harvest.job import harvest_transcript
-from harvest.litellm_client import litellm_call, load_litellm
-from harvest.openai_http import openai_call
-from harvest.options import ModelOptions
-from harvest.transcript import Message, Transcript
-from store import Store
-from store.schema.models import Job, Memory
+from gleaner.harvest.answer import parse_answer
+from gleaner.harvest.candidate import placeholder
+from gleaner.harvest.errors import TransientModelError
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.litellm_client import litellm_call, load_litellm
+from gleaner.harvest.openai_http import openai_call
+from gleaner.harvest.options import ModelOptions
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store import Store
+from gleaner.store.schema.models import Job, Memory
 from tests.llm_server import LLMServer, answer, llm_server, note, trickling
 from tests.samples import write_natives
 from tests.workers_harness import Cluster, cluster_store, fresh_cluster, wait_for

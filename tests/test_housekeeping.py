@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, event, func, insert, select, text
 
-from store import Scope, Store
-from store.housekeeping import dedupe, dedupe_settle
-from store.housekeeping.dedupe import DedupeResult
-from store.notes.overlap import Candidates, similar_groups
-from store.notes.terms import FactText, covers, disagreement, same_fact, similarity_terms
-from store.schema.models import HousekeepingState, Memory, MemoryTerm
-from store.text import content_hash
+from gleaner.store import Scope, Store
+from gleaner.store.housekeeping import dedupe, dedupe_settle
+from gleaner.store.housekeeping.dedupe import DedupeResult
+from gleaner.store.notes.overlap import Candidates, similar_groups
+from gleaner.store.notes.terms import FactText, covers, disagreement, same_fact, similarity_terms
+from gleaner.store.schema.models import HousekeepingState, Memory, MemoryTerm
+from gleaner.store.text import content_hash
 from tests.conftest import PG_BASE_URL
 
 ALICE = Scope.owner("alice")

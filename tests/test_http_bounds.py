@@ -402,7 +402,7 @@ def test_serve_options_set_the_bounds(tmp_path: Path) -> None:
 
     env = service_env(f"sqlite:///{tmp_path / 'none.db'}")
     bad = subprocess.run(
-        [sys.executable, "-m", "cli", "serve", "--header-timeout", "0"],
+        [sys.executable, "-m", "gleaner.cli", "serve", "--header-timeout", "0"],
         env=env,
         capture_output=True,
         text=True,

@@ -93,7 +93,7 @@ def submit(api: Api, headers: dict[str, str], document: Any, **params: Any) -> h
 
 def test_the_app_declares_every_route_and_error(tmp_path: Path) -> None:
     # The fast tier's check: the app as built, without a server.
-    from service.http import create_app
+    from gleaner.service.http import create_app
 
     app = create_app(Gleaner(f"sqlite:///{tmp_path / 'none.db'}", settings=test_settings()))
     spec = app.openapi()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from cli import progress
-from harvest.outcome import HarvestOutcome, ImportTotals
-from store import Store
+from gleaner.cli import progress
+from gleaner.harvest.outcome import HarvestOutcome, ImportTotals
+from gleaner.store import Store
 from tests.cli_harness import EXAMPLES, Cli, cli, redis_url_for
 from tests.samples import write_chatgpt_export, write_natives
 from tests.workers_harness import Cluster, cluster_on
@@ -203,11 +203,11 @@ def test_an_import_is_recorded_in_batches_each_conversation_once(
     # Batches bound a transaction on a big export; none may drop or repeat a conversation.
     from sqlalchemy import text
 
-    import harvest.imports
+    import gleaner.harvest.imports
 
-    monkeypatch.setattr(harvest.imports, "RECORD_BATCH", 2)
+    monkeypatch.setattr(gleaner.harvest.imports, "RECORD_BATCH", 2)
     write_natives(tmp_path / "in", 5, owner="dana")
-    planned = harvest.imports.plan_import(store, tmp_path / "in", owner="dana")
+    planned = gleaner.harvest.imports.plan_import(store, tmp_path / "in", owner="dana")
     assert len(planned.job_ids) == len(set(planned.job_ids)) == 5
     with store.engine.connect() as conn:
         total = conn.execute(

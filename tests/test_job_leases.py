@@ -22,20 +22,20 @@ import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.engine import make_url
 
-from harvest.queue import record_jobs
-from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
-from harvest.transcript import Transcript
-from store import Store
-from store.jobs import leases as job_leases
-from store.jobs import queue as job_records
-from store.schema.models import HarvestLedger, Job, Memory, utcnow
+from gleaner.harvest.queue import record_jobs
+from gleaner.harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
+from gleaner.harvest.transcript import Transcript
+from gleaner.store import Store
+from gleaner.store.jobs import leases as job_leases
+from gleaner.store.jobs import queue as job_records
+from gleaner.store.schema.models import HarvestLedger, Job, Memory, utcnow
+from gleaner.workers.enqueue import requeue_stale
+from gleaner.workers.waiting import job_id_of
 from tests.cli_harness import Cli
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, hang, llm_server, note
 from tests.samples import native
 from tests.workers_harness import Cluster, fresh_cluster, wait_for
-from workers.enqueue import requeue_stale
-from workers.waiting import job_id_of
 
 pytestmark = [pytest.mark.postgres]
 
@@ -55,7 +55,7 @@ def cluster(tmp_path: Path, worker_id: str) -> Iterator[Cluster]:
 
 def open_store(cluster: Cluster, **overrides: Any) -> Store:
     """A store (and the Celery app the sweep sends with) on the cluster's services."""
-    from workers.app import make_celery
+    from gleaner.workers.app import make_celery
 
     settings = test_settings(broker_url=cluster.env["GLEANER_BROKER_URL"], **overrides)
     make_celery(settings)
@@ -136,8 +136,8 @@ def kill_children(cluster: Cluster) -> None:
 
 
 def test_a_lease_must_outlast_two_heartbeats_and_the_sweep_runs_once_a_lease() -> None:
-    import beat_schedule
-    from store import ConfigError, load_settings
+    from gleaner import beat_schedule
+    from gleaner.store import ConfigError, load_settings
 
     with pytest.raises(ConfigError) as refused:
         load_settings(job_lease_seconds=60, job_heartbeat_seconds=30)
@@ -205,15 +205,15 @@ def test_leases_are_measured_by_postgresql_s_clock_not_the_workers(
     """Workers whose clocks disagree still agree on whose lease ran out: a worker an hour
     slow claims and renews, and neither a worker with a true clock nor a sweep an hour fast
     takes its job over (by the workers' clocks, its heartbeat would be an hour old)."""
-    import store.jobs.leases
-    import store.schema.sql
+    import gleaner.store.jobs.leases
+    import gleaner.store.schema.sql
 
     store_: Store = make_store("postgresql")
     [job_id] = record(store_, 1)
     lease = timedelta(seconds=60)
 
     def clock(offset: timedelta) -> None:
-        for module in (job_records, store.jobs.leases, store.schema.sql):
+        for module in (job_records, gleaner.store.jobs.leases, gleaner.store.schema.sql):
             monkeypatch.setattr(module, "utcnow", lambda: datetime.now(UTC) + offset)
 
     clock(-LONG_AGO)  # the holder's host
@@ -279,7 +279,7 @@ def test_a_message_given_back_while_its_run_goes_on_here_leaves_the_run_alone(
     import socket
     import subprocess
 
-    from harvest.queue import run_job
+    from gleaner.harvest.queue import run_job
 
     store: Store = make_store("postgresql")
     lease = timedelta(seconds=60)
@@ -323,9 +323,9 @@ def test_a_harvest_that_raises_a_defect_is_failed_with_it_and_not_run_again(
 ) -> None:
     """Not left running for its lease to call it a lost worker and run it (and its model
     calls) again up to GLEANER_JOB_MAX_CRASHES times."""
-    import harvest.queue
-    from workers import runtime
-    from workers.tasks import harvest as harvest_task
+    import gleaner.harvest.queue
+    from gleaner.workers import runtime
+    from gleaner.workers.tasks import harvest as harvest_task
 
     store: Store = make_store("postgresql")
     [job_id] = record(store, 1)
@@ -335,7 +335,7 @@ def test_a_harvest_that_raises_a_defect_is_failed_with_it_and_not_run_again(
     def defect(*_args: object, **_kwargs: object) -> None:
         raise KeyError("speaker")
 
-    monkeypatch.setattr(harvest.queue, "plan_harvest", defect)
+    monkeypatch.setattr(gleaner.harvest.queue, "plan_harvest", defect)
     result = harvest_task.apply(args=[job_id], task_id="delivery-1")
     assert result.failed() and isinstance(result.result, KeyError)
     failed = row(store, job_id)
@@ -409,7 +409,7 @@ def test_a_sent_message_is_the_harvest_of_its_job_on_its_queue_with_its_args_sho
 ) -> None:
     """send_jobs declares the queue once and gives each message its own ``argsrepr``
     (what Flower and task events show): the message is still Celery's, for its job."""
-    from workers.enqueue import send_jobs
+    from gleaner.workers.enqueue import send_jobs
 
     first, second = record(jobs_store, 2)
     assert send_jobs(IMPORT_QUEUE, [first, second]) == 2
@@ -429,7 +429,7 @@ def test_a_sent_message_is_the_harvest_of_its_job_on_its_queue_with_its_args_sho
 
 def harvest_app_limits() -> tuple[int, int]:
     """The sending app's own limits (set: they would travel without WORKER_LIMITS)."""
-    from workers.tasks import harvest
+    from gleaner.workers.tasks import harvest
 
     return harvest.app.conf.task_soft_time_limit, harvest.app.conf.task_time_limit
 
@@ -437,7 +437,7 @@ def harvest_app_limits() -> tuple[int, int]:
 def test_a_waiting_backlog_is_not_sent_again_but_a_lost_message_is(
     cluster: Cluster, jobs_store: Store
 ) -> None:
-    from workers.enqueue import send_jobs
+    from gleaner.workers.enqueue import send_jobs
 
     backlog = record(jobs_store, 200)
     send_jobs(LIVE_QUEUE, backlog)
@@ -482,9 +482,9 @@ def test_a_sweep_sends_at_most_send_limit_jobs_a_queue_and_the_next_sweep_the_re
 ) -> None:
     # After Redis lost everything, one sweep must not flood the queue and the broker in one
     # go: a bounded batch each minute until every lost job is sent again, each once.
-    import workers.enqueue
+    import gleaner.workers.enqueue
 
-    monkeypatch.setattr(workers.enqueue, "SEND_LIMIT", 50)
+    monkeypatch.setattr(gleaner.workers.enqueue, "SEND_LIMIT", 50)
     lost = record(jobs_store, 120)
     set_columns(jobs_store, lost, enqueued_at=utcnow() - LONG_AGO)
     cluster.redis().flushdb()
@@ -562,7 +562,7 @@ def test_a_whole_worker_killed_mid_model_call_is_recovered_and_harvested_once(
     doomed = cluster.start_worker(concurrency=1)
     cluster.start_beat()  # the sweep every 3 s (the lease)
     [job_id] = record(store, 1)
-    from workers.enqueue import send_jobs
+    from gleaner.workers.enqueue import send_jobs
 
     send_jobs(LIVE_QUEUE, [job_id])
     wait_calls(model, 1, 30)
@@ -613,7 +613,7 @@ def test_a_running_job_with_no_heartbeat_and_no_message_is_recovered(
 def test_a_message_for_a_failed_or_live_job_changes_nothing(
     cluster: Cluster, jobs_store: Store, model: LLMServer
 ) -> None:
-    from workers.enqueue import send_jobs
+    from gleaner.workers.enqueue import send_jobs
 
     use_model(cluster, model)
     failed, elsewhere = record(jobs_store, 2)
@@ -637,7 +637,7 @@ def test_a_message_for_a_failed_or_live_job_changes_nothing(
 def test_a_job_that_keeps_killing_its_worker_is_failed_with_the_reason(
     cluster: Cluster, jobs_store: Store, model: LLMServer
 ) -> None:
-    from workers.enqueue import send_jobs
+    from gleaner.workers.enqueue import send_jobs
 
     use_model(cluster, model)
     cluster.env["GLEANER_JOB_MAX_CRASHES"] = "2"
@@ -668,8 +668,8 @@ def test_a_job_that_keeps_killing_its_worker_is_failed_with_the_reason(
 def test_the_sweep_does_not_wait_behind_a_harvest_backlog(
     cluster: Cluster, jobs_store: Store
 ) -> None:
-    from workers.enqueue import send_jobs
-    from workers.housekeeping import requeue_stale as sweep_task
+    from gleaner.workers.enqueue import send_jobs
+    from gleaner.workers.housekeeping import requeue_stale as sweep_task
 
     send_jobs(LIVE_QUEUE, record(jobs_store, 40))
     sweep_task.apply_async()  # routed to housekeeping, sent after the whole backlog
@@ -687,7 +687,7 @@ def test_the_sweep_does_not_wait_behind_a_harvest_backlog(
 
 
 def test_a_database_retry_comes_back_before_the_lease_runs_out() -> None:
-    from workers.tasks import DB_RETRIES, db_retry_delay
+    from gleaner.workers.tasks import DB_RETRIES, db_retry_delay
 
     for lease in (5.0, 120.0, 600.0):
         waits = [db_retry_delay(n, lease) for n in range(DB_RETRIES) for _ in range(50)]

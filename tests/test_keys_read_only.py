@@ -20,8 +20,8 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from sqlalchemy import text
 
 from gleaner import Gleaner
-from service.http import create_app
-from store import Store
+from gleaner.service.http import create_app
+from gleaner.store import Store
 from tests.cli_harness import Cli, cli
 from tests.samples import native
 from tests.service_harness import free_port, service_env, start

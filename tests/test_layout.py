@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# Store modules (dotted under store) no code outside store may import (see store/__init__.py);
+# Store modules (dotted under store) no code outside the store may import (see
+# gleaner/store/__init__.py);
 # a package named here is internal whole.
 STORE_INTERNAL = frozenset(
     {
@@ -53,7 +54,9 @@ STORE_INTERNAL = frozenset(
         "sessions",
     }
 )
-# Which of our packages each package may import (besides itself).
+# Which of our layers each layer may import (besides itself). A layer is a sub-package of
+# gleaner (``store`` is "store"), or "gleaner", the public API's own modules
+# (gleaner/*.py), or the repository's bench and tests.
 # privacy (the <private> and secrets strip) sits at the bottom: every package may use it.
 MAY_IMPORT = {
     "privacy": set(),
@@ -64,9 +67,11 @@ MAY_IMPORT = {
     "cli": {"workers", "harvest", "store", "privacy", "gleaner", "service", "beat_schedule"},
     "gleaner": {"workers", "harvest", "store", "privacy"},
     "service": {"gleaner", "privacy"},
+    # The beat schedule is read by Celery beat and by workers.app: it names workers.tasks.
+    "beat_schedule": {"workers", "harvest", "store", "privacy"},
     "bench": {"cli", "workers", "harvest", "store", "privacy", "gleaner", "service", "tests"},
 }
-OURS = frozenset(MAY_IMPORT) | {"tests", "beat_schedule"}
+SUBPACKAGES = frozenset(MAY_IMPORT) - {"gleaner", "bench"}
 # Outside libraries a package must not use: harvest never runs Celery.
 NEVER = {
     "harvest": {"celery", "kombu"},
@@ -78,40 +83,70 @@ NEVER = {
 ALLOWED = {("bench", "store.schema.models"), ("bench", "store.recall.search_index")}
 
 
+def layer(module: str) -> tuple[str | None, str]:
+    """The layer a dotted module belongs to, and its name within gleaner
+    (``gleaner.store.api`` is ``("store", "store.api")``); ``None`` for outside libraries."""
+    parts = module.split(".")
+    if parts[0] in {"bench", "tests"}:
+        return parts[0], module
+    if parts[0] != "gleaner":
+        return None, module
+    if len(parts) > 1 and parts[1] in SUBPACKAGES:
+        return parts[1], ".".join(parts[1:])
+    return "gleaner", module
+
+
+def layer_files(package: str, root: Path) -> list[Path]:
+    """The source files of one layer."""
+    if package in {"bench", "tests"}:
+        return sorted((root / package).rglob("*.py"))
+    if package == "gleaner":
+        return sorted((root / "gleaner").glob("*.py"))
+    if package == "beat_schedule":
+        return [root / "gleaner" / "beat_schedule.py"]
+    return sorted((root / "gleaner" / package).rglob("*.py"))
+
+
 def imports(path: Path) -> Iterator[tuple[int, str, list[str]]]:
-    """Each ``(line, module, names)`` the file imports, relative imports resolved."""
+    """Each ``(line, module, names)`` the file imports, relative imports resolved;
+    ``from gleaner import store`` is read as an import of ``gleaner.store``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name, []
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.lineno, node.module, [alias.name for alias in node.names]
+            names = [alias.name for alias in node.names]
+            if node.module == "gleaner":
+                for name in [n for n in names if n in SUBPACKAGES]:
+                    yield node.lineno, f"gleaner.{name}", []
+                names = [n for n in names if n not in SUBPACKAGES]
+                if not names:
+                    continue
+            yield node.lineno, node.module, names
 
 
 def problems(package: str) -> list[str]:
     found = []
-    folder = ROOT.joinpath(*package.split("."))
-    for path in sorted(folder.rglob("*.py")):
+    for path in layer_files(package, ROOT):
         where = path.relative_to(ROOT)
         for line, module, names in imports(path):
-            top = module.split(".")[0]
-            if top in NEVER.get(package, ()):
+            top, short = layer(module)
+            if module.split(".")[0] in NEVER.get(package, ()):
                 found.append(f"{where}:{line}: {package} imports {module}")
-            if top not in OURS or top == package.split(".", maxsplit=1)[0]:
+            if top is None or top == package:
                 continue
             if top not in MAY_IMPORT[package]:
                 found.append(f"{where}:{line}: {package} may not import {top} ({module})")
-            if (package, module) in ALLOWED:
+            if (package, short) in ALLOWED:
                 continue
-            parts = module.split(".")
-            in_store = module == "store" or module.startswith("store.")
-            named = [f"{module}.{n}" for n in names] if in_store else []
-            for target in [module, *named]:
+            parts = short.split(".")
+            named = [f"{short}.{n}" for n in names] if top == "store" else []
+            for target in [short, *named]:
                 pieces = target.split(".")
                 inside = [".".join(pieces[1:k]) for k in range(2, len(pieces) + 1)]
-                if pieces[0] == "store" and any(name in STORE_INTERNAL for name in inside):
-                    found.append(f"{where}:{line}: store internal {target}")
+                if top == "store" and any(name in STORE_INTERNAL for name in inside):
+                    found.append(f"{where}:{line}: store internal gleaner.{target}")
             private = [n for n in names if n.startswith("_") and n != "__version__"]
             if private or any(p.startswith("_") and p != "__main__" for p in parts[1:]):
                 found.append(f"{where}:{line}: private name from {module}: {private}")
@@ -126,37 +161,33 @@ def test_package_imports_follow_the_layout(package: str) -> None:
 def test_the_check_finds_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule can fail: a harvest module reaching into the writer and Celery is caught."""
     fake_root = tmp_path
-    (fake_root / "harvest").mkdir()
-    (fake_root / "harvest" / "bad.py").write_text(
-        "from store.notes.writer import write_items\nimport celery\n"
-        "from store.recall.search import _x\n"
+    (fake_root / "gleaner" / "harvest").mkdir(parents=True)
+    (fake_root / "gleaner" / "harvest" / "bad.py").write_text(
+        "from gleaner.store.notes.writer import write_items\nimport celery\n"
+        "from gleaner.store.recall.search import _x\nfrom gleaner import workers\n"
     )
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", fake_root)
     found = problems("harvest")
-    assert any("store internal store.notes.writer" in p for p in found)
+    assert any("store internal gleaner.store.notes.writer" in p for p in found)
+    assert any("may not import workers" in p for p in found)
     assert any("imports celery" in p for p in found)
     assert any("private name" in p for p in found)
 
 
 # --- no import cycles, no long modules --------------------------------------------------
 
-# Our source packages: their modules may not import one another in a cycle, nor run long.
-SOURCE = ("privacy", "store", "harvest", "workers", "service", "gleaner", "cli")
+# The installed package's modules may not import one another in a cycle, nor run long.
 MAX_LINES = 400
 
 
 def our_modules() -> dict[str, Path]:
-    """Each module of the source packages (and ``beat_schedule``) by its dotted name."""
+    """Each module of the gleaner package by its dotted name."""
     found = {}
-    for top in SOURCE:
-        folder = ROOT / top
-        for path in sorted(folder.rglob("*.py")) if folder.is_dir() else ():
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-    if (ROOT / "beat_schedule.py").is_file():
-        found["beat_schedule"] = ROOT / "beat_schedule.py"
+    for path in sorted((ROOT / "gleaner").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
     return found
 
 
@@ -166,7 +197,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         for _, module, names in imports(path):
-            # `from harvest import job` imports harvest and the module harvest.job.
+            # `from gleaner.harvest import job` imports gleaner.harvest and gleaner.harvest.job.
             for target in (module, *(f"{module}.{n}" for n in names)):
                 if target in modules and target != name:
                     graph[name].add(target)
@@ -267,14 +298,16 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: Path, monkeypatch: pytest.Monke
     _fake_tree(
         tmp_path,
         {
-            "harvest/__init__.py": "",
-            "harvest/a.py": "def f():\n    from harvest.b import g\n",
-            "harvest/b.py": "from harvest import a\n",
-            "harvest/c.py": "import harvest.a\n",
+            "gleaner/harvest/__init__.py": "",
+            "gleaner/harvest/a.py": "def f():\n    from gleaner.harvest.b import g\n",
+            "gleaner/harvest/b.py": "from gleaner.harvest import a\n",
+            "gleaner/harvest/c.py": "import gleaner.harvest.a\n",
         },
     )
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
-    assert cycle_problems() == ["2 modules import one another: harvest.a -> harvest.b -> harvest.a"]
+    assert cycle_problems() == [
+        "2 modules import one another: gleaner.harvest.a -> gleaner.harvest.b -> gleaner.harvest.a"
+    ]
 
 
 def test_the_length_check_finds_a_long_module(
@@ -284,10 +317,10 @@ def test_the_length_check_finds_a_long_module(
     _fake_tree(
         tmp_path,
         {
-            "service/long.py": "x = 1\n" * 401,
-            "service/short.py": "x = 1\n" * 400,
-            "store/migrations/versions/0001_big.py": "x = 1\n" * 900,
+            "gleaner/service/long.py": "x = 1\n" * 401,
+            "gleaner/service/short.py": "x = 1\n" * 400,
+            "gleaner/store/migrations/versions/0001_big.py": "x = 1\n" * 900,
         },
     )
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
-    assert long_modules() == ["service/long.py: 401 lines, over 400: split it by concern"]
+    assert long_modules() == ["gleaner/service/long.py: 401 lines, over 400: split it by concern"]

@@ -21,18 +21,18 @@ from typing import Any
 
 import pytest
 
-import harvest.readers.files as files_module
-from harvest.batch import Summary, harvest_paths, read_all
-from harvest.chunks import PIECE_CHARS, chunk_sizes, cl100k, count_tokens, pack_chunks
-from harvest.errors import ContextWindowExceeded, TranscriptFormatError
-from harvest.imports import estimate
-from harvest.llm import LLMAnswer, Messages
-from harvest.model import extract
-from harvest.options import ModelOptions
-from harvest.prompt import render_message
-from harvest.readers import read_path
-from harvest.transcript import Limits, Message, Transcript
-from store import ConfigError, Store, load_settings
+import gleaner.harvest.readers.files as files_module
+from gleaner.harvest.batch import Summary, harvest_paths, read_all
+from gleaner.harvest.chunks import PIECE_CHARS, chunk_sizes, cl100k, count_tokens, pack_chunks
+from gleaner.harvest.errors import ContextWindowExceeded, TranscriptFormatError
+from gleaner.harvest.imports import estimate
+from gleaner.harvest.llm import LLMAnswer, Messages
+from gleaner.harvest.model import extract
+from gleaner.harvest.options import ModelOptions
+from gleaner.harvest.prompt import render_message
+from gleaner.harvest.readers import read_path
+from gleaner.harvest.transcript import Limits, Message, Transcript
+from gleaner.store import ConfigError, Store, load_settings
 from tests.conftest import test_settings
 from tests.test_readers import chatgpt_node, native, write_json
 
@@ -120,7 +120,7 @@ def test_an_openai_conversation_is_counted_before_its_id_is_hashed(
     def no_hashing(*_: object) -> str:
         raise AssertionError("the whole conversation was hashed before its size was checked")
 
-    monkeypatch.setattr("harvest.readers.native.openai_id", no_hashing)
+    monkeypatch.setattr("gleaner.harvest.readers.native.openai_id", no_hashing)
     path = write_json(tmp_path / "o.json", {"messages": chatty_messages(50)})
     ((_, reason),) = read_path(path, limits=SMALL).errors
     assert reason.startswith("too_large: ") and "50 messages" in reason
@@ -405,7 +405,7 @@ PEAK_KIB = (
 def test_counting_a_5_mb_word_keeps_memory_flat() -> None:
     # Before: ~46 bytes per character (231 MiB here for 5 MB; a 64 MB word took 3 GiB).
     probe = (
-        PEAK_KIB + "from harvest.chunks import cl100k, count_tokens, pack_chunks\n"
+        PEAK_KIB + "from gleaner.harvest.chunks import cl100k, count_tokens, pack_chunks\n"
         "assert cl100k() is not None\n"
         "count_tokens('warm up')\n"
         "before = peak_kib()\n"
@@ -602,7 +602,7 @@ def test_import_dry_run_of_a_500_mb_export_answers_at_once_in_bounded_memory(
     )
     probe = (
         PEAK_KIB + "import sys\n"
-        "from cli import main\n"
+        "from gleaner.cli import main\n"
         "code = main(sys.argv[1:])\n"
         "print(peak_kib() // 1024, file=sys.stderr)\n"
         "sys.exit(code)\n"
@@ -633,7 +633,7 @@ def test_import_dry_run_of_a_500_mb_export_answers_at_once_in_bounded_memory(
 
 
 def test_a_transcript_from_python_meets_the_limits_before_anything_else(make_store) -> None:
-    from harvest.job import harvest_transcript
+    from gleaner.harvest.job import harvest_transcript
 
     store = make_store("sqlite", max_transcript_bytes=100)
     big = Transcript(

@@ -8,8 +8,8 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import event, update
 
-from store import InvalidInput, LinkRefused, NotFound, Scope, Store, format_error
-from store.schema.models import ARCHIVED, Memory
+from gleaner.store import InvalidInput, LinkRefused, NotFound, Scope, Store, format_error
+from gleaner.store.schema.models import ARCHIVED, Memory
 
 ALICE = Scope.owner("alice")
 
@@ -191,7 +191,7 @@ def test_index_text_puts_pinned_bodies_first_within_budgets(make_store, backend:
 def test_similar_is_the_same_whether_candidates_come_from_rare_terms_or_all_terms(
     store: Store,
 ) -> None:
-    from store.notes import similar
+    from gleaner.store.notes import similar
 
     for i in range(12):
         put(store, f"Deploy the billing service {i % 3} on Fridays", ["ops"])
@@ -215,7 +215,7 @@ def test_similar_is_the_same_whether_candidates_come_from_rare_terms_or_all_term
 
 
 def test_many_probes_in_one_lookup_answer_as_each_probe_alone(store: Store) -> None:
-    from store.notes import similar
+    from gleaner.store.notes import similar
 
     for i in range(8):
         put(store, f"Deploy the billing service {i % 3} on Fridays", ["ops"])

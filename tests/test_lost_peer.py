@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from store import Scope, StorageFailure, Store
+from gleaner.store import Scope, StorageFailure, Store
 from tests.conftest import test_settings
 from tests.reliability.services import PG_USER, pg_bin_dir
 

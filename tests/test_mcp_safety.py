@@ -19,7 +19,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from gleaner import Gleaner
-from service.mcp import NoKeyRefused, allowed_hosts, is_loopback, needs_key, url_of
+from gleaner.service.mcp import NoKeyRefused, allowed_hosts, is_loopback, needs_key, url_of
 from tests.service_harness import Service, free_port, service_env, start
 
 LOOPBACK_SPELLINGS = ("127.0.0.1", "127.0.0.2", "::1", "0:0:0:0:0:0:0:1", "localhost")
@@ -182,7 +182,7 @@ def test_keys_are_required_by_default_and_checked_before_rebinding(
 )
 def test_no_key_off_loopback_is_refused_with_a_clear_error(host: str) -> None:
     refused = subprocess.run(
-        [sys.executable, "-m", "cli", *MCP_HTTP, "--host", host, "--no-key"],
+        [sys.executable, "-m", "gleaner.cli", *MCP_HTTP, "--host", host, "--no-key"],
         env=service_env("sqlite://"),
         capture_output=True,
         text=True,

@@ -19,7 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from gleaner import Gleaner
-from store import Store
+from gleaner.store import Store
 from tests.conftest import test_settings
 from tests.service_harness import free_port, service_env, start
 
@@ -30,7 +30,7 @@ Session = Callable[[ClientSession], Awaitable[None]]
 def stdio(database_url: str, session_test: Session, *args: str, **env: str) -> None:
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "cli", "mcp", *args],
+        args=["-m", "gleaner.cli", "mcp", *args],
         env=service_env(database_url, **env),
     )
 
@@ -61,7 +61,7 @@ async def refused(session: ClientSession, tool: str, **arguments: Any) -> str:
 
 def test_the_tools_take_no_owner() -> None:
     # The fast tier's check, on the server object itself: no tool lets an agent name a user.
-    from service.mcp import build_server
+    from gleaner.service.mcp import build_server
 
     gleaner = Gleaner("sqlite://", settings=test_settings())
     tools = anyio.run(build_server(gleaner, "alice").list_tools)
@@ -77,7 +77,7 @@ def test_refusals_never_quote_a_private_span_the_agent_sent(make_store: Any) -> 
     own rules refused it."""
     from mcp.server.mcpserver.exceptions import ToolError
 
-    from service.mcp import build_server
+    from gleaner.service.mcp import build_server
 
     server = build_server(Gleaner(store=make_store("sqlite")), "alice")
     secret = "<private>s3cret-77</private>"
@@ -171,7 +171,7 @@ def test_the_owner_comes_from_the_environment_or_is_required(
 
     stdio(store.database_url, session_test, GLEANER_MCP_OWNER="carol")
     missing = subprocess.run(
-        [sys.executable, "-m", "cli", "mcp"],
+        [sys.executable, "-m", "gleaner.cli", "mcp"],
         env=service_env(store.database_url),
         capture_output=True,
         text=True,

@@ -7,8 +7,8 @@ import hashlib
 import pytest
 from sqlalchemy import select
 
-from store import SaveResult, Scope, StorageFailure, Store
-from store.schema.models import Memory, MemSession
+from gleaner.store import SaveResult, Scope, StorageFailure, Store
+from gleaner.store.schema.models import Memory, MemSession
 
 ALICE = Scope.owner("alice")
 

@@ -20,12 +20,12 @@ from mcp import ClientSession
 from sqlalchemy import text
 
 from gleaner import Gleaner
-from harvest.job import harvest_transcript
-from harvest.transcript import Message, Transcript
-from store import InvalidInput, Store
-from store.db import alembic_config
-from store.notes.instructions import instruction_flag
-from store.recall.index import LEGEND
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store import InvalidInput, Store
+from gleaner.store.db import alembic_config
+from gleaner.store.notes.instructions import instruction_flag
+from gleaner.store.recall.index import LEGEND
 from tests.cli_harness import Cli, cli
 from tests.conftest import recreate_pg_database, test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note

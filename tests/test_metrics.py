@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gleaner import Gleaner
-from service.http import create_app
-from store import Store
+from gleaner.service.http import create_app
+from gleaner.store import Store
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.samples import native
 from tests.test_harvest_job import model_settings

@@ -10,9 +10,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from store import Store
-from store.db import alembic_config, current_revision
-from store.schema.models import Base
+from gleaner.store import Store
+from gleaner.store.db import alembic_config, current_revision
+from gleaner.store.schema.models import Base
 from tests.conftest import head_revision, recreate_pg_database, test_settings
 
 # Dialect-specific search structures live only in the migrations.
@@ -70,7 +70,7 @@ def test_downgrade_to_base_and_up_again(fresh_store: Store) -> None:
 def test_0012_gives_notes_with_a_long_word_its_term_and_takes_it_back(fresh_store: Store) -> None:
     from sqlalchemy import text
 
-    from store.notes.terms import similarity_terms
+    from gleaner.store.notes.terms import similarity_terms
 
     fresh_store.migrate()
     title = "Deploy key is " + "k" * 70

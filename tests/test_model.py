@@ -21,29 +21,29 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from harvest.answer import parse_answer
-from harvest.chunks import count_tokens, pack_chunks
-from harvest.errors import (
+from gleaner.harvest.answer import parse_answer
+from gleaner.harvest.chunks import count_tokens, pack_chunks
+from gleaner.harvest.errors import (
     ContextWindowExceeded,
     PermanentModelError,
     TransientModelError,
     TruncatedAnswer,
     UnparseableAnswer,
 )
-from harvest.litellm_client import (
+from gleaner.harvest.litellm_client import (
     litellm_call,
     litellm_format,
     load_litellm,
     map_litellm_error,
     retry_after_seconds,
 )
-from harvest.llm import LLMAnswer
-from harvest.model import MAX_HALVINGS, extract, merge_notes, resolve_llm
-from harvest.options import SETTING_OF, ModelOptions
-from harvest.prompt import build_messages, render_transcript, user_prompt
-from harvest.retry import call_with_retries
-from harvest.transcript import Message, Transcript
-from store import ConfigError, Settings
+from gleaner.harvest.llm import LLMAnswer
+from gleaner.harvest.model import MAX_HALVINGS, extract, merge_notes, resolve_llm
+from gleaner.harvest.options import SETTING_OF, ModelOptions
+from gleaner.harvest.prompt import build_messages, render_transcript, user_prompt
+from gleaner.harvest.retry import call_with_retries
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store import ConfigError, Settings
 from tests.conftest import test_settings
 from tests.llm_server import (
     Behaviour,
@@ -117,8 +117,8 @@ def server() -> Iterator[LLMServer]:
 def retries(caplog: pytest.LogCaptureFixture) -> Callable[[], list[logging.LogRecord]]:
     """The retry layer's records so far: one per retry, with ``retry_in`` (the wait it chose)
     and ``since_first`` (seconds from the first attempt when it chose it)."""
-    caplog.set_level(logging.WARNING, logger="harvest.retry")
-    return lambda: [r for r in caplog.records if r.name == "harvest.retry"]
+    caplog.set_level(logging.WARNING, logger="gleaner.harvest.retry")
+    return lambda: [r for r in caplog.records if r.name == "gleaner.harvest.retry"]
 
 
 Retries = Callable[[], list[logging.LogRecord]]
@@ -507,7 +507,7 @@ def test_context_window_error_that_never_fits_gives_up(
 def test_chunking_without_the_tokenizer_uses_a_byte_estimate(tmp_path: Path) -> None:
     # A tokenizer cache without the cl100k file: counts fall back to UTF-8 bytes / 3.
     probe = (
-        "from harvest.chunks import count_tokens, pack_chunks\n"
+        "from gleaner.harvest.chunks import count_tokens, pack_chunks\n"
         "assert count_tokens('abcdef') == 2\n"
         "assert count_tokens('日本語') == 3  # 9 UTF-8 bytes\n"
         f"block = {''.join(FILLER)!r} * 20 + '日本語' * 50\n"
@@ -744,7 +744,7 @@ def test_options_take_their_defaults_and_bounds_from_the_settings() -> None:
 
 
 def test_importing_harvest_model_does_not_import_litellm() -> None:
-    code = "import sys, harvest.model; sys.exit('litellm' in sys.modules)"
+    code = "import sys, gleaner.harvest.model; sys.exit('litellm' in sys.modules)"
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, check=False, timeout=60)
     assert done.returncode == 0

@@ -14,29 +14,29 @@ from typing import Any, get_args
 
 import pytest
 
-from harvest.answer import parse_answer
-from harvest.candidate import NoteCandidate
-from harvest.errors import (
+from gleaner.harvest.answer import parse_answer
+from gleaner.harvest.candidate import NoteCandidate
+from gleaner.harvest.errors import (
     PermanentModelError,
     ResponseFormatRejected,
     TransientModelError,
     UnparseableAnswer,
 )
-from harvest.formats import FORMATS, forget_formats
-from harvest.job import harvest_transcript
-from harvest.litellm_client import auto_format, litellm_call, load_litellm
-from harvest.model import extract
-from harvest.options import ModelOptions
-from harvest.prompt import (
+from gleaner.harvest.formats import FORMATS, forget_formats
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.litellm_client import auto_format, litellm_call, load_litellm
+from gleaner.harvest.model import extract
+from gleaner.harvest.options import ModelOptions
+from gleaner.harvest.prompt import (
     EXAMPLE_ANSWER,
     REASK_TEMPLATE,
     build_messages,
     render_transcript,
     response_schema,
 )
-from harvest.transcript import Message, Transcript
-from store import ConfigError, Scope, Settings, load_settings
-from store.schema.models import HarvestLedger, Memory
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store import ConfigError, Scope, Settings, load_settings
+from gleaner.store.schema.models import HarvestLedger, Memory
 from tests.conftest import test_settings
 from tests.llm_server import (
     LLAMA_CPP_SCHEMA_ERROR,

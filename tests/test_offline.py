@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harvest.candidate import NoteCandidate
-from harvest.offline import offline_extract
-from harvest.readers import iter_paths, read_path
-from harvest.transcript import Message, Transcript
-from store.settings import DEFAULT_OBSERVATION_TYPES as TYPES
+from gleaner.harvest.candidate import NoteCandidate
+from gleaner.harvest.offline import offline_extract
+from gleaner.harvest.readers import iter_paths, read_path
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store.settings import DEFAULT_OBSERVATION_TYPES as TYPES
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

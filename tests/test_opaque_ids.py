@@ -17,9 +17,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gleaner import Gleaner
-from service.http import create_app
-from service.mcp import build_server
-from store import Store
+from gleaner.service.http import create_app
+from gleaner.service.mcp import build_server
+from gleaner.store import Store
 from tests.cli_harness import Cli, cli
 
 __all__ = ["cli"]  # the fixture, used by name

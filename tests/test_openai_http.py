@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from harvest.errors import PermanentModelError, TransientModelError
-from harvest.litellm_client import litellm_call
-from harvest.model import resolve_llm
-from harvest.openai_http import _connection, openai_call, served_model
-from harvest.options import ModelOptions
+from gleaner.harvest.errors import PermanentModelError, TransientModelError
+from gleaner.harvest.litellm_client import litellm_call
+from gleaner.harvest.model import resolve_llm
+from gleaner.harvest.openai_http import _connection, openai_call, served_model
+from gleaner.harvest.options import ModelOptions
 from tests.llm_server import Behaviour, LLMServer, answer, llm_server, note
 
 MESSAGES = [{"role": "user", "content": "I use tabs."}]

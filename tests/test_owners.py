@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from cli import main
-from harvest.batch import Summary, harvest_paths, judge_owners
-from harvest.queue import record_jobs
-from store import InvalidInput, Scope, Store
-from store.schema.models import Job, Memory
-from store.text import check_principal
+from gleaner.cli import main
+from gleaner.harvest.batch import Summary, harvest_paths, judge_owners
+from gleaner.harvest.queue import record_jobs
+from gleaner.store import InvalidInput, Scope, Store
+from gleaner.store.schema.models import Job, Memory
+from gleaner.store.text import check_principal
 from tests.test_harvest_job import transcript
 
 

@@ -7,8 +7,8 @@ import time
 import pytest
 from sqlalchemy import create_engine, text
 
-from store import Store, db
-from store.errors import StorageFailure
+from gleaner.store import Store, db
+from gleaner.store.errors import StorageFailure
 from tests.conftest import PG_BASE_URL
 
 

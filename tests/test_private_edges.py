@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from harvest.batch import Summary, check_owners, read_all
-from harvest.errors import HarvestError
-from harvest.imports import plan_import
-from harvest.readers import read_path
-from harvest.redact import redact_transcript
-from store import InvalidInput, Scope, Store
-from store.errors import ReasonedError
-from store.notes import notes
-from store.schema.tables import IMPORTS
-from store.text import check_principal
+from gleaner.harvest.batch import Summary, check_owners, read_all
+from gleaner.harvest.errors import HarvestError
+from gleaner.harvest.imports import plan_import
+from gleaner.harvest.readers import read_path
+from gleaner.harvest.redact import redact_transcript
+from gleaner.store import InvalidInput, Scope, Store
+from gleaner.store.errors import ReasonedError
+from gleaner.store.notes import notes
+from gleaner.store.schema.tables import IMPORTS
+from gleaner.store.text import check_principal
 from tests.cli_harness import Cli, cli
 
 __all__ = ["cli"]  # the fixture, used by name
@@ -108,8 +108,8 @@ def test_import_paths_are_stored_and_shown_redacted(store: Store, tmp_path: Path
 
 
 def test_a_private_span_opened_inside_an_injected_index_stays_open() -> None:
-    from harvest.redact import redact_messages, redact_text
-    from harvest.transcript import Message
+    from gleaner.harvest.redact import redact_messages, redact_text
+    from gleaner.harvest.transcript import Message
 
     block = '<gleaner-memory-index scope="owner:alice" notes="1" seq="1">\n- Tea <private>'
     opened = f"{block}</gleaner-memory-index> my PIN is {SECRET}</private> and I like tea."

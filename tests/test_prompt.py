@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from harvest.prompt import (
+from gleaner.harvest.prompt import (
     EXAMPLE_ANSWER,
     build_messages,
     essentials,
@@ -20,8 +20,8 @@ from harvest.prompt import (
     system_prompt,
     user_prompt,
 )
-from harvest.transcript import Message
-from store.settings import DEFAULT_OBSERVATION_TYPES as TYPES
+from gleaner.harvest.transcript import Message
+from gleaner.store.settings import DEFAULT_OBSERVATION_TYPES as TYPES
 
 
 def _cl100k() -> Any:

@@ -16,7 +16,7 @@ import redis
 from sqlalchemy import text
 
 from gleaner import Conversation, Gleaner, InvalidRequest, NotFound, TooLarge, Unavailable
-from store import Store
+from gleaner.store import Store
 from tests.cli_harness import Cli
 from tests.samples import native
 from tests.workers_harness import REDIS_URL, redis_db_for, wait_for
@@ -71,13 +71,13 @@ def test_a_run_in_process_that_raises_leaves_its_job_failed_for_retry_not_runnin
     """No queue retries an in-process run and no sweep runs there: a run that raises (a
     defect, Ctrl-C; a database failure alike) marks its job failed with the reason, so
     `gleaner retry` runs it again."""
-    import harvest.queue
+    from gleaner.harvest import queue as harvest_queue
 
     def defect(*_args: object, **_kwargs: object) -> None:
         raise raised
 
     with monkeypatch.context() as patch:
-        patch.setattr(harvest.queue, "plan_harvest", defect)
+        patch.setattr(harvest_queue, "plan_harvest", defect)
         with pytest.raises(type(raised)):
             gleaner.submit(native(1, owner="alice"))
     with store.engine.connect() as conn:
@@ -301,8 +301,8 @@ def test_jobs_a_dead_process_left_are_run_again_by_retry_without_a_broker(
     import sys
     import time
 
-    from harvest.queue import record_jobs
-    from harvest.transcript import Transcript
+    from gleaner.harvest.queue import record_jobs
+    from gleaner.harvest.transcript import Transcript
     from tests.llm_server import answer, llm_server, note
 
     url = store.engine.url.render_as_string(hide_password=False)

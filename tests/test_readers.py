@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from harvest.batch import Summary, read_all
-from harvest.errors import TranscriptFormatError
-from harvest.readers import ReadResult, iter_paths, load, read_path
-from harvest.redact import redact_transcript
-from harvest.transcript import DEFAULT_LIMITS
+from gleaner.harvest.batch import Summary, read_all
+from gleaner.harvest.errors import TranscriptFormatError
+from gleaner.harvest.readers import ReadResult, iter_paths, load, read_path
+from gleaner.harvest.redact import redact_transcript
+from gleaner.harvest.transcript import DEFAULT_LIMITS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -10,12 +10,17 @@ from typing import Any
 
 import pytest
 
-from harvest.errors import HarvestError
-from harvest.queue import new_jobs
-from harvest.readers import read_path
-from harvest.redact import REDACTED_ID_PREFIX, redact_text, redact_transcript, transcript_hash
-from harvest.transcript import Message, Transcript
-from privacy import REDACTED, redact_private, strip_private
+from gleaner.harvest.errors import HarvestError
+from gleaner.harvest.queue import new_jobs
+from gleaner.harvest.readers import read_path
+from gleaner.harvest.redact import (
+    REDACTED_ID_PREFIX,
+    redact_text,
+    redact_transcript,
+    transcript_hash,
+)
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.privacy import REDACTED, redact_private, strip_private
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 INDEX_BLOCK = (

@@ -14,15 +14,15 @@ import pytest
 import redis
 from sqlalchemy import func, select, update
 
-from store import Store
-from store.schema.models import Job
+from gleaner.store import Store
+from gleaner.store.schema.models import Job
+from gleaner.workers.enqueue import redis_losses
 from tests.cli_harness import Cli
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, llm_server, note, slow
 from tests.reliability.services import Redis
 from tests.samples import write_natives
 from tests.workers_harness import Cluster, cluster_env, migrated_pg_database, wait_for
-from workers.enqueue import redis_losses
 
 MiB = 1 << 20
 FILLER = b"x" * 64 * 1024
@@ -46,7 +46,7 @@ def database(
 ) -> str:
     if request.param == "postgresql":
         return migrated_pg_database(f"gleaner_redis_full_{worker_id}")
-    path = tmp_path / "store.db"
+    path = tmp_path / "gleaner.store.db"
     shutil.copy(sqlite_template, path)
     return f"sqlite:///{path}"
 
@@ -225,8 +225,8 @@ def test_health_passes_a_noeviction_redis_with_room(
 def test_a_worker_waiting_for_room_backs_off_and_says_so_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from workers.broker_memory import HEADROOM_BYTES, BrokerMemory
-    from workers.memory_gate import wait_for_room
+    from gleaner.workers.broker_memory import HEADROOM_BYTES, BrokerMemory
+    from gleaner.workers.memory_gate import wait_for_room
 
     full = BrokerMemory(used=10 * MiB, maxmemory=10 * MiB, policy="noeviction")
     near = BrokerMemory(
@@ -261,16 +261,16 @@ def test_after_losses_the_sweep_keeps_the_short_wait_until_every_lost_job_is_sen
     # rest at once, not GLEANER_REQUEUE_AFTER_SECONDS (15 minutes) later.
     from datetime import timedelta
 
-    import workers.enqueue
-    from harvest.queue import record_jobs
-    from harvest.queues import LIVE_QUEUE
-    from harvest.transcript import Transcript
-    from store.schema.models import utcnow
+    import gleaner.workers.enqueue
+    from gleaner.harvest.queue import record_jobs
+    from gleaner.harvest.queues import LIVE_QUEUE
+    from gleaner.harvest.transcript import Transcript
+    from gleaner.store.schema.models import utcnow
+    from gleaner.workers.app import make_celery
+    from gleaner.workers.enqueue import requeue_stale
     from tests.samples import native
-    from workers.app import make_celery
-    from workers.enqueue import requeue_stale
 
-    monkeypatch.setattr(workers.enqueue, "SEND_LIMIT", 50)
+    monkeypatch.setattr(gleaner.workers.enqueue, "SEND_LIMIT", 50)
     settings = test_settings(broker_url=broker.url(), requeue_after_seconds=900)
     make_celery(settings)
     opened = Store(database, settings=settings)

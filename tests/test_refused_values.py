@@ -17,9 +17,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from sqlalchemy import text
 
 from gleaner import Gleaner, InvalidRequest
-from service.http import create_app
-from service.mcp import build_server
-from store import Store
+from gleaner.service.http import create_app
+from gleaner.service.mcp import build_server
+from gleaner.store import Store
 from tests.cli_harness import Cli, cli
 
 __all__ = ["cli"]  # the fixture, used by name

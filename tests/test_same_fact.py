@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from cli import main
-from harvest.batch import harvest_paths
-from harvest.job import harvest_transcript
-from harvest.queue import record_jobs
-from harvest.readers.load import read_path
-from store import Scope, Store
-from store.notes.terms import (
+from gleaner.cli import main
+from gleaner.harvest.batch import harvest_paths
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.queue import record_jobs
+from gleaner.harvest.readers.load import read_path
+from gleaner.store import Scope, Store
+from gleaner.store.notes.terms import (
     FactText,
     content_terms,
     disagreement,
@@ -33,8 +33,8 @@ from store.notes.terms import (
     score,
     similarity_terms,
 )
-from store.schema.models import Job, Memory, MemoryVersion
-from store.text import normalize_topics
+from gleaner.store.schema.models import Job, Memory, MemoryVersion
+from gleaner.store.text import normalize_topics
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.test_harvest_job import model_settings, transcript
 
@@ -75,7 +75,7 @@ def test_content_terms_are_the_same_from_threads_sharing_the_cache(
     # Dedupe reads ahead on a thread; the HTTP service runs requests on threads. A shared
     # stemmer gave wrong stems or IndexError there, and a cache cleared by one thread a
     # KeyError in another: a small cache and frequent switches make both show at once.
-    from store.notes import fact_terms
+    from gleaner.store.notes import fact_terms
 
     monkeypatch.setattr(fact_terms, "TERM_CACHE_SIZE", 300)
     rng = random.Random(7)
@@ -284,7 +284,7 @@ def test_every_change_of_title_or_body_keeps_the_text_it_replaces(store: Store) 
 
 
 def test_a_batch_that_rewrites_a_note_twice_keeps_both_earlier_texts(store: Store) -> None:
-    from store.notes import notes
+    from gleaner.store.notes import notes
 
     store.mem_save("alice", "nano", type="preference", title="Editor", topic_key="ed")
     with store.transaction() as session:
@@ -316,7 +316,7 @@ def test_forget_deletes_the_history_too(store: Store) -> None:
 
 
 def test_history_of_a_missing_note_is_not_found(store: Store) -> None:
-    from store import NotFound
+    from gleaner.store import NotFound
 
     with pytest.raises(NotFound):
         store.history(ALICE, "nothing-here")
@@ -433,8 +433,8 @@ def test_write_lists_as_similar_only_notes_from_the_similar_threshold(make_store
 
 
 def test_the_ledger_check_reads_the_keys_only_while_there_is_work(store: Store) -> None:
-    from store.jobs import ledger
-    from store.notes.keyed import KeyedNote
+    from gleaner.store.jobs import ledger
+    from gleaner.store.notes.keyed import KeyedNote
 
     for n in range(3):
         store.mem_save("alice", f"fact {n}", type="profile", title=f"Fact {n}", topic_key=f"k/{n}")
@@ -450,7 +450,7 @@ def test_the_ledger_check_reads_the_keys_only_while_there_is_work(store: Store) 
 
 
 def ledger_entry(digest: str, version: str) -> Any:
-    from store.jobs.ledger import LedgerEntry
+    from gleaner.store.jobs.ledger import LedgerEntry
 
     counts = dict.fromkeys(
         ("notes_written", "notes_updated", "notes_skipped", "items_dropped", "model_calls"), 0
@@ -472,7 +472,7 @@ def test_harvest_never_rewrites_a_pinned_or_person_written_note_through_its_key(
     make_store, backend, server
 ) -> None:
     store = make_store(backend, **model_settings(server))
-    from store.notes import notes
+    from gleaner.store.notes import notes
 
     with store.transaction() as session:
         notes.write(
@@ -584,7 +584,7 @@ def test_cli_reassign_owner_needs_an_owner(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_a_queued_job_shows_the_model_the_owners_topic_keys(make_store, server) -> None:
-    from harvest.queue import run_job
+    from gleaner.harvest.queue import run_job
 
     store = make_store("sqlite", **model_settings(server))
     store.mem_save("alice", "Lisbon", type="profile", title="Lives in Lisbon", topic_key="p/city")
@@ -634,8 +634,8 @@ def test_a_blank_topic_key_from_the_model_is_no_key(make_store, backend, server)
 
 @pytest.mark.parametrize("key", ["", "   "])
 def test_a_blank_topic_key_is_refused_by_the_store(store: Store, key: str) -> None:
-    from store import InvalidInput
-    from store.notes import notes
+    from gleaner.store import InvalidInput
+    from gleaner.store.notes import notes
 
     with pytest.raises(InvalidInput) as refused, store.transaction() as session:
         notes.write(session, store.settings, ALICE, {"title": "t", "body": "b"}, topic_key=key)

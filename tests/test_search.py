@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from store import InvalidInput, Scope, StorageFailure, Store
-from store.recall.search_terms import note_terms, query_terms
+from gleaner.store import InvalidInput, Scope, StorageFailure, Store
+from gleaner.store.recall.search_terms import note_terms, query_terms
 
 ALICE = Scope.owner("alice")
 

@@ -31,12 +31,12 @@ from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
 from gleaner import Gleaner
-from harvest.job import harvest_transcript
-from harvest.redact import redact_transcript, transcript_hash
-from harvest.transcript import Message, Transcript
-from privacy import REDACTED, redact, strip_private
-from store import Scope, Store
-from store.schema.models import Job
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.redact import redact_transcript, transcript_hash
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.privacy import REDACTED, redact, strip_private
+from gleaner.store import Scope, Store
+from gleaner.store.schema.models import Job
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.service_harness import service_env, start_http
@@ -357,7 +357,7 @@ def test_a_secret_saved_over_mcp_is_nowhere(worker_database: str, tmp_path: Path
     log = tmp_path / "mcp-stderr.log"
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "cli", "mcp", "--owner", "alice"],
+        args=["-m", "gleaner.cli", "mcp", "--owner", "alice"],
         env=service_env(worker_database),
     )
     saved: list[Any] = []

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from cli import main
 from gleaner import Gleaner
-from store import Scope, Store
-from store.recall import vectors as note_vectors
+from gleaner.cli import main
+from gleaner.store import Scope, Store
+from gleaner.store.recall import vectors as note_vectors
 from tests.embed_server import EmbedServer, Reply, embed_server, hang, server_error
 
 ALICE = Scope.owner("alice")
@@ -70,8 +70,8 @@ def test_local_embedder_finds_what_no_word_matches(make_store, backend: str) -> 
     gleaner = Gleaner(store=store)
     question = "Does she have any pets?"
     assert gleaner.search("alice", question) == []  # lexical: no note says "pet"
-    from harvest.embed_notes import embed_pending
-    from harvest.embedding import embedder_for
+    from gleaner.harvest.embed_notes import embed_pending
+    from gleaner.harvest.embedding import embedder_for
 
     embedder = embedder_for(store.settings)
     assert embedder is not None
@@ -112,8 +112,8 @@ def test_submit_in_process_embeds_its_notes_and_a_failing_server_loses_nothing(
     hits = gleaner.search("alice", "linter")
     assert [h.backend for h in hits] == ["bm25"]
     # Back up: the backfill gives the note its vector.
-    from harvest.embed_notes import embed_pending
-    from harvest.embedding import embedder_for
+    from gleaner.harvest.embed_notes import embed_pending
+    from gleaner.harvest.embedding import embedder_for
 
     embedder = embedder_for(store.settings)
     assert embedder is not None
@@ -136,8 +136,8 @@ def test_a_wrong_answer_stores_no_vector(
     store = make_store(backend, **served(server))
     store.write(ALICE, {"title": "Adopted Biscuit", "body": "A beagle."})
     store.write(ALICE, {"title": "Works at Globex", "body": "Data engineer."})
-    from harvest.embed_notes import embed_pending
-    from harvest.embedding import embedder_for
+    from gleaner.harvest.embed_notes import embed_pending
+    from gleaner.harvest.embedding import embedder_for
 
     embedder = embedder_for(store.settings)
     assert embedder is not None
@@ -164,8 +164,8 @@ def test_vectors_never_cross_owners(make_store, backend: str) -> None:
     store = make_store(backend, embed_model=LOCAL)
     store.write(ALICE, {"title": "Adopted Biscuit", "body": "A beagle puppy."})
     store.write(Scope.owner("bob"), {"title": "Adopted Rex", "body": "A terrier puppy."})
-    from harvest.embed_notes import embed_pending
-    from harvest.embedding import embedder_for
+    from gleaner.harvest.embed_notes import embed_pending
+    from gleaner.harvest.embedding import embedder_for
 
     embedder = embedder_for(store.settings)
     assert embedder is not None

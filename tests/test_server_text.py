@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from harvest.candidate import NoteCandidate
-from harvest.job import harvest_transcript
-from harvest.queue import record_jobs, run_job
-from store import Store
-from store.schema.models import HarvestLedger, Job, Memory
-from store.text import MODEL_MAX_CHARS, storable
+from gleaner.harvest.candidate import NoteCandidate
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.queue import record_jobs, run_job
+from gleaner.store import Store
+from gleaner.store.schema.models import HarvestLedger, Job, Memory
+from gleaner.store.text import MODEL_MAX_CHARS, storable
 from tests.llm_server import Behaviour, LLMServer, answer, llm_server, note
 from tests.test_harvest_job import model_settings, rows, transcript
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from store import ConfigError, load_settings
-from store.settings import DEFAULT_OBSERVATION_TYPES
+from gleaner.store import ConfigError, load_settings
+from gleaner.store.settings import DEFAULT_OBSERVATION_TYPES
 
 SEED_KEYS = [
     "max_body_bytes",

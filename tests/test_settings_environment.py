@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from store import ConfigError, load_settings
-from store.settings import TOOLING_PREFIXES, known_variables, unknown_variables
+from gleaner.store import ConfigError, load_settings
+from gleaner.store.settings import TOOLING_PREFIXES, known_variables, unknown_variables
 
 ROOT = Path(__file__).parent.parent
 
@@ -106,7 +106,7 @@ def test_start_up_warns_once_on_stderr_and_goes_on(tmp_path: Path) -> None:
         "GLEANER_HARVEST_MODLE": "openai/gpt-4o-mini",
         "GLEANER_TEST_DB_SUFFIX": "_x",
     }
-    code = "from store import load_settings; load_settings(); load_settings()"
+    code = "from gleaner.store import load_settings; load_settings(); load_settings()"
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
     )

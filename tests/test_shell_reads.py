@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cli import main
-from store import InvalidInput, NotFound, Scope, Store
-from store.recall.search import content_words
+from gleaner.cli import main
+from gleaner.store import InvalidInput, NotFound, Scope, Store
+from gleaner.store.recall.search import content_words
 
 ALICE = Scope.owner("alice")
 BOB = Scope.owner("bob")
@@ -204,7 +204,7 @@ def test_notes_list_pin_unpin_delete(cli_store: Store, capsys: pytest.CaptureFix
 def run_gleaner(url: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GLEANER_")}
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
+        [sys.executable, "-m", "gleaner.cli", *args],
         env={**clean, "GLEANER_DATABASE_URL": url},
         cwd=cwd,
         capture_output=True,

@@ -14,8 +14,8 @@ from importlib import import_module
 
 import pytest
 
-from cli import COMMAND_GROUPS, build_parser
-from store import Scope, Store
+from gleaner.cli import COMMAND_GROUPS, build_parser
+from gleaner.store import Scope, Store
 from tests.conftest import test_settings
 
 # Loaded by a read command on SQLite, none of these would be used: the ORM and the models
@@ -23,8 +23,8 @@ from tests.conftest import test_settings
 # and driver, the harvester, the model client, the broker, the terminal UI.
 NEVER_LOADED = (
     "sqlalchemy.orm",
-    "store.schema.models",
-    "store.notes.writer",
+    "gleaner.store.schema.models",
+    "gleaner.store.notes.writer",
     "alembic",
     "sqlalchemy.dialects.postgresql",
     "psycopg",
@@ -39,7 +39,7 @@ PROBE = """
 import json, sys
 prelude, never = sys.argv[1], json.loads(sys.argv[2])
 exec(prelude)
-from cli import main
+from gleaner.cli import main
 code = main(sys.argv[3:])
 loaded = sorted(
     name for name in sys.modules
@@ -115,26 +115,31 @@ def loads(code: str, *modules: str) -> list[str]:
 
 
 def test_importing_the_store_loads_only_what_is_asked_for() -> None:
-    assert loads("import store", "pydantic", "sqlalchemy") == []
-    searching = loads("import store.recall.search", "sqlalchemy.orm", "store.schema.models")
+    assert loads("from gleaner import store", "pydantic", "sqlalchemy") == []
+    searching = loads(
+        "import gleaner.store.recall.search", "sqlalchemy.orm", "gleaner.store.schema.models"
+    )
     assert searching == []
-    assert loads("import store.recall.search", "store.api") == []
-    assert loads("from store import Store", "sqlalchemy.orm") == []  # a session: the ORM
-    assert loads("from store import Scope", "store.schema.models", "store.api") == []
+    assert loads("import gleaner.store.recall.search", "gleaner.store.api") == []
+    assert loads("from gleaner.store import Store", "sqlalchemy.orm") == []  # a session: the ORM
+    assert (
+        loads("from gleaner.store import Scope", "gleaner.store.schema.models", "gleaner.store.api")
+        == []
+    )
 
 
 def test_every_public_name_of_the_store_is_there() -> None:
     """Names imported on first use (PEP 562) are still the package's, each from its home."""
-    import store
+    from gleaner import store
 
     for name in store.__all__:
         value = getattr(store, name)
         assert value is not None, name
-    from store import Note, Settings, Store, load_settings
-    from store.api import Store as Home
-    from store.schemas import Note as NoteHome
-    from store.settings import Settings as SettingsHome
-    from store.settings import load_settings as load_home
+    from gleaner.store import Note, Settings, Store, load_settings
+    from gleaner.store.api import Store as Home
+    from gleaner.store.schemas import Note as NoteHome
+    from gleaner.store.settings import Settings as SettingsHome
+    from gleaner.store.settings import load_settings as load_home
 
     assert (Store, Note, Settings, load_settings) == (Home, NoteHome, SettingsHome, load_home)
     with pytest.raises(AttributeError):
@@ -147,7 +152,7 @@ def test_a_command_builds_only_its_groups_parser() -> None:
     listed = []
     for group, names in COMMAND_GROUPS.items():
         sub = argparse.ArgumentParser().add_subparsers()
-        import_module(f"cli.{group}").register(sub)
+        import_module(f"gleaner.cli.{group}").register(sub)
         assert tuple(sub.choices) == names, group
         listed.extend(names)
     assert len(listed) == len(set(listed))
@@ -156,10 +161,10 @@ def test_a_command_builds_only_its_groups_parser() -> None:
         alone, full = build_parser(argv[0]).parse_args(argv), build_parser().parse_args(argv)
         assert vars(alone) == vars(full)
     code = (
-        "import sys\nfrom cli import main\n"
+        "import sys\nfrom gleaner.cli import main\n"
         "try:\n    main(sys.argv[1:])\nfinally:\n    print(sorted(sys.modules))"
     )
     argv = [sys.executable, "-c", code, "search", "--help"]
     ran = subprocess.run(argv, check=False, capture_output=True, text=True)
     assert ran.returncode == 0 and "usage: gleaner search" in ran.stdout
-    assert "cli.read" in ran.stdout and "cli.operate" not in ran.stdout
+    assert "gleaner.cli.read" in ran.stdout and "gleaner.cli.operate" not in ran.stdout

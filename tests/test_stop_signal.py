@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 
-from harvest.model import extract
-from harvest.options import ModelOptions
-from harvest.transcript import Message, Transcript
+from gleaner.harvest.model import extract
+from gleaner.harvest.options import ModelOptions
+from gleaner.harvest.transcript import Message, Transcript
 from tests.llm_server import Behaviour, LLMServer, llm_server, slow
 
 CHAT = Transcript(
@@ -54,7 +54,7 @@ def test_soft_time_limit_inside_a_model_call_is_not_retried(
         max_attempts=4,
         backoff_seconds=0.02,
     )
-    caplog.set_level(logging.WARNING, logger="harvest.retry")
+    caplog.set_level(logging.WARNING, logger="gleaner.harvest.retry")
 
     def fire(_signum: int, _frame: FrameType | None) -> None:
         raise SoftTimeLimitExceeded()  # as Celery's soft time limit does, in the main thread
@@ -67,4 +67,4 @@ def test_soft_time_limit_inside_a_model_call_is_not_retried(
         signal.signal(signal.SIGALRM, previous)
     # Raised out of the first attempt: no retry was planned, none made.
     assert server.calls == 1
-    assert [r for r in caplog.records if r.name == "harvest.retry"] == []
+    assert [r for r in caplog.records if r.name == "gleaner.harvest.retry"] == []

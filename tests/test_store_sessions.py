@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import insert, select, text
 from sqlalchemy.exc import DBAPIError
 
-from store import Executor, StorageFailure, Store, StoreError
-from store.schema.models import HousekeepingState
+from gleaner.store import Executor, StorageFailure, Store, StoreError
+from gleaner.store.schema.models import HousekeepingState
 
 # An opening statement for ``Store.connection``: one that does nothing.
 OPEN = [(text("SELECT 1"), {})]

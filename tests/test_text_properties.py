@@ -8,8 +8,8 @@ import re
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from privacy import REDACTED, strip_private
-from store.text import content_hash, normalize_topics, slugify, snippet, topics
+from gleaner.privacy import REDACTED, strip_private
+from gleaner.store.text import content_hash, normalize_topics, slugify, snippet, topics
 
 SLUG = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 TOPIC = re.compile(r"^[\w.\-]+$")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from harvest.job import harvest_transcript
-from harvest.transcript import Message, Transcript
-from store import Scope, Store
+from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store import Scope, Store
 from tests.llm_server import LLMServer, answer, llm_server, note
 
 ALICE = Scope.owner("alice")
@@ -111,7 +111,7 @@ def test_a_folder_import_runs_each_owners_conversations_oldest_first(
     make_store, backend: str, server: LLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Written newest first on disk, imported oldest first: the live text is the newest."""
-    from cli import main
+    from gleaner.cli import main
 
     store = model_store(make_store, backend, server)
     folder = tmp_path / "export"

@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from store import Scope, Store
-from store.recall import vectors as note_vectors
+from gleaner.store import Scope, Store
+from gleaner.store.recall import vectors as note_vectors
 
 ALICE = Scope.owner("alice")
 BOB = Scope.owner("bob")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from store import Store
+from gleaner.store import Store
 from tests.llm_server import answer, llm_server, note
 
 pytestmark = pytest.mark.postgres
@@ -27,14 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 FORKED = """
 import os, sys
 from celery.signals import worker_init, worker_process_init
-import workers.app  # noqa: F401  (as `gleaner worker` does before starting Celery)
+import gleaner.workers.app  # noqa: F401  (as `gleaner worker` does before starting Celery)
 from sqlalchemy import text
-from workers import runtime
+from gleaner.workers import runtime
 
-assert "harvest.queue" not in sys.modules and "psycopg" not in sys.modules
+assert "gleaner.harvest.queue" not in sys.modules and "psycopg" not in sys.modules
 worker_init.send(sender=None)
 # The task's import chain and the database driver are paid before forking.
-assert {"harvest.queue", "store.schema.models", "psycopg"} <= set(sys.modules), "not warmed"
+warmed = {"gleaner.harvest.queue", "gleaner.store.schema.models", "psycopg"}
+assert warmed <= set(sys.modules), "not warmed"
 parent = runtime.store()
 with parent.engine.connect() as conn:  # the main process holds a pooled connection
     parent_backend = conn.execute(text("select pg_backend_pid()")).scalar()
@@ -91,11 +92,11 @@ def test_child_inherits_the_warm_store_with_its_own_connections(pg_url: str, mod
 WARMED_JOB = """
 import sys
 from celery.signals import worker_init
-import workers.app  # noqa: F401  (as `gleaner worker` does before starting Celery)
-from harvest.queue import record_jobs, run_job
-from harvest.transcript import Transcript
-from store.schema.models import Base
-from workers import runtime
+import gleaner.workers.app  # noqa: F401  (as `gleaner worker` does before starting Celery)
+from gleaner.harvest.queue import record_jobs, run_job
+from gleaner.harvest.transcript import Transcript
+from gleaner.store.schema.models import Base
+from gleaner.workers import runtime
 
 worker_init.send(sender=None)
 # SQLAlchemy's own flag: mappers added since the last configuration (none left).
@@ -109,11 +110,11 @@ transcript = Transcript.model_validate({
 imported = set(sys.modules)  # the producer's modules are not the worker's
 print(run_job(store, job_id)["status"])
 write_path = (
-    "store.jobs.queue",
-    "store.jobs.locks",
-    "store.jobs.ledger",
-    "store.owners.forget",
-    "store.notes.write",
+    "gleaner.store.jobs.queue",
+    "gleaner.store.jobs.locks",
+    "gleaner.store.jobs.ledger",
+    "gleaner.store.owners.forget",
+    "gleaner.store.notes.write",
 )
 for name in sorted(set(sys.modules) - imported):
     if name.startswith(write_path):

@@ -1,4 +1,4 @@
-"""A worker that stops taking messages exits (workers/watchdog.py), and only then.
+"""A worker that stops taking messages exits (gleaner/workers/watchdog.py), and only then.
 
 The rule is checked on its own; then real workers: one whose consumer is cancelled while a
 job waits (how the kombu reconnect race leaves a worker: up, never consuming) exits with
@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from store import Settings, Store
-from store.schema.models import Job
+from gleaner.store import Settings, Store
+from gleaner.store.schema.models import Job
+from gleaner.workers.watchdog import EX_SOFTWARE, Stall
 from tests.llm_server import LLMServer, answer, llm_server, note, slowly
 from tests.samples import write_natives
 from tests.workers_harness import Cluster, cluster_store, fresh_cluster, wait_for
-from workers.watchdog import EX_SOFTWARE, Stall
 
 # --- the rule -------------------------------------------------------------------------------
 
@@ -98,7 +98,7 @@ def done(store: Store) -> int:
 def test_a_worker_that_stops_consuming_exits_and_loses_nothing(
     cluster: Cluster, store: Store, model: LLMServer
 ) -> None:
-    from workers.app import make_celery
+    from gleaner.workers.app import make_celery
 
     worker = cluster.start_worker("harvest", 1, GLEANER_WORKER_STALL_SECONDS="3")
     app = make_celery(Settings(broker_url=cluster.env["GLEANER_BROKER_URL"]))
@@ -139,7 +139,7 @@ def test_an_idle_worker_and_a_busy_one_stay_up(
 
 
 def test_stall_seconds_zero_leaves_the_watchdog_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.watchdog import Watchdog
+    from gleaner.workers.watchdog import Watchdog
 
     monkeypatch.setenv("GLEANER_WORKER_STALL_SECONDS", "0")
     assert not Watchdog(None).include_if(None)
@@ -154,7 +154,7 @@ def test_a_broker_that_does_not_answer_never_ends_the_worker(
     # starts over) and never exits, however long it lasts.
     from types import SimpleNamespace
 
-    from workers.watchdog import Watchdog
+    from gleaner.workers.watchdog import Watchdog
 
     monkeypatch.setenv("GLEANER_WORKER_STALL_SECONDS", "1")
     watchdog = Watchdog(None)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
-from harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
-from store import Store
-from store.schema.models import HarvestLedger, Job, Memory
+from gleaner.harvest.queues import IMPORT_QUEUE, LIVE_QUEUE
+from gleaner.store import Store
+from gleaner.store.schema.models import HarvestLedger, Job, Memory
 from tests.conftest import test_settings
 from tests.llm_server import Behaviour, LLMServer, answer, llm_server, note, unauthorized
 from tests.samples import native, write_chatgpt_export, write_natives
@@ -83,10 +83,10 @@ def test_import_of_a_500_conversation_export_reaches_100_percent(
 
 
 def test_live_harvests_are_not_starved_by_a_bulk_import(cluster: Cluster, store: Store) -> None:
-    from harvest.queue import record_jobs
-    from harvest.transcript import Transcript
-    from workers.app import make_celery
-    from workers.enqueue import send_jobs
+    from gleaner.harvest.queue import record_jobs
+    from gleaner.harvest.transcript import Transcript
+    from gleaner.workers.app import make_celery
+    from gleaner.workers.enqueue import send_jobs
 
     make_celery(test_settings(broker_url=cluster.env["GLEANER_BROKER_URL"]))
     bulk = [Transcript.model_validate(native(i, facts=1)) for i in range(1_000)]
@@ -256,8 +256,8 @@ def test_a_worker_child_killed_mid_task_loses_nothing(
 
 
 def test_pending_jobs_whose_message_was_lost_are_sent_again(cluster: Cluster, store: Store) -> None:
-    from harvest.queue import record_jobs
-    from harvest.transcript import Transcript
+    from gleaner.harvest.queue import record_jobs
+    from gleaner.harvest.transcript import Transcript
 
     lost = record_jobs(
         store,
@@ -310,7 +310,7 @@ def test_notes_harvested_by_a_worker_get_their_vectors_on_the_embed_queue(
 ) -> None:
     """After a harvest commits, its owner's notes are embedded by an embed task on their own
     queue (here a separate worker): searchable lexically at once, by meaning once done."""
-    from store.recall import vectors as note_vectors
+    from gleaner.store.recall import vectors as note_vectors
     from tests.embed_server import embed_server
 
     with embed_server() as server:

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from store import Scope, Store
-from store.errors import StorageFailure
-from store.notes import notes, write_plan
-from store.schema.models import Memory, MemoryTerm
+from gleaner.store import Scope, Store
+from gleaner.store.errors import StorageFailure
+from gleaner.store.notes import notes, write_plan
+from gleaner.store.schema.models import Memory, MemoryTerm
 
 ALICE = Scope.owner("alice")
 BOB = Scope.owner("bob")

@@ -21,16 +21,16 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select, text
 
-from harvest.batch import harvest_paths
-from harvest.candidate import NoteCandidate
-from harvest.errors import UnrecordedHarvest
-from harvest.extraction import Extraction
-from harvest.kept import WRITE_ATTEMPTS, KeptAnswer
-from harvest.outcome import Counts
-from harvest.queue import record_jobs, run_job
-from harvest.transcript import Message, Transcript
-from store import Store
-from store.schema.models import Job, Memory
+from gleaner.harvest.batch import harvest_paths
+from gleaner.harvest.candidate import NoteCandidate
+from gleaner.harvest.errors import UnrecordedHarvest
+from gleaner.harvest.extraction import Extraction
+from gleaner.harvest.kept import WRITE_ATTEMPTS, KeptAnswer
+from gleaner.harvest.outcome import Counts
+from gleaner.harvest.queue import record_jobs, run_job
+from gleaner.harvest.transcript import Message, Transcript
+from gleaner.store import Store
+from gleaner.store.schema.models import Job, Memory
 from tests.llm_server import LLMServer, ModelModes, llm_server
 from tests.samples import native
 from tests.workers_harness import Cluster, cluster_store, fresh_cluster, wait_for
@@ -112,7 +112,7 @@ def short_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """The in-process retries wait a millisecond, not up to seconds (jittered): what is
     tested is that the kept answer is written, not how long a retry waits (a worker's test
     keeps the real backoff)."""
-    from harvest import kept
+    from gleaner.harvest import kept
 
     monkeypatch.setattr(kept, "WRITE_BACKOFF_SECONDS", 0.001)
     monkeypatch.setattr(kept, "WRITE_BACKOFF_MAX_SECONDS", 0.001)
@@ -185,8 +185,8 @@ def test_a_value_refused_is_not_retried(
 ) -> None:
     """Only a failing database is retried: a write refused for its data (or a race lost)
     would end the same way, and fails its transcript at once, as before."""
-    from harvest.kept import retried_failure
-    from store import DataRefused, StorageFailure
+    from gleaner.harvest.kept import retried_failure
+    from gleaner.store import DataRefused, StorageFailure
 
     assert retried_failure(StorageFailure("database error: could not extend file"))
     assert not retried_failure(DataRefused("the database refused a value: too long"))

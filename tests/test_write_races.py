@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import event, text
 
-from harvest.job import harvest_transcript
-from store import Store
+from gleaner.harvest.job import harvest_transcript
+from gleaner.store import Store
 from tests.llm_server import LLMServer, answer, llm_server, note
 from tests.test_harvest_job import ALICE, model_settings, transcript
 

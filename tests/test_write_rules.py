@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from store import InvalidInput, Scope, StorageFailure, Store, format_error
-from store.notes import notes as notes_mod
+from gleaner.store import InvalidInput, Scope, StorageFailure, Store, format_error
+from gleaner.store.notes import notes as notes_mod
 
 ALICE = Scope.owner("alice")
 

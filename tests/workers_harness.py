@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import redis
 
 if TYPE_CHECKING:
-    from store import Store
+    from gleaner.store import Store
 
 REDIS_URL = os.environ.get("GLEANER_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 READY_TIMEOUT = 60.0
@@ -101,7 +101,7 @@ class Cluster:
             [
                 sys.executable,
                 "-m",
-                "cli",
+                "gleaner.cli",
                 "worker",
                 "--queues",
                 queues,
@@ -124,9 +124,9 @@ class Cluster:
         return worker
 
     def replace_stalled(self) -> int:
-        """Start again each worker that exited stalled (code 70, workers/watchdog.py), as a
+        """Start again each worker that exited stalled (code 70, gleaner/workers/watchdog.py), as a
         supervisor (compose's ``restart:``) would; returns how many were replaced."""
-        from workers.watchdog import EX_SOFTWARE
+        from gleaner.workers.watchdog import EX_SOFTWARE
 
         stalled = [w for w in self.workers if w.started_as and w.proc.poll() == EX_SOFTWARE]
         for worker in stalled:
@@ -143,7 +143,7 @@ class Cluster:
             [
                 sys.executable,
                 "-m",
-                "cli",
+                "gleaner.cli",
                 "beat",
                 "--loglevel",
                 "INFO",
@@ -163,7 +163,7 @@ class Cluster:
 
     def gleaner(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "cli", *args],
+            [sys.executable, "-m", "gleaner.cli", *args],
             env=self.env,
             capture_output=True,
             text=True,
@@ -261,7 +261,7 @@ def fresh_cluster(database: str, worker_id: str, tmp: Path) -> Iterator[Cluster]
 
 def cluster_store(cluster: Cluster) -> Iterator[Store]:
     """A fixture's body: a store on the cluster's database, disposed of at the end."""
-    from store import Store
+    from gleaner.store import Store
     from tests.conftest import test_settings
 
     opened = Store(cluster.env["GLEANER_DATABASE_URL"], settings=test_settings())

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from store import Store
+from gleaner.store import Store
 from tests.conftest import test_settings
 from tests.llm_server import LLMServer, ModelModes
 from tests.reliability.report import results_path

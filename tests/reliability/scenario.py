@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import inspect, text
 
-from store import Store
+from gleaner.store import Store
 from tests.llm_server import MARKER, LLMServer, ModelModes
 from tests.workers_harness import Cluster, Worker, wait_for, wait_ready
 

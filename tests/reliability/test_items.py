@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from store import Scope
-from store.notes import notes as store_notes
-from store.schema.models import utcnow
+from gleaner.store import Scope
+from gleaner.store.notes import notes as store_notes
+from gleaner.store.schema.models import utcnow
 from tests.conftest import test_settings
 from tests.llm_server import note
 from tests.reliability.conftest import OpenScenario
@@ -97,8 +97,8 @@ def test_1_jobs_stuck_running_are_recovered(open_scenario: OpenScenario) -> None
 
 
 def test_2_no_duplicate_messages_and_failed_jobs_stay_failed(open_scenario: OpenScenario) -> None:
-    from workers.app import make_celery
-    from workers.enqueue import send_jobs
+    from gleaner.workers.app import make_celery
+    from gleaner.workers.enqueue import send_jobs
 
     sc = open_scenario(
         "item2_duplicates_backlog", "A waiting backlog, duplicate messages, failed jobs", item="2"
