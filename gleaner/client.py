@@ -29,6 +29,7 @@ from gleaner.store.schemas import LinkedNote
 from gleaner.store.text import quoted
 
 if TYPE_CHECKING:
+    from gleaner.harvest.intake import Settled
     from gleaner.store import SaveResult, SearchHit, Settings, Store
     from gleaner.store.jobs.status import JobStatus
     from gleaner.store.keys import ApiKey
@@ -140,35 +141,22 @@ class Gleaner:
         names another owner than its own is refused (``bad_owner``) unless ``read`` put it
         there (``reassign_owner=True``).
         """
-        from gleaner.harvest.queue import record_jobs
+        from gleaner.harvest.queue import record_settled
         from gleaner.harvest.queues import LIVE_QUEUE
-        from gleaner.store.text import check_principal
 
         if isinstance(conversation, Conversation):
             if owner is not None or reassign_owner:
                 raise InvalidRequest(
                     "a read conversation keeps the owner settled by read()", reason="bad_owner"
                 )
-            named = conversation.transcript.owner
-            with translated():  # the one owner rule: compared as read() settles a name
-                named = None if named is None else check_principal(named)
-            if named not in (None, conversation.owner) and not conversation.reassigned:
-                raise InvalidRequest(
-                    "the conversation's transcript names another owner than the Conversation: "
-                    "read it with reassign_owner=True to put it in that scope",
-                    reason="bad_owner",
-                )
-            found = conversation
+            # One read() made was taken in there: recorded as it is.
+            settled = conversation.taken_in() or _take_in(conversation)
         else:
-            found = self.read(conversation, owner=owner, reassign_owner=reassign_owner)
+            read = self.read(conversation, owner=owner, reassign_owner=reassign_owner)
+            settled = read.taken_in() or _take_in(read)
         with translated():
-            (job_id,) = record_jobs(
-                self.store,
-                [found.transcript],
-                owner=found.owner,
-                provenance="compaction",
-                queue=LIVE_QUEUE,
-                reassign_owner=True,  # the owner was settled by read()
+            (job_id,) = record_settled(
+                self.store, [settled], provenance="compaction", queue=LIVE_QUEUE
             )
         if self.queued:
             self._sender.send(LIVE_QUEUE, job_id)
@@ -384,3 +372,23 @@ def _translated(lines: Iterator[bytes]) -> Iterator[bytes]:
     """``lines``, with an error raised while reading them translated (``translated``)."""
     with translated():
         yield from lines
+
+
+def _take_in(conversation: Conversation) -> Settled:
+    """A Conversation built by hand (or changed after ``read``), taken in: its transcript
+    redacted, into the owner it names; refused (``bad_owner``) when its transcript names
+    another owner and ``read`` did not put it there."""
+    from gleaner.harvest.intake import settle
+    from gleaner.store.text import check_principal
+
+    named = conversation.transcript.owner
+    with translated():  # the one owner rule: compared as read() settles a name
+        named = None if named is None else check_principal(named)
+    if named not in (None, conversation.owner) and not conversation.reassigned:
+        raise InvalidRequest(
+            "the conversation's transcript names another owner than the Conversation: "
+            "read it with reassign_owner=True to put it in that scope",
+            reason="bad_owner",
+        )
+    with translated():
+        return settle(conversation.transcript, conversation.owner, reassign_owner=True)

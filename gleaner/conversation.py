@@ -1,19 +1,21 @@
-"""One conversation handed over from Python: read, bounded, redacted, its owner settled.
+"""One conversation handed over from Python, HTTP or MCP: read, bounded, taken in.
 
 The bytes go through the same readers, formats and limits as a file given to
-``gleaner enqueue``; what is kept afterwards is the redacted transcript only.
+``gleaner enqueue``, then the one intake step (``harvest.intake.settle``: values checked,
+redacted, owner settled); what is kept afterwards is the redacted transcript only.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gleaner.errors import InvalidRequest, TooLarge, translated
 
 if TYPE_CHECKING:
+    from gleaner.harvest.intake import Settled
     from gleaner.harvest.transcript import Transcript
     from gleaner.store import Settings
 
@@ -34,6 +36,16 @@ class Conversation:
     # ``read(..., reassign_owner=True)`` put a transcript that names another owner in
     # ``owner``'s scope; without it ``submit`` refuses such a pair (built by hand, mixed up).
     reassigned: bool = False
+    # What ``read`` took in (``harvest.intake``), which ``submit`` records as it is; one
+    # built by hand (or changed since) has none that matches, and ``submit`` takes it in.
+    settled: Settled | None = field(default=None, repr=False, compare=False)
+
+    def taken_in(self) -> Settled | None:
+        """What ``read`` took in, if this is still the conversation it made."""
+        found = self.settled
+        if found is None or found.transcript is not self.transcript:
+            return None
+        return found if found.owner == self.owner else None
 
 
 def read_conversation(
@@ -54,9 +66,8 @@ def read_conversation(
     InvalidRequest (``bad_transcript``, ``no_owner``, ``bad_owner``,
     ``not_one_conversation``) or TooLarge when it cannot be taken as it is.
     """
-    from gleaner.harvest.plan import resolve_owner
+    from gleaner.harvest.intake import settle
     from gleaner.harvest.readers import read_bytes
-    from gleaner.harvest.redact import redact_transcript
     from gleaner.harvest.transcript import Limits
     from gleaner.store.text import check_principal
 
@@ -83,14 +94,15 @@ def read_conversation(
             f"the document holds {len(found.transcripts)} conversations: submit one at a time",
             reason="not_one_conversation",
         )
-    transcript = redact_transcript(found.transcripts[0].model_copy(update={"source_path": None}))
-    with translated():
-        name = resolve_owner(transcript, owner, reassign_owner=reassign_owner)
+    transcript = found.transcripts[0].model_copy(update={"source_path": None})
+    with translated():  # the one intake step: values, redaction, owner
+        settled = settle(transcript, owner, reassign_owner=reassign_owner)
     return Conversation(
-        owner=name,
-        conversation_id=transcript.conversation_id,
-        transcript=transcript,
+        owner=settled.owner,
+        conversation_id=settled.conversation_id,
+        transcript=settled.transcript,
         reassigned=reassign_owner,
+        settled=settled,
     )
 
 

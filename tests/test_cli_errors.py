@@ -282,7 +282,7 @@ def test_an_interrupted_harvest_in_process_exits_130_and_a_rerun_skips_what_it_k
     folder = tmp_path / "in"
     write_natives(folder, 3, owner="dana")
     cli.env(GLEANER_DATABASE_URL=f"sqlite:///{tmp_path}/i.db")
-    real = gleaner.harvest.batch.harvest_transcript
+    real = gleaner.harvest.batch.harvest_settled
     calls: list[object] = []
 
     def interrupted_second(*args: object, **kwargs: object) -> object:
@@ -292,7 +292,7 @@ def test_an_interrupted_harvest_in_process_exits_130_and_a_rerun_skips_what_it_k
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     with monkeypatch.context() as patch:
-        patch.setattr(gleaner.harvest.batch, "harvest_transcript", interrupted_second)
+        patch.setattr(gleaner.harvest.batch, "harvest_settled", interrupted_second)
         stopped = cli("harvest", str(folder))
     assert stopped.code == 130, stopped.err
     assert "run the same command again" in stopped.err and "Traceback" not in stopped.err

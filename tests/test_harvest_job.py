@@ -460,9 +460,9 @@ def test_a_transcript_recorded_meanwhile_rolls_the_notes_back(make_store, backen
     transcript while this one waits for its model (as a worker whose lock lapsed could),
     this one writes nothing (its notes are rolled back), reports ``skipped``, and still
     counts the call it made."""
-    from gleaner.harvest.job import plan_harvest
     from gleaner.harvest.llm import LLMAnswer
     from gleaner.harvest.options import ModelOptions
+    from gleaner.harvest.plan import plan_harvest
     from gleaner.store.jobs import ledger
 
     store: Store = make_store(backend, harvest_model="test/model")

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, select, text
 
-from gleaner.harvest.job import extract_notes, look_up, plan_harvest, record_harvest
+from gleaner.harvest.job import extract_notes, look_up, record_harvest
 from gleaner.harvest.outcome import HarvestOutcome
+from gleaner.harvest.plan import plan_harvest
 from gleaner.harvest.queue import record_jobs, run_job
 from gleaner.harvest.transcript import Transcript
 from gleaner.store import Scope, StorageFailure, Store, TranscriptLock

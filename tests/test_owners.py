@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from gleaner.cli import main
 from gleaner.harvest.batch import Summary, harvest_paths, judge_owners
-from gleaner.harvest.queue import record_jobs
+from gleaner.harvest.queue import record_settled
 from gleaner.store import InvalidInput, Scope, Store
 from gleaner.store.schema.models import Job, Memory
 from gleaner.store.text import check_principal
@@ -96,7 +96,7 @@ def test_a_batch_of_jobs_records_every_good_owner(store: Store) -> None:
     ]
     summary = Summary()
     good = judge_owners(batch, None, summary)
-    ids = record_jobs(store, good, owner=None, provenance="compaction", queue="harvest")
+    ids = record_settled(store, good, provenance="compaction", queue="harvest")
     assert len(ids) == 2 and [f["conversation"] for f in summary.failures] == ["bad"]
     with store.transaction() as session:
         assert set(session.execute(select(Job.owner)).scalars()) == {"bob", "erin"}

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gleaner.harvest.errors import HarvestError
+from gleaner.harvest.intake import settle
 from gleaner.harvest.queue import new_jobs
 from gleaner.harvest.readers import read_path
 from gleaner.harvest.redact import (
@@ -398,7 +399,7 @@ def test_job_records_hold_no_private_text_in_any_field() -> None:
         title="<private>SECRET-4",
         owner="alice",
     )
-    (job,) = new_jobs([t], owner=None, provenance="compaction")
+    (job,) = new_jobs([settle(t, None)], provenance="compaction")
     assert job.conversation_id == "conv-[REDACTED]"
     assert job.owner == "alice"
     assert "SECRET" not in json.dumps(job.transcript)
@@ -408,7 +409,7 @@ def test_job_records_hold_no_private_text_in_any_field() -> None:
 def test_an_owner_error_does_not_repeat_a_private_conversation_id() -> None:
     t = transcript(*SAID, conversation_id="<private>SECRET</private>")
     with pytest.raises(HarvestError) as info:
-        new_jobs([t], owner=None, provenance="compaction")
+        settle(t, None)
     assert info.value.reason == "no_owner"
     assert "SECRET" not in str(info.value)
 

@@ -75,7 +75,7 @@ def inputs(raw: list[str]) -> list[Any]:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     from gleaner.harvest.batch import Summary, judge_owners, read_all
-    from gleaner.harvest.queue import record_jobs
+    from gleaner.harvest.queue import record_settled
     from gleaner.harvest.queues import LIVE_QUEUE
     from gleaner.harvest.transcript import Limits
     from gleaner.workers.app import make_celery
@@ -87,17 +87,12 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     store = open_store(create=True)
     ensure_schema(store)
     summary = Summary()
-    transcripts = judge_owners(
-        read_all(paths, summary, limits=Limits.from_settings(settings)),
-        args.owner,
-        summary,
-        reassign_owner=args.reassign_owner,
+    settled = judge_owners(
+        read_all(paths, summary, limits=Limits.from_settings(settings)), summary=summary, **owners
     )
     make_celery(settings)
     try:
-        job_ids = record_jobs(
-            store, transcripts, provenance="compaction", queue=LIVE_QUEUE, **owners
-        )
+        job_ids = record_settled(store, settled, provenance="compaction", queue=LIVE_QUEUE)
         sent = send_jobs(LIVE_QUEUE, job_ids)
     except BrokerUnavailable as exc:
         print_failures(summary.failures)

@@ -10,10 +10,10 @@ from pydantic import ConfigDict, Field
 
 from gleaner.harvest.embed_notes import embed_after_harvest
 from gleaner.harvest.errors import HarvestError, UnrecordedHarvest
-from gleaner.harvest.job import harvest_transcript
+from gleaner.harvest.intake import Settled, resolve_owner, settle
+from gleaner.harvest.job import harvest_settled
 from gleaner.harvest.llm import HarvestLLM
 from gleaner.harvest.outcome import Counts, HarvestOutcome
-from gleaner.harvest.plan import resolve_owner
 from gleaner.harvest.readers import iter_paths, read_path
 from gleaner.harvest.redact import redact_text
 from gleaner.harvest.transcript import Limits, Transcript, check_storable
@@ -107,28 +107,29 @@ def judge_owners(
     summary: Summary,
     *,
     reassign_owner: bool = False,
-) -> list[Transcript]:
-    """The conversations whose values can be stored (``check_storable``) and whose owner
-    passes the owner rule, oldest first (by when each
-    happened; one of unknown time last, the file order kept among equals), so each owner's
-    facts are harvested in the order they were said; each other one goes to the summary's
-    failures on its own (the rest of the batch goes on). No owner at all, with no ``owner``
-    to fill it in, stays a usage error for the whole run (``check_owners``)."""
+) -> list[Settled]:
+    """The conversations taken in (``harvest.intake.settle``: values storable, redacted,
+    owner settled), oldest first (by when each happened; one of unknown time last, the file
+    order kept among equals), so each owner's facts are harvested in the order they were
+    said; each one refused goes to the summary's failures on its own (the rest of the batch
+    goes on). No owner at all, with no ``owner`` to fill it in, stays a usage error for the
+    whole run (``check_owners``)."""
     listed = list(transcripts)
     check_owners(listed, owner)
     kept = []
     for transcript in listed:
-        refused = refusal(transcript, owner, reassign_owner)
-        if refused is not None:
-            summary.fail(failure_label(transcript.conversation_id), refused)
-            continue
-        kept.append(transcript)
-    return sorted(kept, key=said_order)
+        try:
+            kept.append(settle(transcript, owner, reassign_owner=reassign_owner))
+        except HarvestError as exc:
+            summary.fail(failure_label(transcript.conversation_id), f"{exc.reason}: {exc}")
+    return sorted(kept, key=lambda item: said_order(item.transcript))
 
 
 def refusal(transcript: Transcript, owner: str | None, reassign_owner: bool) -> str | None:
     """Why this conversation is refused on its own (``reason: message``): a value nothing
-    stored may hold (``check_storable``), or the owner rule; None when it may go on."""
+    stored may hold (``check_storable``), or the owner rule; None when it may go on. Judges
+    without taking in (no redaction): an import judges every conversation first, then reads
+    them again to take in and record (``harvest.imports``)."""
     try:
         check_storable(transcript)
         resolve_owner(transcript, owner, reassign_owner=reassign_owner)
@@ -165,30 +166,23 @@ def harvest_paths(
     summary = Summary()
     wrote: list[Scope] = []
     limits = Limits.from_settings(store.settings)
-    transcripts = judge_owners(
+    settled = judge_owners(
         read_all(paths, summary, limits=limits), owner, summary, reassign_owner=reassign_owner
     )
-    for done, transcript in enumerate(transcripts, start=1):
+    for done, item in enumerate(settled, start=1):
         try:
-            outcome = harvest_transcript(
-                store,
-                transcript,
-                owner=owner,
-                provenance=provenance,
-                llm=llm,
-                reassign_owner=reassign_owner,
-            )
+            outcome = harvest_settled(store, item, provenance=provenance, llm=llm)
         except (HarvestError, StoreError) as exc:
             if isinstance(exc, UnrecordedHarvest):
                 summary.count_spent(exc.spent)
             summary.transcripts += 1
-            summary.fail(transcript.conversation_id, format_error(exc))
+            summary.fail(item.conversation_id, format_error(exc))
         else:
             summary.add(outcome)
             if outcome.owner and (outcome.notes_written or outcome.notes_updated):
                 wrote.append(Scope.owner(outcome.owner))
         if on_progress is not None:
-            on_progress(done, len(transcripts))
+            on_progress(done, len(settled))
     # The notes are committed and searchable; their vectors follow (when a model is set).
     embed_after_harvest(store, wrote)
     return summary

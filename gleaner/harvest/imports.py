@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gleaner.harvest.batch import Summary, failure_label, no_owner, refusal, said_order
 from gleaner.harvest.errors import HarvestError
-from gleaner.harvest.queue import record_jobs
+from gleaner.harvest.intake import Settled, settle
+from gleaner.harvest.queue import record_settled
 from gleaner.harvest.queues import IMPORT_QUEUE
 from gleaner.harvest.readers import STDIN, iter_path, iter_paths
 from gleaner.harvest.redact import redact_text
@@ -71,27 +72,22 @@ def plan_import(
         )
     planned = PlannedImport(import_id=import_id, job_ids=[], unreadable=summary.failures)
     ordered: list[tuple[tuple[bool, float], int, str]] = []
-    batch: list[Transcript] = []
+    batch: list[Settled] = []
 
-    def record(batch: list[Transcript]) -> None:
-        ids = record_jobs(
-            store,
-            batch,
-            owner=owner,
-            provenance=provenance,
-            queue=IMPORT_QUEUE,
-            import_id=import_id,
-            reassign_owner=reassign_owner,
+    def record(batch: list[Settled]) -> None:
+        ids = record_settled(
+            store, batch, provenance=provenance, queue=IMPORT_QUEUE, import_id=import_id
         )
-        for transcript, job_id in zip(batch, ids, strict=True):
-            ordered.append((said_order(transcript), len(ordered), job_id))
+        for item, job_id in zip(batch, ids, strict=True):
+            ordered.append((said_order(item.transcript), len(ordered), job_id))
 
     for file, readable in files:
         if not readable:
             continue
         for transcript in _conversations(file, limits, readable):
-            if refusal(transcript, owner, reassign_owner) is None:
-                batch.append(transcript)
+            # Taken in once, as it is recorded (the first reading counted the refusals).
+            with suppress(HarvestError):
+                batch.append(settle(transcript, owner, reassign_owner=reassign_owner))
             if len(batch) == RECORD_BATCH:
                 record(batch)
                 batch = []

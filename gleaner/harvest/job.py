@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 from gleaner.harvest.budget import budget_for
 from gleaner.harvest.errors import HarvestError
 from gleaner.harvest.extraction import Extraction, run_extraction
+from gleaner.harvest.intake import Settled, settle
 from gleaner.harvest.kept import KeptAnswer, write_retries
 from gleaner.harvest.ledger_check import Ready, look_up
 from gleaner.harvest.llm import HarvestLLM
 from gleaner.harvest.model import Usage
 from gleaner.harvest.outcome import Counts, HarvestOutcome
-from gleaner.harvest.plan import Plan, plan_harvest
+from gleaner.harvest.plan import Plan, check_provenance, plan_settled
 from gleaner.harvest.steps import (
     HarvestSteps,
     Nothing_co,
@@ -29,7 +30,7 @@ from gleaner.harvest.steps import (
     model_named,
     raise_unrecorded,
 )
-from gleaner.harvest.transcript import Transcript
+from gleaner.harvest.transcript import Limits, Transcript, check_size
 from gleaner.harvest.write import write_candidates
 from gleaner.store import Settings, StorageFailure, Store
 from gleaner.store.errors import NoteChanged
@@ -330,22 +331,14 @@ def _settle(
 
 @dataclass(frozen=True)
 class _InProcess:
-    """``harvest_transcript``'s steps: a transcript from the caller, the outcome to it."""
+    """``harvest_settled``'s steps: a transcript from the caller, the outcome to it."""
 
     settings: Settings
-    transcript: Transcript
-    owner: str | None
+    settled: Settled
     provenance: str
-    reassign_owner: bool
 
     def begin(self, session: Executor) -> Plan:
-        return plan_harvest(
-            self.settings,
-            self.transcript,
-            owner=self.owner,
-            provenance=self.provenance,
-            reassign_owner=self.reassign_owner,
-        )
+        return plan_settled(self.settings, self.settled, provenance=self.provenance)
 
     def begun(self) -> None:
         pass
@@ -381,5 +374,20 @@ def harvest_transcript(
     Model failures come back as a ``failed`` outcome with the reason; nothing is written
     then. A bad transcript or owner raises HarvestError.
     """
-    steps = _InProcess(store.settings, transcript, owner, provenance, reassign_owner)
-    return run_harvest(store, steps, llm)
+    check_provenance(provenance)
+    # Bounded before anything reads it all, then taken in (redacted, owner settled).
+    check_size(transcript.messages, Limits.from_settings(store.settings))
+    settled = settle(transcript, owner, reassign_owner=reassign_owner)
+    return harvest_settled(store, settled, provenance=provenance, llm=llm)
+
+
+def harvest_settled(
+    store: Store,
+    settled: Settled,
+    *,
+    provenance: str = "compaction",
+    llm: HarvestLLM | None = None,
+) -> HarvestOutcome:
+    """``harvest_transcript`` for a transcript already taken in (``harvest.intake``): read
+    within the limits, redacted, its owner settled; nothing is redacted again."""
+    return run_harvest(store, _InProcess(store.settings, settled, provenance), llm)

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gleaner.harvest.errors import HarvestError
+from gleaner.harvest.intake import Settled, settle
 from gleaner.harvest.outcome import Counts, HarvestOutcome, Status
-from gleaner.harvest.redact import redact_transcript, transcript_hash
-from gleaner.harvest.transcript import Limits, Transcript, check_size, check_storable
+from gleaner.harvest.transcript import Limits, Transcript, check_size
 from gleaner.store import Scope, Settings
-from gleaner.store.errors import InvalidInput
-from gleaner.store.text import check_principal, quoted
+from gleaner.store.text import quoted
 
 # Bump when extraction changes enough that old transcripts deserve a new harvest.
 HARVESTER_VERSION = "1"
@@ -21,28 +20,6 @@ PROVENANCES = ("compaction", "import")
 def harvester_version(settings: Settings) -> str:
     """The ledger's version key: the extractor's version and which model ran it."""
     return f"{HARVESTER_VERSION}:{settings.harvest_model or 'offline'}"
-
-
-def resolve_owner(
-    transcript: Transcript, owner: str | None, *, reassign_owner: bool = False
-) -> str:
-    """Whose scope the transcript's notes go to; HarvestError when nobody's.
-
-    A transcript that names its owner keeps it: ``owner`` only fills in one that names none
-    (exports), unless ``reassign_owner`` says to put every transcript in ``owner``'s scope.
-    """
-    if reassign_owner and not owner:
-        raise HarvestError("reassigning needs the owner to reassign to", reason="no_owner")
-    chosen = owner if reassign_owner else (transcript.owner or owner)
-    if not chosen:
-        raise HarvestError(
-            f"conversation {transcript.conversation_id!r} has no owner: pass --owner NAME",
-            reason="no_owner",
-        )
-    try:
-        return check_principal(chosen)  # the one owner rule (store.text)
-    except InvalidInput as exc:
-        raise HarvestError(str(exc), reason="bad_owner") from None
 
 
 @dataclass(frozen=True)
@@ -84,25 +61,38 @@ def plan_harvest(
     reassign_owner: bool = False,
     import_id: str | None = None,
 ) -> Plan:
-    """Check the provenance, the size and the values (``check_storable``), resolve the owner
-    (``resolve_owner``) and redact (HarvestError when one is bad)."""
+    """Check the provenance and the size, then take the transcript in (``harvest.intake``:
+    values, redaction, owner) and plan it; HarvestError when one is bad. A recorded job's
+    run plans its stored transcript so."""
+    check_provenance(provenance)
+    # Bounded before anything reads it all (a transcript from Python, or for the offline
+    # extractor, meets the limits here); then redacted, so the owner error and the outcome
+    # (logged, stored as the job's result) see only the redacted conversation id.
+    check_size(transcript.messages, Limits.from_settings(settings))
+    settled = settle(transcript, owner, reassign_owner=reassign_owner)
+    return plan_settled(settings, settled, provenance=provenance, import_id=import_id)
+
+
+def plan_settled(
+    settings: Settings, settled: Settled, *, provenance: str, import_id: str | None = None
+) -> Plan:
+    """The plan of a transcript already taken in (read within the limits, redacted, its
+    owner settled): nothing is checked or redacted again but the provenance."""
+    check_provenance(provenance)
+    return Plan(
+        scope=Scope.owner(settled.owner),
+        transcript=settled.transcript,
+        digest=settled.digest,
+        version=harvester_version(settings),
+        provenance=provenance,
+        import_id=import_id,
+    )
+
+
+def check_provenance(provenance: str) -> None:
+    """HarvestError(``bad_provenance``) for a provenance other than compaction or import."""
     if provenance not in PROVENANCES:
         raise HarvestError(
             f"provenance must be compaction or import, got {quoted(provenance)}",
             reason="bad_provenance",
         )
-    # Bounded before anything reads it all (a transcript from Python, or for the offline
-    # extractor, meets the limits here); then redacted, so the owner error and the outcome
-    # (logged, stored as the job's result) see only the redacted conversation id.
-    check_size(transcript.messages, Limits.from_settings(settings))
-    check_storable(transcript)  # before any model call: the record would refuse it after
-    redacted = redact_transcript(transcript)
-    name = resolve_owner(redacted, owner, reassign_owner=reassign_owner)
-    return Plan(
-        scope=Scope.owner(name),
-        transcript=redacted,
-        digest=transcript_hash(redacted),
-        version=harvester_version(settings),
-        provenance=provenance,
-        import_id=import_id,
-    )

@@ -1,7 +1,8 @@
 """Harvest as recorded jobs: turn transcripts into job rows, and run one job by its id.
 
-Transcripts are redacted before they are recorded, so neither the jobs table nor any queue
-message (which carries only a job id) ever holds ``<private>`` text.
+Transcripts are taken in (``harvest.intake``: redacted, their owner settled) before they are
+recorded, so neither the jobs table nor any queue message (which carries only a job id)
+ever holds ``<private>`` text.
 """
 
 from __future__ import annotations
@@ -10,20 +11,20 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from gleaner.harvest import metrics
 from gleaner.harvest.errors import HarvestError
+from gleaner.harvest.intake import Settled, settle
 from gleaner.harvest.job import run_harvest
 from gleaner.harvest.kept import KeptAnswer
 from gleaner.harvest.model import Usage
 from gleaner.harvest.outcome import Counts, HarvestOutcome
-from gleaner.harvest.plan import Plan, plan_harvest, resolve_owner
-from gleaner.harvest.redact import redact_transcript, transcript_hash
+from gleaner.harvest.plan import Plan, plan_harvest
 from gleaner.harvest.steps import failed_after
-from gleaner.harvest.transcript import Transcript, check_storable
+from gleaner.harvest.transcript import Transcript
 from gleaner.store import StorageFailure, Store, format_error
 from gleaner.store.jobs import leases as job_leases
 from gleaner.store.jobs import queue as job_records
@@ -34,34 +35,37 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def new_jobs(
-    transcripts: Iterable[Transcript],
-    *,
-    owner: str | None,
-    provenance: str,
-    reassign_owner: bool = False,
-) -> list[job_records.NewJob]:
-    """Job records for transcripts: owner resolved (HarvestError when none), values
-    storable (``check_storable``), text redacted. Batch callers judge each transcript first
-    (``harvest.batch.judge_owners``), so that one bad transcript is refused alone.
-
-    Only the redacted transcript is used, so the record's conversation id and an owner
-    error's message are redacted too.
-    """
-    out = []
-    for transcript in transcripts:
-        check_storable(transcript)  # a value the database refuses would fail the whole batch
-        redacted = redact_transcript(transcript)
-        out.append(
-            job_records.NewJob(
-                owner=resolve_owner(redacted, owner, reassign_owner=reassign_owner),
-                provenance=provenance,
-                conversation_id=redacted.conversation_id,
-                transcript=redacted.model_dump(mode="json"),
-                transcript_hash=transcript_hash(redacted),
-            )
+def new_jobs(settled: Iterable[Settled], *, provenance: str) -> list[job_records.NewJob]:
+    """Job records for transcripts taken in (``harvest.intake.settle``): nothing is
+    redacted or settled again, so the record's conversation id is the redacted one."""
+    return [
+        job_records.NewJob(
+            owner=item.owner,
+            provenance=provenance,
+            conversation_id=item.conversation_id,
+            transcript=item.transcript.model_dump(mode="json"),
+            transcript_hash=item.digest,
         )
-    return out
+        for item in settled
+    ]
+
+
+def record_settled(
+    store: Store,
+    settled: Sequence[Settled],
+    *,
+    provenance: str,
+    queue: str,
+    import_id: str | None = None,
+) -> list[str]:
+    """Record pending jobs for transcripts taken in, in one transaction; enqueue the
+    returned ids only after this."""
+    records = new_jobs(settled, provenance=provenance)
+    # One job (a conversation posted to the service) is one INSERT, atomic by itself: on
+    # PostgreSQL it commits on its own, without a BEGIN and a COMMIT round trip.
+    single = len(records) == 1 and import_id is None
+    with store.statements() if single else store.transaction() as session:
+        return job_records.add_jobs(session, queue, records, import_id=import_id)
 
 
 def record_jobs(
@@ -74,18 +78,12 @@ def record_jobs(
     import_id: str | None = None,
     reassign_owner: bool = False,
 ) -> list[str]:
-    """Record pending jobs in one transaction; enqueue the returned ids only after this.
-
-    ``owner`` fills in transcripts that name none; ``reassign_owner`` overrides every one.
-    """
-    records = new_jobs(
-        transcripts, owner=owner, provenance=provenance, reassign_owner=reassign_owner
-    )
-    # One job (a conversation posted to the service) is one INSERT, atomic by itself: on
-    # PostgreSQL it commits on its own, without a BEGIN and a COMMIT round trip.
-    single = len(records) == 1 and import_id is None
-    with store.statements() if single else store.transaction() as session:
-        return job_records.add_jobs(session, queue, records, import_id=import_id)
+    """Take each transcript in (``harvest.intake.settle``: HarvestError when one is bad,
+    before anything is recorded) and ``record_settled`` them. ``owner`` fills in
+    transcripts that name none; ``reassign_owner`` overrides every one. The entry points
+    settle as they read (a batch refuses a bad transcript alone) and record the result."""
+    settled = [settle(t, owner, reassign_owner=reassign_owner) for t in transcripts]
+    return record_settled(store, settled, provenance=provenance, queue=queue, import_id=import_id)
 
 
 def run_job(
