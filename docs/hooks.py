@@ -4,7 +4,8 @@ Pages hold markers that this replaces with text made from the code, so they cann
 from it:
 
 - ``<!-- gleaner:settings -->`` (reference/configuration.md): one row per field of
-  ``store.settings.Settings``, from its type, default, bounds and ``Field`` description;
+  ``gleaner.config.Settings``, part by part, from its type, default, bounds and ``Field``
+  description;
 - ``<!-- gleaner:http -->`` (reference/http.md): every route of ``service.http.create_app``'s
   OpenAPI schema, whose JSON is also published as ``reference/openapi.json``;
 - ``<!-- gleaner:cli -->`` (cli.md): every ``gleaner`` command with its help line, from the
@@ -34,7 +35,7 @@ BENCHMARK_MARKER = "<!-- gleaner:benchmark-targets -->"
 CLI_MARKER = "<!-- gleaner:cli -->"
 MODULES_MARKER = "<!-- gleaner:modules -->"
 # Bottom to top, as the layering runs.
-PACKAGES = ("privacy", "store", "harvest", "workers", "gleaner", "service", "cli")
+PACKAGES = ("privacy", "config", "store", "harvest", "workers", "gleaner", "service", "cli")
 OPENAPI_URI = "reference/openapi.json"
 
 
@@ -94,12 +95,25 @@ def _bounds_text(metadata: list[Any]) -> str:
     return ", ".join(words)
 
 
-def settings_rows() -> list[tuple[str, str, str, str, str]]:
-    """(variable, type, default, bounds, description) for every setting, in the code's order."""
-    from gleaner.store.settings import ENV_PREFIX, FILE_SETTINGS, Settings
+# Each part of the settings (gleaner.config.PARTS) under the heading of what reads it.
+PART_TITLES = {
+    "StoreSettings": "Store",
+    "HarvestSettings": "Harvest",
+    "EmbedSettings": "Semantic recall (embeddings)",
+    "WorkerSettings": "Workers",
+    "ServiceSettings": "HTTP service",
+    "CommandSettings": "Command line",
+}
+
+
+def settings_rows(part: Any = None) -> list[tuple[str, str, str, str, str]]:
+    """(variable, type, default, bounds, description) for every setting of ``part`` (a
+    ``gleaner.config`` part; None: all of them), in the code's order."""
+    from gleaner.config import Settings
+    from gleaner.store.settings import ENV_PREFIX, FILE_SETTINGS
 
     rows = []
-    for name, field in Settings.model_fields.items():
+    for name, field in (part or Settings).model_fields.items():
         description = (field.description or "").strip()
         if name in FILE_SETTINGS:
             description += f" Or `{ENV_PREFIX}{name.upper()}_FILE`: a file holding the value."
@@ -116,12 +130,20 @@ def settings_rows() -> list[tuple[str, str, str, str, str]]:
 
 
 def settings_reference() -> str:
-    """The configuration reference's table (Markdown)."""
-    lines = ["| variable | type | default | bounds | meaning |", "|---|---|---|---|---|"]
-    for variable, kind, default, bounds, description in settings_rows():
-        cell = _escape(description).replace("|", "\\|")
-        lines.append(f"| `{variable}` | {kind} | {default} | {bounds or '-'} | {cell} |")
-    return "\n".join(lines) + "\n"
+    """The configuration reference's tables (Markdown), one per part of the settings, each
+    under the name of what reads it and the module that declares it."""
+    from gleaner.config import PARTS
+
+    lines = []
+    for part in PARTS:
+        module = part.__module__.replace(".", "/") + ".py"
+        lines += [f"### {PART_TITLES[part.__name__]}", "", f"Declared in `{module}`.", ""]
+        lines += ["| variable | type | default | bounds | meaning |", "|---|---|---|---|---|"]
+        for variable, kind, default, bounds, description in settings_rows(part):
+            cell = _escape(description).replace("|", "\\|")
+            lines.append(f"| `{variable}` | {kind} | {default} | {bounds or '-'} | {cell} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 # --- HTTP -----------------------------------------------------------------------------------

@@ -9,10 +9,11 @@ g.search("alice", "editor"), g.note("alice", slug), g.index_text("alice")
 g.forget("alice")
 
 Everything Gleaner installs lives under this package, so none of its parts can collide with
-a platform's own top-level modules: ``store`` (the only code that touches the
-database), ``harvest`` (transcript to notes), ``workers`` (Celery),
-``service`` (HTTP and MCP), ``cli`` (the ``gleaner`` command),
-``privacy`` (redaction) and ``beat_schedule``.
+a platform's own top-level modules: ``gleaner.store`` (the only code that touches the
+database), ``gleaner.harvest`` (transcript to notes), ``gleaner.workers`` (Celery),
+``gleaner.service`` (HTTP and MCP), ``gleaner.cli`` (the ``gleaner`` command),
+``gleaner.privacy`` (redaction), ``gleaner.config`` (the settings, declared per layer and
+composed) and ``gleaner.beat_schedule``.
 """
 
 from typing import TYPE_CHECKING

@@ -18,8 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 STORE_INTERNAL = frozenset(
     {
         "api",
-        "config",
-        "config_embed",
         "housekeeping.dedupe",
         "housekeeping.dedupe_run",
         "housekeeping.dedupe_settle",
@@ -58,18 +56,21 @@ STORE_INTERNAL = frozenset(
 # gleaner (``store`` is "store"), or "gleaner", the public API's own modules
 # (gleaner/*.py), or the repository's bench and tests.
 # privacy (the <private> and secrets strip) sits at the bottom: every package may use it.
+# config (each package's settings, composed) sits there too: declarations only.
+BOTTOM = {"privacy", "config"}
 MAY_IMPORT = {
     "privacy": set(),
-    "store": {"privacy"},
-    "harvest": {"store", "privacy"},
-    "workers": {"harvest", "store", "privacy", "beat_schedule"},
+    "config": set(),
+    "store": BOTTOM,
+    "harvest": {"store"} | BOTTOM,
+    "workers": {"harvest", "store", "beat_schedule"} | BOTTOM,
     # The command line (cli) sits on top: it may use every layer.
-    "cli": {"workers", "harvest", "store", "privacy", "gleaner", "service", "beat_schedule"},
-    "gleaner": {"workers", "harvest", "store", "privacy"},
-    "service": {"gleaner", "privacy"},
+    "cli": {"workers", "harvest", "store", "gleaner", "service", "beat_schedule"} | BOTTOM,
+    "gleaner": {"workers", "harvest", "store"} | BOTTOM,
+    "service": {"gleaner"} | BOTTOM,
     # The beat schedule is read by Celery beat and by workers.app: it names workers.tasks.
-    "beat_schedule": {"workers", "harvest", "store", "privacy"},
-    "bench": {"cli", "workers", "harvest", "store", "privacy", "gleaner", "service", "tests"},
+    "beat_schedule": {"workers", "harvest", "store"} | BOTTOM,
+    "bench": {"cli", "workers", "harvest", "store", "gleaner", "service", "tests"} | BOTTOM,
 }
 SUBPACKAGES = frozenset(MAY_IMPORT) - {"gleaner", "bench"}
 # Outside libraries a package must not use: harvest never runs Celery.
@@ -77,6 +78,7 @@ NEVER = {
     "harvest": {"celery", "kombu"},
     "store": {"celery", "kombu", "litellm", "httpx"},
     "privacy": {"celery", "kombu", "litellm", "httpx", "sqlalchemy"},
+    "config": {"celery", "kombu", "litellm", "httpx", "sqlalchemy"},
 }
 # bench measures raw-table ceilings beside the store's own path: it may read the models, and
 # loads its synthetic notes' search postings as a write computes them.

@@ -114,3 +114,35 @@ def test_the_harvest_model_is_at_most_200_characters(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("GLEANER_HARVEST_MODEL", "openai/" + "m" * 194)
     with pytest.raises(ConfigError, match="GLEANER_HARVEST_MODEL"):
         load_settings()
+
+
+def test_each_setting_is_declared_by_one_part() -> None:
+    """The settings are declared per package (gleaner.config's parts) and composed: every
+    field of Settings comes from exactly one part, and no part redeclares another's."""
+    import gleaner
+    from gleaner import store
+    from gleaner.config import PARTS, Settings
+
+    declared = [name for part in PARTS for name in part.model_fields]
+    assert len(declared) == len(set(declared))
+    assert set(declared) == set(Settings.model_fields)
+    assert store.Settings is Settings and gleaner.Settings is Settings  # what they export
+
+
+def test_store_modules_read_only_the_stores_part() -> None:
+    """Only the Store facade (sessions) and the loader hold the composed Settings; every
+    other store module is typed against StoreSettings, so mypy refuses one that reads a
+    harvest, Celery or HTTP knob."""
+    import ast
+    from pathlib import Path
+
+    store = Path(__file__).resolve().parent.parent / "gleaner" / "store"
+    holders = {"sessions.py", "settings.py", "__init__.py"}
+    found = []
+    for path in sorted(store.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            composed = isinstance(node, ast.ImportFrom) and node.module == "gleaner.config"
+            if composed and (path.name not in holders or path.parent != store):
+                found.append(str(path.relative_to(store)))
+    assert found == []

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
+from gleaner.config.embed import EmbedSettings
 from gleaner.harvest.errors import EmbeddingRejected
 from gleaner.harvest.retry import transient_retries
-from gleaner.store import ConfigError, Settings
+from gleaner.store import ConfigError
 from gleaner.store.settings import options_error, setting_field
 
 
@@ -78,7 +79,7 @@ class EmbedOptions(BaseModel):
     max_retry_seconds: float = Field(default=30.0, ge=0, description="no retry starts later")
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> EmbedOptions:
+    def from_settings(cls, settings: EmbedSettings) -> EmbedOptions:
         """Options from the settings; ConfigError naming the variable when no model is set
         or a value is out of range (settings built without validation)."""
         if not settings.embed_model:

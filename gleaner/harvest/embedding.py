@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from gleaner.config.embed import EmbedSettings
 from gleaner.harvest.embed_batch import (
     BatchEmbedder,
     Embedded,
@@ -36,7 +37,6 @@ from gleaner.harvest.embed_batch import (
     ordered,
     token_count,
 )
-from gleaner.store import Settings
 from gleaner.store.settings import LOCAL_EMBED_PREFIX
 
 __all__ = [
@@ -67,7 +67,7 @@ class Embedder(Protocol):
 QUERY_TIMEOUT_SECONDS = 5.0
 
 
-def embedder_for(settings: Settings, *, queries: bool = False) -> Embedder | None:
+def embedder_for(settings: EmbedSettings, *, queries: bool = False) -> Embedder | None:
     """The embedder ``GLEANER_EMBED_MODEL`` names; None when it is unset (recall stays
     lexical). Nothing is loaded or called here: the local model loads on its first batch.
     ``queries``: the one a search embeds its query with (one attempt, at most

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
+from gleaner.config.harvest import HarvestSettings
 from gleaner.store import ConfigError, Settings
 from gleaner.store.settings import DEFAULT_OBSERVATION_TYPES, options_error, setting_field
 
@@ -88,7 +89,7 @@ class ModelOptions(BaseModel):
     response_format: Literal["auto", ResponseFormat] = setting_field("harvest_response_format")
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ModelOptions:
+    def from_settings(cls, settings: HarvestSettings) -> ModelOptions:
         """Options from the Gleaner settings.
 
         Raises ConfigError (naming the ``GLEANER_*`` variable) when no model is configured

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gleaner.config.harvest import HarvestSettings
 from gleaner.harvest.errors import HarvestError
 from gleaner.harvest.intake import Settled, settle
 from gleaner.harvest.outcome import Counts, HarvestOutcome, Status
@@ -17,7 +18,7 @@ HARVESTER_VERSION = "1"
 PROVENANCES = ("compaction", "import")
 
 
-def harvester_version(settings: Settings) -> str:
+def harvester_version(settings: HarvestSettings) -> str:
     """The ledger's version key: the extractor's version and which model ran it."""
     return f"{HARVESTER_VERSION}:{settings.harvest_model or 'offline'}"
 

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gleaner.config.harvest import HarvestSettings
 from gleaner.harvest.errors import TranscriptFormatError
 from gleaner.store.settings import setting_field
 from gleaner.store.text import quoted, unstorable
 
 if TYPE_CHECKING:
-    from gleaner.store.settings import Settings
+    pass
 
 Role = Literal["user", "assistant", "system", "tool"]
 
@@ -81,7 +82,7 @@ class Limits(BaseModel):
     file_bytes_setting: str = "GLEANER_MAX_FILE_BYTES"
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Limits:
+    def from_settings(cls, settings: HarvestSettings) -> Limits:
         """The limits a Settings object names; keys it lacks keep their defaults."""
         values = {
             field: value

@@ -30,8 +30,9 @@ package (models, records, tables, dialect SQL), advisory locks (``jobs.locks``, 
 through ``Store.transcript_lock``, whose ``TranscriptLock`` is exported here),
 superseding, dedupe's parts, forgetting one conversation (reached through
 ``Store.forget_conversation``), ``notes.mem``, ``notes.tending``, ``api`` and ``sessions``
-(``Store`` is exported here), ``config`` and ``config_embed`` (the ``Settings`` model),
-``migrations``, and the pieces public modules are split into and re-export.
+(``Store`` is exported here), ``migrations``, and the pieces public modules are split into
+and re-export. The settings are declared in ``gleaner.config`` (the store's own part is
+``StoreSettings``, which every store module but ``sessions`` is typed against).
 ``tests/test_layout.py`` (``STORE_INTERNAL``) holds every package to this and to the
 direction ``workers -> harvest -> store``.
 """
@@ -70,15 +71,15 @@ _LAZY = {
         ),
         "gleaner.store.schemas",
     ),
-    "Settings": "gleaner.store.config",
+    "Settings": "gleaner.config",
     "load_settings": "gleaner.store.settings",
     "Executor": "gleaner.store.schema.sql",
     "TranscriptLock": "gleaner.store.jobs.locks",
 }
 
 if TYPE_CHECKING:
+    from gleaner.config import Settings
     from gleaner.store.api import Store
-    from gleaner.store.config import Settings
     from gleaner.store.jobs.locks import TranscriptLock
     from gleaner.store.schema.sql import Executor
     from gleaner.store.schemas import (

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection, Engine, Executable
 from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError, StatementError
 
-from gleaner.store.config import Settings
+from gleaner.config import Settings
 from gleaner.store.db import make_engine
 from gleaner.store.errors import DataRefused, StorageFailure, StoreError
 from gleaner.store.recall.freshness import Freshness

@@ -1,6 +1,7 @@
-"""Gleaner's settings: one object (``store.config.Settings``, re-exported here), read once from
-``GLEANER_*`` environment variables by ``load_settings``; the ``<VARIABLE>_FILE`` secrets and
-the unknown ``GLEANER_`` variables it names on stderr."""
+"""Gleaner's settings: one object (``gleaner.config.Settings``, composed there from each
+package's part and re-exported here), read once from ``GLEANER_*`` environment variables by
+``load_settings``; the ``<VARIABLE>_FILE`` secrets and the unknown ``GLEANER_`` variables it
+names on stderr."""
 
 from __future__ import annotations
 
@@ -14,8 +15,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gleaner.store.config import DEFAULT_OBSERVATION_TYPES, ENV_PREFIX, Settings
-from gleaner.store.config_embed import LOCAL_EMBED_MODELS, LOCAL_EMBED_PREFIX
+from gleaner.config import (
+    DEFAULT_OBSERVATION_TYPES,
+    ENV_PREFIX,
+    LOCAL_EMBED_MODELS,
+    LOCAL_EMBED_PREFIX,
+    Settings,
+)
 from gleaner.store.errors import ConfigError
 
 # Settings that may also come from a file named by <VARIABLE>_FILE (Docker/Compose secrets).
@@ -149,8 +155,7 @@ def warn_unknown_variables(environ: Mapping[str, str]) -> None:
         )
 
 
-# The public names; callers import the model's (store.config, store.config_embed) from here
-# too.
+# The public names; callers import the model's (gleaner.config) from here too.
 __all__ = [
     "COMMAND_VARIABLES",
     "DEFAULT_OBSERVATION_TYPES",

@@ -18,7 +18,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from gleaner.store.config import Settings
+from gleaner.config.store import StoreSettings
 from gleaner.store.housekeeping.state import DECAY, Transactions, elapsed, record
 from gleaner.store.schema.models import Memory
 from gleaner.store.schema.sql import (
@@ -44,7 +44,9 @@ class DecayResult(Frozen):
     seconds: float
 
 
-def decay(transaction: Transactions, settings: Settings, *, dry_run: bool = False) -> DecayResult:
+def decay(
+    transaction: Transactions, settings: StoreSettings, *, dry_run: bool = False
+) -> DecayResult:
     """Bring every note's ``weight`` up to date, archiving under ``archive_below_weight``.
 
     ``transaction`` opens one transaction (``Store.transaction``); each batch of

@@ -20,7 +20,7 @@ from sqlalchemy import bindparam, func, or_, select, text
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.orm import Session
 
-from gleaner.store.config import Settings
+from gleaner.config.store import StoreSettings
 from gleaner.store.housekeeping.dedupe_run import (
     DETAILS_READ,
     LOCKED,
@@ -155,7 +155,7 @@ def _settled_top(session: Session, wait: float) -> tuple[int, int]:
 
 def dedupe(
     session: Session,
-    settings: Settings,
+    settings: StoreSettings,
     *,
     dry_run: bool = False,
     supersede_batch: int = SUPERSEDE_BATCH,

@@ -21,7 +21,7 @@ from pydantic import (
     ValidationInfo,
 )
 
-from gleaner.store.config import Settings
+from gleaner.config.store import StoreSettings
 from gleaner.store.errors import InvalidInput
 from gleaner.store.notes.instructions import instruction_flag
 from gleaner.store.text import (
@@ -210,7 +210,7 @@ def _refusal(exc: ValidationError, attrs: object) -> InvalidInput:
     )
 
 
-def validate_attrs(attrs: Mapping[str, object], settings: Settings) -> Draft:
+def validate_attrs(attrs: Mapping[str, object], settings: StoreSettings) -> Draft:
     """Check attrs against every write rule; raise InvalidInput naming the first one broken."""
     try:
         checked = _Attrs.model_validate(attrs, context={"max_body_bytes": settings.max_body_bytes})
@@ -238,7 +238,7 @@ def validate_attrs(attrs: Mapping[str, object], settings: Settings) -> Draft:
     )
 
 
-def check_instruction(title: str, body: str, settings: Settings) -> None:
+def check_instruction(title: str, body: str, settings: StoreSettings) -> None:
     """Under ``GLEANER_INSTRUCTION_NOTES=drop`` a note that reads as an instruction to the
     assistant is not stored (``store.notes.instructions``); under ``flag`` it is, marked."""
     if settings.instruction_notes == "drop" and instruction_flag(title, body) is not None:

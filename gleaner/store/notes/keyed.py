@@ -18,7 +18,7 @@ from gleaner.store.schema.tables import LIVE, MEMORIES, SUPERSEDED
 from gleaner.store.schemas import Note, Scope
 
 if TYPE_CHECKING:
-    from gleaner.store.config import Settings
+    from gleaner.config.store import StoreSettings
     from gleaner.store.schema.models import Memory
     from gleaner.store.schema.sql import Executor
 
@@ -126,7 +126,7 @@ class ShownNote:
 
 def shown_notes(
     conn: Connection,
-    settings: Settings,
+    settings: StoreSettings,
     scope: Scope,
     *,
     keys: Sequence[str],

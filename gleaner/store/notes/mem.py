@@ -9,8 +9,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, Val
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from gleaner.config.store import StoreSettings
 from gleaner.privacy import strip_private
-from gleaner.store.config import Settings
 from gleaner.store.errors import InvalidInput
 from gleaner.store.notes.drafts import MAX_TITLE_BYTES, Draft, check_instruction, text_field
 from gleaner.store.notes.notes import save_draft
@@ -117,7 +117,7 @@ class Observation(BaseModel):
 
 
 def check_observation(
-    settings: Settings,
+    settings: StoreSettings,
     *,
     user_id: object,
     content: object,
@@ -157,7 +157,7 @@ def check_observation(
 
 def mem_save(
     session: Session,
-    settings: Settings,
+    settings: StoreSettings,
     user_id: str,
     content: str,
     *,
@@ -177,7 +177,7 @@ def mem_save(
     return _save(session, settings, observation)
 
 
-def _save(session: Session, settings: Settings, obs: Observation) -> SaveResult:
+def _save(session: Session, settings: StoreSettings, obs: Observation) -> SaveResult:
     # Stripped before hashing and before anything is written.
     body, title = strip_private(obs.content), strip_private(obs.title)
     check_text(body, "content", max_bytes=settings.max_body_bytes, setting=MAX_BODY_BYTES_SETTING)
@@ -221,7 +221,7 @@ def _bring_back(session: Session, note_id: int) -> None:
 
 def mem_session_summary(
     session: Session,
-    settings: Settings,
+    settings: StoreSettings,
     user_id: str,
     content: str,
     *,

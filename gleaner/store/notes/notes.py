@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gleaner.store.config import Settings
+from gleaner.config.store import StoreSettings
 from gleaner.store.errors import InvalidInput
 from gleaner.store.notes.drafts import (
     Draft,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 def write(
     session: Session,
-    settings: Settings,
+    settings: StoreSettings,
     scope: Scope | tuple[str, str],
     attrs: Mapping[str, object],
     *,
@@ -151,7 +151,7 @@ class BatchResult:
 
 def write_batch(
     session: Executor,
-    settings: Settings,
+    settings: StoreSettings,
     scope: Scope | tuple[str, str],
     items: Sequence[BatchItem],
     *,

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from gleaner.store.config import Settings
+from gleaner.config.store import StoreSettings
 from gleaner.store.errors import BadExport, InvalidInput
 from gleaner.store.notes.drafts import Draft, validate_attrs
 from gleaner.store.notes.history import REASONS
@@ -180,7 +180,7 @@ def parsed(model: type[_Strict], data: Mapping[str, Any], what: str, number: int
 
 
 def _attrs(
-    data: Mapping[str, Any], keys: Sequence[str], settings: Settings, what: str, n: int
+    data: Mapping[str, Any], keys: Sequence[str], settings: StoreSettings, what: str, n: int
 ) -> Draft:
     """``data``'s note content checked by the write rules (``store.notes.drafts.validate_attrs``);
     a version has no slug of its own, so it is checked as a draft without one."""
@@ -197,7 +197,7 @@ def _require(data: Mapping[str, Any], kind: str, what: str, number: int) -> None
         raise BadExport(f"{what} has no {', '.join(map(repr, missing))}", line=number)
 
 
-def note_row(data: Mapping[str, Any], settings: Settings, number: int) -> dict[str, Any]:
+def note_row(data: Mapping[str, Any], settings: StoreSettings, number: int) -> dict[str, Any]:
     """A note record as the ``memories`` columns a restore writes (no id, seq or indexes)."""
     what = f"note {quoted(data.get('slug'))}"
     _require(data, "note", what, number)
@@ -229,7 +229,7 @@ def note_row(data: Mapping[str, Any], settings: Settings, number: int) -> dict[s
     }
 
 
-def version_row(data: Mapping[str, Any], settings: Settings, number: int) -> dict[str, Any]:
+def version_row(data: Mapping[str, Any], settings: StoreSettings, number: int) -> dict[str, Any]:
     """A version record as ``memory_versions`` columns, ``slug`` naming its note."""
     what = f"version of {quoted(data.get('slug'))}"
     _require(data, "version", what, number)

@@ -29,7 +29,7 @@ from typing import IO, Any, cast
 
 from sqlalchemy import Connection, Table, bindparam, func, insert, select, text, update
 
-from gleaner.store.config import Settings
+from gleaner.config.store import StoreSettings
 from gleaner.store.errors import BadExport, InvalidInput
 from gleaner.store.notes.fact_terms import similarity_terms
 from gleaner.store.notes.term_index import insert_terms
@@ -205,7 +205,7 @@ def write(
     conn: Connection,
     scope: Scope,
     lines: Iterator[bytes],
-    settings: Settings,
+    settings: StoreSettings,
     *,
     on_record: Callable[[int], None] | None = None,
 ) -> dict[str, int]:
@@ -245,7 +245,7 @@ def write(
 
 def restore(
     begin: Begin,
-    settings: Settings,
+    settings: StoreSettings,
     fp: IO[bytes] | IO[str],
     *,
     owner: str | None = None,

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
-from gleaner.store.config import Settings
+from gleaner.config.store import StoreSettings
 from gleaner.store.errors import BadExport, InvalidInput
 from gleaner.store.owners.export import FORMAT as EXPORT_FORMAT
 from gleaner.store.owners.export import VERSION as EXPORT_VERSION
@@ -82,7 +82,7 @@ def read_header(raw: bytes | None) -> Header:
     return found
 
 
-def _check_record(state: _Check, data: dict[str, Any], settings: Settings, number: int) -> str:
+def _check_record(state: _Check, data: dict[str, Any], settings: StoreSettings, number: int) -> str:
     """Check one record line against the schema, the write rules and the lines above it;
     returns its kind."""
     kind = data.get("kind")
@@ -152,7 +152,7 @@ def _check_link(state: _Check, found: LinkRecord, number: int) -> None:
 def check_records(
     lines: Iterator[bytes],
     header: Header,
-    settings: Settings,
+    settings: StoreSettings,
     *,
     on_record: Callable[[int], None] | None = None,
 ) -> _Check:

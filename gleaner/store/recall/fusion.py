@@ -15,7 +15,7 @@ from gleaner.store.schemas import Note, ScoreParts, SearchHit
 from gleaner.store.text import snippet
 
 if TYPE_CHECKING:
-    from gleaner.store.config import Settings
+    from gleaner.config.store import StoreSettings
     from gleaner.store.schema.models import Memory
 
 
@@ -37,7 +37,7 @@ def _recency(said: datetime, half_life_days: float, now: datetime) -> float:
 
 def fused_hits(
     conn: Connection,
-    settings: Settings,
+    settings: StoreSettings,
     lexical: list[Row[Any]],
     nearest: list[tuple[int, float]],
     *,

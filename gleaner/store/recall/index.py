@@ -17,7 +17,7 @@ from gleaner.store.schema.tables import LIVE, MEMORIES
 from gleaner.store.schemas import Scope
 
 if TYPE_CHECKING:
-    from gleaner.store.config import Settings
+    from gleaner.config.store import StoreSettings
     from gleaner.store.schemas import SearchHit
 
 INDEX_OPEN = "<gleaner-memory-index"
@@ -106,7 +106,7 @@ def index_text(
     token_budget: int,
     pinned_body_bytes: int,
     query: str | None = None,
-    settings: Settings | None = None,
+    settings: StoreSettings | None = None,
     vector: Sequence[float] | None = None,
     vector_model: str | None = None,
 ) -> str:

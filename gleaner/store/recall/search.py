@@ -76,7 +76,7 @@ from gleaner.store.schemas import Note, Scope, ScoreParts, SearchHit
 from gleaner.store.text import check_text, quoted, snippet, words
 
 if TYPE_CHECKING:
-    from gleaner.store.config import Settings
+    from gleaner.config.store import StoreSettings
     from gleaner.store.schema.models import Memory
 
 MAX_LIMIT = 100
@@ -128,7 +128,7 @@ def _checked_time(value: object, name: str) -> datetime | None:
 
 def _bm25_rows(
     conn: Connection,
-    settings: Settings,
+    settings: StoreSettings,
     scope: Scope,
     terms: list[str],
     *,
@@ -167,7 +167,7 @@ def _bm25_rows(
 
 
 def ranked_by_terms(
-    conn: Connection, settings: Settings, scope: Scope, terms: Sequence[str], limit: int
+    conn: Connection, settings: StoreSettings, scope: Scope, terms: Sequence[str], limit: int
 ) -> list[Note]:
     """The scope's live notes BM25 ranks best for search ``terms`` already tokenized
     (``store.recall.search_terms``), recency and pins as in ``search``: what the harvest shows the
@@ -183,7 +183,7 @@ def ranked_by_terms(
 
 def search(
     conn: Connection,
-    settings: Settings,
+    settings: StoreSettings,
     scope: Scope | tuple[str, str],
     query: str,
     limit: int = 10,
@@ -259,7 +259,7 @@ def search(
 
 def _lexical_rows(
     conn: Connection,
-    settings: Settings,
+    settings: StoreSettings,
     scope: Scope,
     query: str,
     needles: list[str],

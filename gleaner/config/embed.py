@@ -1,11 +1,11 @@
 """Semantic recall's settings (``GLEANER_EMBED_*``): which embedding model, where it runs, how
-it is called. A part of ``store.config.Settings`` (which derives from ``EmbedSettings``), not
-used alone: the environment prefix and the rules across settings are the whole model's."""
+it is called."""
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from gleaner.config.base import Part
 
 # The models the local CPU embedder runs (harvest.embed_local), as GLEANER_EMBED_MODEL names
 # them (in any case; the setting holds them lowercased).
@@ -13,8 +13,8 @@ LOCAL_EMBED_PREFIX = "local/"
 LOCAL_EMBED_MODELS = ("local/all-minilm-l6-v2",)
 
 
-class EmbedSettings(BaseSettings):
-    """The embedding knobs of ``Settings``."""
+class EmbedSettings(Part):
+    """The embedding knobs (``gleaner.harvest``'s embedders)."""
 
     embed_model: str | None = Field(
         default=None,
@@ -61,3 +61,13 @@ class EmbedSettings(BaseSettings):
                 f"{', '.join(LOCAL_EMBED_MODELS)}"
             )
         return lowered  # one spelling, so the name stored with each vector is always the same
+
+    @model_validator(mode="after")
+    def _local_calls_no_server(self) -> EmbedSettings:
+        lowered = (self.embed_model or "").lower()
+        if self.embed_api_base and lowered.startswith(LOCAL_EMBED_PREFIX):
+            raise ValueError(
+                "GLEANER_EMBED_API_BASE is set, but GLEANER_EMBED_MODEL names the local "
+                f"embedder ({self.embed_model}), which calls no server: unset one of them"
+            )
+        return self
