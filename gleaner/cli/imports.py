@@ -20,10 +20,9 @@ from gleaner.cli.common import (
     open_store,
     owner_options,
     print_failures,
-    print_summary,
 )
-from gleaner.cli.interrupt import stop_between_conversations
-from gleaner.cli.progress import Progress, follow_import, import_state
+from gleaner.cli.intake import harvest_here
+from gleaner.cli.progress import follow_import, import_state
 
 
 def _dry_run_import(paths: list[Any], settings: Any, owners: dict[str, Any], as_json: bool) -> int:
@@ -88,7 +87,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                 "the import to, so it runs here, in process, until it is done",
                 file=sys.stderr,
             )
-        return _import_in_process(store, paths, owners, args.json)
+        return harvest_here(store, paths, owners, provenance="import", as_json=args.json)
 
     from gleaner.harvest.imports import plan_import
     from gleaner.workers.app import make_celery
@@ -107,30 +106,6 @@ def cmd_import(args: argparse.Namespace) -> int:
         return _print_import(store, planned.import_id, planned.unreadable, args.json, wait=False)
     follow_import(store, planned.import_id)
     return _print_import(store, planned.import_id, planned.unreadable, args.json, wait=True)
-
-
-def _import_in_process(store: Any, paths: list[Any], owners: dict[str, Any], as_json: bool) -> int:
-    from gleaner.harvest.batch import harvest_paths
-
-    try:
-        every = store.settings.progress_seconds
-        with (
-            Progress("importing", every=every, from_zero=True) as progress,
-            stop_between_conversations() as stop_if_asked,
-        ):
-
-            def update(done: int, total: int) -> None:
-                progress.update(done, total)
-                stop_if_asked()
-
-            summary = harvest_paths(store, paths, provenance="import", on_progress=update, **owners)
-    except KeyboardInterrupt:
-        raise Interrupted(
-            "interrupted: the conversations imported so far are kept; run the same command "
-            "again to go on (those already harvested are skipped at no cost)"
-        ) from None
-    print_summary(summary, as_json)
-    return EXIT_FAILED if summary.failed else EXIT_OK
 
 
 def _print_import(

@@ -27,38 +27,49 @@ from gleaner.cli.progress import Progress
 
 
 def cmd_harvest(args: argparse.Namespace) -> int:
-
-    from gleaner.harvest.batch import harvest_paths
-
     paths = inputs(args.paths)
     owners = owner_options(args)
     store = open_store(create=True)
     ensure_schema(store)
-    try:
-        every = store.settings.progress_seconds
-        with (
-            Progress("harvesting", every=every, from_zero=True) as progress,
-            stop_between_conversations() as stop_if_asked,
-        ):
-
-            def update(done: int, total: int) -> None:
-                progress.update(done, total)
-                stop_if_asked()
-
-            summary = harvest_paths(
-                store, paths, provenance=args.provenance, on_progress=update, **owners
-            )
-    except KeyboardInterrupt:
-        raise Interrupted(RUN_AGAIN) from None
-    print_summary(summary, args.json)
-    return EXIT_FAILED if summary.failed else EXIT_OK
+    return harvest_here(store, paths, owners, provenance=args.provenance, as_json=args.json)
 
 
 # What an interrupted in-process harvest keeps: each conversation commits on its own.
 RUN_AGAIN = (
-    "interrupted: the conversations harvested so far are kept; run the same command again "
-    "to go on (those already harvested are skipped at no cost)"
+    "interrupted: the conversations {done} so far are kept; run the same command again to go "
+    "on (those already harvested are skipped at no cost)"
 )
+
+
+def harvest_here(
+    store: Any, paths: list[Any], owners: dict[str, Any], *, provenance: str, as_json: bool
+) -> int:
+    """``gleaner harvest`` and ``gleaner import`` without a broker: every conversation of
+    ``paths`` harvested in this process, with a progress line; Ctrl-C stops between two
+    conversations (what was harvested is kept) and exits 130."""
+    from gleaner.harvest.batch import harvest_paths
+
+    doing, done = (
+        ("importing", "imported") if provenance == "import" else ("harvesting", "harvested")
+    )
+    try:
+        every = store.settings.progress_seconds
+        with (
+            Progress(doing, every=every, from_zero=True) as progress,
+            stop_between_conversations() as stop_if_asked,
+        ):
+
+            def update(count: int, total: int) -> None:
+                progress.update(count, total)
+                stop_if_asked()
+
+            summary = harvest_paths(
+                store, paths, provenance=provenance, on_progress=update, **owners
+            )
+    except KeyboardInterrupt:
+        raise Interrupted(RUN_AGAIN.format(done=done)) from None
+    print_summary(summary, as_json)
+    return EXIT_FAILED if summary.failed else EXIT_OK
 
 
 def inputs(raw: list[str]) -> list[Any]:
