@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 from gleaner.harvest.budget import budget_for
 from gleaner.harvest.errors import HarvestError
 from gleaner.harvest.extraction import Extraction, run_extraction
-from gleaner.harvest.intake import Settled, settle
+from gleaner.harvest.intake import Settled
 from gleaner.harvest.kept import KeptAnswer, write_retries
 from gleaner.harvest.ledger_check import Ready, look_up
 from gleaner.harvest.llm import HarvestLLM
 from gleaner.harvest.model import Usage
 from gleaner.harvest.outcome import Counts, HarvestOutcome
-from gleaner.harvest.plan import Plan, check_provenance, plan_settled
+from gleaner.harvest.plan import Plan, check_provenance, plan_settled, settle_bounded
 from gleaner.harvest.steps import (
     HarvestSteps,
     Nothing_co,
@@ -30,7 +30,7 @@ from gleaner.harvest.steps import (
     model_named,
     raise_unrecorded,
 )
-from gleaner.harvest.transcript import Limits, Transcript, check_size
+from gleaner.harvest.transcript import Transcript
 from gleaner.harvest.write import write_candidates
 from gleaner.store import Settings, StorageFailure, Store
 from gleaner.store.errors import NoteChanged
@@ -375,9 +375,7 @@ def harvest_transcript(
     then. A bad transcript or owner raises HarvestError.
     """
     check_provenance(provenance)
-    # Bounded before anything reads it all, then taken in (redacted, owner settled).
-    check_size(transcript.messages, Limits.from_settings(store.settings))
-    settled = settle(transcript, owner, reassign_owner=reassign_owner)
+    settled = settle_bounded(store.settings, transcript, owner, reassign_owner=reassign_owner)
     return harvest_settled(store, settled, provenance=provenance, llm=llm)
 
 

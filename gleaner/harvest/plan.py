@@ -66,12 +66,23 @@ def plan_harvest(
     values, redaction, owner) and plan it; HarvestError when one is bad. A recorded job's
     run plans its stored transcript so."""
     check_provenance(provenance)
-    # Bounded before anything reads it all (a transcript from Python, or for the offline
-    # extractor, meets the limits here); then redacted, so the owner error and the outcome
-    # (logged, stored as the job's result) see only the redacted conversation id.
-    check_size(transcript.messages, Limits.from_settings(settings))
-    settled = settle(transcript, owner, reassign_owner=reassign_owner)
+    settled = settle_bounded(settings, transcript, owner, reassign_owner=reassign_owner)
     return plan_settled(settings, settled, provenance=provenance, import_id=import_id)
+
+
+def settle_bounded(
+    settings: HarvestSettings,
+    transcript: Transcript,
+    owner: str | None,
+    *,
+    reassign_owner: bool = False,
+) -> Settled:
+    """A transcript from Python (or a job's stored one) bounded by the read limits before
+    anything reads it all, then taken in (``harvest.intake.settle``), so the owner error
+    and the outcome (logged, stored as the job's result) see only the redacted conversation
+    id. HarvestError when one is bad."""
+    check_size(transcript.messages, Limits.from_settings(settings))
+    return settle(transcript, owner, reassign_owner=reassign_owner)
 
 
 def plan_settled(
