@@ -267,7 +267,7 @@ def run(ctx: Context) -> None:
         )
         # The same conversations again: new jobs (a job per POST), as the raw handler's were.
         rate, p99, cpu = _measure(
-            ["cli", "serve", "--log-level", "warning"],
+            ["gleaner.cli", "serve", "--log-level", "warning"],
             env,
             ctx.workdir / "serve.log",
             headers,
