@@ -14,7 +14,12 @@ from typing import IO, TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from gleaner.conversation import Conversation, ConversationInput, read_conversation
+from gleaner.conversation import (
+    Conversation,
+    ConversationInput,
+    read_conversation,
+    read_settled,
+)
 from gleaner.errors import InvalidRequest, NotFound, translated
 from gleaner.params import (
     checked,
@@ -152,8 +157,9 @@ class Gleaner:
             # One read() made was taken in there: recorded as it is.
             settled = conversation.taken_in() or _take_in(conversation)
         else:
-            read = self.read(conversation, owner=owner, reassign_owner=reassign_owner)
-            settled = read.taken_in() or _take_in(read)
+            settled = read_settled(
+                conversation, self.settings, owner=owner, reassign_owner=reassign_owner
+            )
         with translated():
             (job_id,) = record_settled(
                 self.store, [settled], provenance="compaction", queue=LIVE_QUEUE

@@ -56,6 +56,27 @@ def read_conversation(
     reassign_owner: bool = False,
     upload: bool = False,
 ) -> Conversation:
+    """``read_settled``'s conversation as a ``Conversation`` that ``submit`` takes."""
+    settled = read_settled(
+        document, settings, owner=owner, reassign_owner=reassign_owner, upload=upload
+    )
+    return Conversation(
+        owner=settled.owner,
+        conversation_id=settled.conversation_id,
+        transcript=settled.transcript,
+        reassigned=reassign_owner,
+        settled=settled,
+    )
+
+
+def read_settled(
+    document: ConversationInput,
+    settings: Settings,
+    *,
+    owner: str | None = None,
+    reassign_owner: bool = False,
+    upload: bool = False,
+) -> Settled:
     """Read exactly one conversation from ``document`` under the CLI's formats and limits.
 
     ``document`` is a file's bytes or text, or its parsed JSON (a native conversation, an
@@ -96,14 +117,7 @@ def read_conversation(
         )
     transcript = found.transcripts[0].model_copy(update={"source_path": None})
     with translated():  # the one intake step: values, redaction, owner
-        settled = settle(transcript, owner, reassign_owner=reassign_owner)
-    return Conversation(
-        owner=settled.owner,
-        conversation_id=settled.conversation_id,
-        transcript=settled.transcript,
-        reassigned=reassign_owner,
-        settled=settled,
-    )
+        return settle(transcript, owner, reassign_owner=reassign_owner)
 
 
 def _as_bytes(document: ConversationInput) -> bytes:

@@ -87,7 +87,9 @@ def cmd_import(args: argparse.Namespace) -> int:
                 "the import to, so it runs here, in process, until it is done",
                 file=sys.stderr,
             )
-        return harvest_here(store, paths, owners, provenance="import", as_json=args.json)
+        return harvest_here(
+            store, paths, owners, provenance="import", as_json=args.json, command="import"
+        )
 
     from gleaner.harvest.imports import plan_import
     from gleaner.workers.app import make_celery

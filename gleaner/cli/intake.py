@@ -31,7 +31,9 @@ def cmd_harvest(args: argparse.Namespace) -> int:
     owners = owner_options(args)
     store = open_store(create=True)
     ensure_schema(store)
-    return harvest_here(store, paths, owners, provenance=args.provenance, as_json=args.json)
+    return harvest_here(
+        store, paths, owners, provenance=args.provenance, as_json=args.json, command="harvest"
+    )
 
 
 # What an interrupted in-process harvest keeps: each conversation commits on its own.
@@ -41,17 +43,25 @@ RUN_AGAIN = (
 )
 
 
+# What the progress line and the interrupt message call the work, by command.
+WORDS = {"harvest": ("harvesting", "harvested"), "import": ("importing", "imported")}
+
+
 def harvest_here(
-    store: Any, paths: list[Any], owners: dict[str, Any], *, provenance: str, as_json: bool
+    store: Any,
+    paths: list[Any],
+    owners: dict[str, Any],
+    *,
+    provenance: str,
+    as_json: bool,
+    command: str,
 ) -> int:
     """``gleaner harvest`` and ``gleaner import`` without a broker: every conversation of
     ``paths`` harvested in this process, with a progress line; Ctrl-C stops between two
     conversations (what was harvested is kept) and exits 130."""
     from gleaner.harvest.batch import harvest_paths
 
-    doing, done = (
-        ("importing", "imported") if provenance == "import" else ("harvesting", "harvested")
-    )
+    doing, done = WORDS[command]
     try:
         every = store.settings.progress_seconds
         with (

@@ -376,7 +376,7 @@ def harvest_transcript(
     """
     check_provenance(provenance)
     settled = settle_bounded(store.settings, transcript, owner, reassign_owner=reassign_owner)
-    return harvest_settled(store, settled, provenance=provenance, llm=llm)
+    return run_harvest(store, _InProcess(store.settings, settled, provenance), llm)
 
 
 def harvest_settled(
@@ -388,4 +388,5 @@ def harvest_settled(
 ) -> HarvestOutcome:
     """``harvest_transcript`` for a transcript already taken in (``harvest.intake``): read
     within the limits, redacted, its owner settled; nothing is redacted again."""
+    check_provenance(provenance)
     return run_harvest(store, _InProcess(store.settings, settled, provenance), llm)

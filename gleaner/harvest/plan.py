@@ -89,8 +89,7 @@ def plan_settled(
     settings: Settings, settled: Settled, *, provenance: str, import_id: str | None = None
 ) -> Plan:
     """The plan of a transcript already taken in (read within the limits, redacted, its
-    owner settled): nothing is checked or redacted again but the provenance."""
-    check_provenance(provenance)
+    owner settled), under a provenance the caller checked (``check_provenance``)."""
     return Plan(
         scope=Scope.owner(settled.owner),
         transcript=settled.transcript,
